@@ -1,0 +1,1 @@
+"""The one benchmark protocol every servopt feature measures with (see ``protocol``)."""

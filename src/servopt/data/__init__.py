@@ -1,0 +1,1 @@
+"""Data a model is measured on: image folders, synthetic inputs (see ``dataset``)."""

@@ -1,0 +1,175 @@
+"""A ``Dataset`` is named input arrays (batch first) plus optional labels.
+
+Image folders, synthetic inputs from a model's signature and (later) tokenized
+text all become the same thing, saved as one ``.npz`` so each benchmark
+subprocess reads exactly the inputs the parent prepared.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from servopt.data.preprocess import Preprocess, decode_image
+from servopt.errors import UserError
+from servopt.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+FOOD11_SPLITS = ("training", "validation", "evaluation")
+
+
+@dataclass
+class Dataset:
+    inputs: dict[str, np.ndarray]
+    labels: np.ndarray | None = None
+    class_names: list[str] | None = None
+    source: str = "synthetic"
+    skipped: dict[str, int] = field(default_factory=dict)  # reason → count
+
+    def __len__(self) -> int:
+        return len(next(iter(self.inputs.values())))
+
+    def slice(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        return {k: np.ascontiguousarray(v[start:stop]) for k, v in self.inputs.items()}
+
+    def batch(self, size: int, offset: int = 0) -> dict[str, np.ndarray]:
+        """``size`` samples starting at ``offset``, wrapping round (so any batch size works on a small set)."""
+        idx = (np.arange(size) + offset) % len(self)
+        return {k: np.ascontiguousarray(v[idx]) for k, v in self.inputs.items()}
+
+    def subset(self, indices: np.ndarray) -> Dataset:
+        return Dataset(
+            {k: v[indices] for k, v in self.inputs.items()},
+            None if self.labels is None else self.labels[indices],
+            self.class_names,
+            self.source,
+        )
+
+    def save(self, path: Path) -> None:
+        arrays = {f"input:{k}": v for k, v in self.inputs.items()}
+        if self.labels is not None:
+            arrays["labels"] = self.labels
+        meta = {"class_names": self.class_names, "source": self.source, "skipped": self.skipped}
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Dataset:
+        with np.load(path) as z:
+            meta = json.loads(bytes(z["__meta__"]).decode())
+            inputs = {k.removeprefix("input:"): z[k] for k in z.files if k.startswith("input:")}
+            labels = z["labels"] if "labels" in z.files else None
+        return cls(inputs, labels, meta["class_names"], meta["source"], meta.get("skipped", {}))
+
+
+def resolve_split(root: Path, split: str | None) -> Path:
+    """The folder of class sub-folders: ``root/split`` in the Food-11 layout, else ``root`` itself."""
+    if not root.exists():
+        raise UserError(f"data folder {root} does not exist", fix="check the --data path")
+    if not root.is_dir():
+        raise UserError(f"--data {root} is a file, not a folder", fix="pass a folder with one sub-folder per class")
+    present = [s for s in FOOD11_SPLITS if (root / s).is_dir()]
+    if split:
+        if (root / split).is_dir():
+            return root / split
+        raise UserError(
+            f"split {split!r} not found in {root}" + (f" (it has: {', '.join(present)})" if present else ""),
+            fix="pick an existing split with --split, or point --data at a folder of class sub-folders",
+        )
+    if present:
+        return root / ("evaluation" if "evaluation" in present else present[-1])
+    return root
+
+
+def scan_image_folder(folder: Path) -> tuple[list[tuple[Path, int]], list[str], dict[str, int]]:
+    """(file, class index) pairs with class index = sorted folder name, like torchvision's ImageFolder."""
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not classes:
+        raise UserError(
+            f"{folder} has no class sub-folders",
+            fix="lay the data out as <data>/<class>/<image> or <data>/<split>/<class>/<image> (Food-11 layout)",
+        )
+    items: list[tuple[Path, int]] = []
+    skipped: dict[str, int] = {}
+    for idx, name in enumerate(classes):
+        for f in sorted((folder / name).rglob("*")):
+            if f.is_dir() or f.name.startswith("."):
+                continue
+            if f.suffix.lower() in IMAGE_EXTENSIONS:
+                items.append((f, idx))
+            else:
+                skipped["not an image file"] = skipped.get("not an image file", 0) + 1
+    if not items:
+        raise UserError(f"{folder} has class folders ({', '.join(classes[:5])}…) but no images in them", fix="check the folder")
+    return items, classes, skipped
+
+
+def load_image_folder(
+    root: str | Path,
+    split: str | None = None,
+    preprocess: Preprocess | None = None,
+    limit: int | None = None,
+    strict: bool = False,
+    input_name: str = "input",
+    workers: int | None = None,
+) -> Dataset:
+    """Decode and preprocess a labelled image folder in parallel threads (Pillow releases the GIL)."""
+    preprocess = preprocess or Preprocess()
+    folder = resolve_split(Path(root), split)
+    items, classes, skipped = scan_image_folder(folder)
+    if limit is not None and limit < len(items):
+        # An even, deterministic spread over classes rather than the first classes only.
+        pick = np.linspace(0, len(items) - 1, limit).round().astype(int)
+        items = [items[i] for i in pick]
+
+    def work(item: tuple[Path, int]) -> np.ndarray | str:
+        try:
+            return preprocess(decode_image(item[0].read_bytes()))
+        except UserError as e:
+            return f"{item[0]}: {e.problem}"
+
+    with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 2) * 2)) as pool:
+        results = list(pool.map(work, items))
+    arrays, labels, errors = [], [], []
+    for (_path, label), r in zip(items, results, strict=True):
+        if isinstance(r, str):
+            errors.append(r)
+        else:
+            arrays.append(r)
+            labels.append(label)
+    if errors:
+        if strict:
+            raise UserError(f"{len(errors)} image(s) could not be read, first: {errors[0]}", fix="remove them, or drop --strict to skip them")
+        skipped["unreadable image"] = len(errors)
+        log.warning("skipped %d unreadable image(s), first: %s", len(errors), errors[0])
+    if skipped.get("not an image file"):
+        log.warning("skipped %d non-image file(s) in %s", skipped["not an image file"], folder)
+    if not arrays:
+        raise UserError(f"no image in {folder} could be read", fix="check the files")
+    return Dataset({input_name: np.stack(arrays)}, np.asarray(labels, dtype=np.int64), classes, str(folder), skipped)
+
+
+def synthetic_inputs(spec: ModelSpec, count: int = 64, seed: int = 0, shape_overrides: dict[str, int] | None = None) -> Dataset:
+    """Inputs made from the model's signature: only agreement with the original can be measured on them."""
+    rng = np.random.default_rng(seed)
+    inputs: dict[str, np.ndarray] = {}
+    for t in spec.inputs:
+        shape = t.concrete_shape(count, shape_overrides)
+        if t.dtype.startswith("float"):
+            inputs[t.name] = rng.standard_normal(shape).astype(t.dtype)
+        elif "mask" in t.name:
+            inputs[t.name] = np.ones(shape, dtype=t.dtype)
+        elif t.dtype == "bool":
+            inputs[t.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            inputs[t.name] = rng.integers(0, 1000, shape).astype(t.dtype)
+    return Dataset(inputs, None, spec.class_names, "synthetic")

@@ -1,0 +1,1 @@
+"""Model sources: every way a user hands servopt a model (see ``sources``)."""

@@ -1,0 +1,330 @@
+"""Load a model from whatever the user has: ONNX, TorchScript, ``torch.export``
+programs, a state_dict plus a zoo architecture, or (only when trusted) a pickle.
+
+A ``LoadedModel`` knows its spec, the files it occupies on disk, and how to be
+loaded again in another process (``ref``), which is how the benchmark runs each
+variant in its own subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servopt.errors import UserError
+from servopt.spec import ModelSpec, TensorSpec, image_classifier_spec
+
+ONNX_META_SPEC = "servopt.spec"  # metadata_props key carrying labels/preprocessing
+
+
+@dataclass
+class LoadedModel:
+    kind: str  # onnx | torchscript | exported_program | state_dict | pickle
+    path: Path
+    spec: ModelSpec
+    arch: str | None = None
+    num_classes: int | None = None
+    trust_pickle: bool = False
+    _module: Any = field(default=None, repr=False)
+
+    @property
+    def is_torch(self) -> bool:
+        return self.kind != "onnx"
+
+    def files(self) -> list[Path]:
+        return model_files(self.path) if self.kind == "onnx" else [self.path]
+
+    def size_mb(self) -> float:
+        return sum(f.stat().st_size for f in self.files()) / 1e6
+
+    def torch_module(self):
+        """The eval-mode ``nn.Module`` (torch sources only)."""
+        if self.kind == "onnx":
+            raise UserError("an ONNX model has no torch module", fix="use an ONNX runtime for this model")
+        if self._module is None:
+            self._module = _load_torch_module(self.path, self.kind, self.arch, self.num_classes, self.trust_pickle)
+        return self._module
+
+    def ref(self) -> dict:
+        """Everything another process needs to load this model again."""
+        return {
+            "kind": self.kind,
+            "path": str(self.path),
+            "arch": self.arch,
+            "num_classes": self.num_classes,
+            "trust_pickle": self.trust_pickle,
+            "spec": self.spec.to_dict(),
+        }
+
+    @classmethod
+    def from_ref(cls, ref: dict) -> LoadedModel:
+        return cls(
+            kind=ref["kind"],
+            path=Path(ref["path"]),
+            spec=ModelSpec.from_dict(ref["spec"]),
+            arch=ref.get("arch"),
+            num_classes=ref.get("num_classes"),
+            trust_pickle=ref.get("trust_pickle", False),
+        )
+
+
+def model_files(onnx_path: Path) -> list[Path]:
+    """The ONNX file and every external-data file it references."""
+    import onnx
+
+    files = [onnx_path]
+    try:
+        proto = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception:
+        return files
+    seen: set[str] = set()
+    for init in proto.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location" and entry.value not in seen:
+                seen.add(entry.value)
+                files.append(onnx_path.parent / entry.value)
+    return [f for f in files if f.exists()]
+
+
+def load_model(
+    path: str | Path,
+    *,
+    arch: str | None = None,
+    num_classes: int | None = None,
+    trust_pickle: bool = False,
+    input_shape: dict[str, list[int]] | None = None,
+    task: str | None = None,
+) -> LoadedModel:
+    """Detect the format of ``path`` and load it, with a clear error when it cannot."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"model file {path} does not exist", fix="check the path")
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a model file", fix="pass the .onnx/.pt/.pth/.pt2 file itself")
+    suffix = path.suffix.lower()
+    if suffix == ".onnx":
+        model = _load_onnx(path)
+    elif suffix == ".pt2":
+        model = _load_exported_program(path)
+    elif _is_torchscript(path):
+        model = LoadedModel("torchscript", path, image_classifier_spec(None))
+        _finish_torch_spec(model, input_shape)
+    elif zipfile.is_zipfile(path) or _looks_like_legacy_torch(path):
+        model = _load_torch_save(path, arch, num_classes, trust_pickle)
+        _finish_torch_spec(model, input_shape)
+    else:
+        raise UserError(
+            f"cannot tell what kind of model {path} is",
+            fix="servopt reads .onnx, TorchScript, .pt2 (torch.export) and torch.save files",
+        )
+    if input_shape and model.kind == "onnx":
+        for t in model.spec.inputs:
+            if t.name in input_shape:
+                t.shape = list(input_shape[t.name])
+    if task:
+        model.spec.task = task  # type: ignore[assignment]
+    return model
+
+
+def _load_onnx(path: Path) -> LoadedModel:
+    import onnx
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as e:
+        raise UserError(f"{path} is not a readable ONNX file ({e})", fix="re-export the model") from e
+    init_names = {i.name for i in proto.graph.initializer}
+
+    def tensor_spec(vi) -> TensorSpec:
+        tt = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "float32"
+        return TensorSpec(vi.name, dtype, dims)
+
+    inputs = [tensor_spec(v) for v in proto.graph.input if v.name not in init_names]
+    outputs = [tensor_spec(v) for v in proto.graph.output]
+    meta = {p.key: p.value for p in proto.metadata_props}
+    spec = ModelSpec(inputs=inputs, outputs=outputs)
+    if ONNX_META_SPEC in meta:
+        stored = json.loads(meta[ONNX_META_SPEC])
+        spec.task = stored.get("task", spec.task)
+        spec.class_names = stored.get("class_names")
+        spec.preprocessing = stored.get("preprocessing")
+    elif outputs and len(outputs[0].shape) != 2:
+        spec.task = "embedding"
+    return LoadedModel("onnx", path, spec)
+
+
+def _load_exported_program(path: Path) -> LoadedModel:
+    import torch
+
+    try:
+        ep = torch.export.load(str(path))
+    except Exception as e:
+        raise UserError(f"{path} is not a loadable torch.export program ({e})", fix="save it with torch.export.save") from e
+    args, _ = ep.example_inputs if ep.example_inputs else ((), {})
+    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    placeholders = {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
+    for name in names:
+        val = placeholders.get(name)
+        if val is not None and val.dim() > 0 and isinstance(val.shape[0], int):
+            raise UserError(
+                f"{path} was exported with a fixed batch of {val.shape[0]} (input {name!r}); servopt needs to vary the batch",
+                fix="export with dynamic_shapes, e.g. torch.export.export(m, (x,), dynamic_shapes=({0: torch.export.Dim('batch')},))",
+            )
+    inputs = [
+        TensorSpec(names[i] if i < len(names) else f"input_{i}", str(a.dtype).removeprefix("torch."), ["batch", *a.shape[1:]])
+        for i, a in enumerate(args)
+    ]
+    model = LoadedModel("exported_program", path, ModelSpec(inputs=inputs or image_classifier_spec(None).inputs, outputs=[]))
+    model._module = ep.module()
+    _finish_torch_spec(model, None)
+    return model
+
+
+def _is_torchscript(path: Path) -> bool:
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as z:
+        return any(n.endswith("constants.pkl") or "/code/" in n for n in z.namelist())
+
+
+def _looks_like_legacy_torch(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x80\x02"  # protocol-2 pickle: torch.save before 1.6
+
+
+def _load_torch_save(path: Path, arch: str | None, num_classes: int | None, trust_pickle: bool) -> LoadedModel:
+    import torch
+
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "Unsupported global" not in str(e):  # not a pickled object: a damaged file
+            raise UserError(f"{path} could not be read by torch.load (damaged or not a torch file)",
+                            fix="check that the file is complete") from e
+        if not trust_pickle:
+            raise UserError(
+                f"{path} is a pickled Python object (torch.save(model)); unpickling it can run arbitrary code, "
+                "so servopt refuses it by default",
+                fix="if you trust the file, pass --trust-pickle; better, save model.state_dict() and pass --arch, "
+                "or export the model to ONNX or TorchScript",
+            ) from e
+        return LoadedModel("pickle", path, image_classifier_spec(None), trust_pickle=True)
+    except Exception as e:
+        raise UserError(f"{path} could not be read by torch.load ({e})", fix="check that the file is complete") from e
+    state = _extract_state_dict(obj)
+    if state is None:
+        raise UserError(f"{path} holds a {type(obj).__name__}, not a state_dict", fix="save model.state_dict()")
+    if arch is None:
+        from servopt.models.zoo import ARCHITECTURES
+
+        raise UserError(
+            f"{path} is a state_dict (weights only); servopt needs the architecture to rebuild the model",
+            fix=f"pass --arch with one of: {', '.join(ARCHITECTURES)}",
+        )
+    if num_classes is None:
+        head = state.get("classifier.1.weight", state.get("fc.weight"))
+        num_classes = int(head.shape[0]) if head is not None else 1000
+    return LoadedModel("state_dict", path, image_classifier_spec(num_classes), arch=arch, num_classes=num_classes)
+
+
+def _extract_state_dict(obj: Any) -> dict | None:
+    import torch
+
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return obj
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model_state_dict", "model"):
+            if key in obj and isinstance(obj[key], dict):
+                return _extract_state_dict(obj[key])
+    return None
+
+
+class _ZooUnpickler(pickle.Unpickler):
+    """Maps torchvision classes to the zoo so a torchvision pickle loads without torchvision."""
+
+    def find_class(self, module: str, name: str):
+        from servopt.models.zoo import TORCHVISION_CLASS_MAP
+
+        if (module, name) in TORCHVISION_CLASS_MAP:
+            return TORCHVISION_CLASS_MAP[(module, name)]
+        if module.startswith("torchvision"):
+            try:
+                return super().find_class(module, name)
+            except Exception as e:
+                raise UserError(
+                    f"the pickle needs {module}.{name}, which the zoo does not provide and torchvision cannot import here",
+                    fix="save the model's state_dict and pass --arch, or export it to ONNX",
+                ) from e
+        return super().find_class(module, name)
+
+
+class _zoo_pickle_module:  # noqa: N801 - stands in for the ``pickle`` module torch.load expects
+    Unpickler = _ZooUnpickler
+    load = staticmethod(pickle.load)
+
+
+def _load_torch_module(path: Path, kind: str, arch: str | None, num_classes: int | None, trust_pickle: bool):
+    import torch
+
+    if kind == "torchscript":
+        module = torch.jit.load(str(path), map_location="cpu")
+    elif kind == "exported_program":
+        module = torch.export.load(str(path)).module()
+    elif kind == "state_dict":
+        from servopt.models.zoo import build
+
+        module = build(arch or "", num_classes or 1000)
+        state = _extract_state_dict(torch.load(str(path), map_location="cpu", weights_only=True))
+        try:
+            module.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise UserError(
+                f"the weights in {path} do not fit --arch {arch} with {num_classes} classes: {str(e).splitlines()[0]}",
+                fix="check --arch and --num-classes against how the model was trained",
+            ) from e
+    elif kind == "pickle":
+        if not trust_pickle:
+            raise UserError(f"{path} is a pickle", fix="pass --trust-pickle if you trust it")
+        module = torch.load(str(path), map_location="cpu", weights_only=False, pickle_module=_zoo_pickle_module)
+        if not isinstance(module, torch.nn.Module):
+            raise UserError(f"{path} unpickles to a {type(module).__name__}, not an nn.Module", fix="save the model itself")
+    else:
+        raise ValueError(kind)
+    if hasattr(module, "eval") and kind != "exported_program":
+        module.eval()
+    return module
+
+
+def _finish_torch_spec(model: LoadedModel, input_shape: dict[str, list[int]] | None) -> None:
+    """Fix the input shape, then learn the output shape by running the module once."""
+    import torch
+
+    spec = model.spec
+    if input_shape:
+        spec.inputs = [TensorSpec(n, "float32", ["batch", *s[1:]]) for n, s in input_shape.items()]
+    module = model.torch_module()
+    example = [torch.zeros(t.concrete_shape(1), dtype=getattr(torch, t.dtype)) for t in spec.inputs]
+    try:
+        with torch.inference_mode():
+            out = module(*example)
+    except Exception as e:
+        shapes = ", ".join(f"{t.name}={'x'.join(map(str, t.concrete_shape(1)))}" for t in spec.inputs)
+        raise UserError(
+            f"the model failed on an input of shape {shapes}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+            fix="give the right shape with --input-shape NAME=1x3x224x224",
+        ) from e
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    if isinstance(out, dict):
+        out = next(iter(out.values()))
+    spec.outputs = [TensorSpec("logits", "float32", ["batch", *out.shape[1:]])]
+    if out.dim() == 2 and model.num_classes is None:
+        model.num_classes = int(out.shape[1])
+    if out.dim() != 2:
+        spec.task = "embedding"

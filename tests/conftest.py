@@ -1,0 +1,76 @@
+"""Shared fixtures. Every test runs with HOME, caches and TMPDIR in a temporary folder:
+ONNX Runtime / OpenVINO telemetry and torch.compile write there, never into the real home."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+_SANDBOX = Path(tempfile.mkdtemp(prefix="servopt-tests-"))
+for var, sub in (("HOME", "home"), ("XDG_CACHE_HOME", "cache"), ("TMPDIR", "tmp"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+    (_SANDBOX / sub).mkdir(parents=True, exist_ok=True)
+    os.environ[var] = str(_SANDBOX / sub)
+os.environ.setdefault("SERVOPT_HOME", str(_SANDBOX / "servopt-home"))
+tempfile.tempdir = str(_SANDBOX / "tmp")
+
+
+class TinyNet:
+    """Factory for a small trained-free CNN that accepts 3×32×32 and outputs ``classes`` logits."""
+
+    @staticmethod
+    def build(classes: int = 3):
+        import torch
+        from torch import nn
+
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, classes),
+        ).eval()
+
+
+@pytest.fixture
+def tiny_module():
+    return TinyNet.build()
+
+
+def write_color_folder(root: Path, per_class: int = 4, size: tuple[int, int] = (40, 48), mislabel: int = 0) -> Path:
+    """Class folders 0_red, 1_green, 2_blue of solid-colour images; ``mislabel`` red images go into 1_green."""
+    colours = {"0_red": (220, 20, 20), "1_green": (20, 220, 20), "2_blue": (20, 20, 220)}
+    for name, rgb in colours.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.new("RGB", size, rgb).save(root / name / f"{i}.png")
+    for i in range(mislabel):
+        Image.new("RGB", size, colours["0_red"]).save(root / "1_green" / f"wrong{i}.png")
+    return root
+
+
+@pytest.fixture
+def color_folder(tmp_path: Path) -> Path:
+    return write_color_folder(tmp_path / "colors")
+
+
+def channel_mean_onnx(path: Path, size: int = 32) -> Path:
+    """An ONNX classifier whose logits are the per-channel means: it predicts the dominant colour."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, size, size])
+    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])
+    nodes = [helper.make_node("GlobalAveragePool", ["input"], ["pooled"]), helper.make_node("Flatten", ["pooled"], ["logits"])]
+    graph = helper.make_graph(nodes, "channel_mean", [inp], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def rng_images(n: int = 4) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((n, 3, 32, 32)).astype(np.float32)

@@ -1,0 +1,149 @@
+"""The benchmark protocol: stopping rule, statistics, interference, accuracy counts, schema."""
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import channel_mean_onnx, write_color_folder
+from servopt.bench.interference import CpuMonitor
+from servopt.bench.metrics import agreement, classification_accuracy, format_accuracy
+from servopt.bench.stats import latency_summary, median_ci95, timed_loop
+from servopt.cli import app
+from servopt.results import read_jsonl, validate_result, write_json_atomic
+
+runner = CliRunner()
+
+
+class FakeClock:
+    """Each call of the timed function advances time by ``step_ns``."""
+
+    def __init__(self, step_ns: int) -> None:
+        self.now, self.step = 0, step_ns
+
+    def __call__(self) -> int:
+        return self.now
+
+    def work(self, _x) -> None:
+        self.now += self.step
+
+
+def test_stopping_rule_needs_both_count_and_duration():
+    clock = FakeClock(step_ns=1_000_000)  # 1 ms per call
+    loop = timed_loop(clock.work, [0], min_runs=10, min_seconds=0.05, warmup=0, clock=clock)
+    assert len(loop.times_ns) == 50 and loop.stopped_by == "rule"  # duration was the binding minimum
+    clock = FakeClock(step_ns=100_000_000)  # 100 ms per call
+    loop = timed_loop(clock.work, [0], min_runs=10, min_seconds=0.05, warmup=0, clock=clock)
+    assert len(loop.times_ns) == 10  # count was the binding minimum
+
+
+def test_stopping_rule_caps_at_max_seconds():
+    clock = FakeClock(step_ns=1_000_000_000)
+    loop = timed_loop(clock.work, [0], min_runs=1000, min_seconds=1, max_seconds=5, warmup=0, clock=clock)
+    assert loop.stopped_by == "max_seconds" and len(loop.times_ns) == 5
+
+
+def test_warmup_calls_are_not_timed():
+    calls = []
+    clock = FakeClock(step_ns=1)
+    timed_loop(lambda x: (calls.append(x), clock.work(x)), [1, 2], min_runs=3, min_seconds=0, warmup=4, clock=clock)
+    assert len(calls) == 7
+
+
+def test_latency_summary_and_median_ci():
+    times = [int(x * 1e6) for x in range(1, 101)]  # 1..100 ms
+    s = latency_summary(times)
+    assert s["p50"] == pytest.approx(50.5) and s["p99"] == pytest.approx(99.01) and s["n"] == 100
+    lo, hi = s["p50_ci95"]
+    assert 40 <= lo < 50.5 < hi <= 61
+    assert median_ci95(np.arange(3.0)) == (0.0, 2.0)
+
+
+def test_accuracy_and_agreement_counts():
+    logits = np.array([[3, 1, 0], [0, 2, 1], [0, 1, 2], [5, 0, 0.0]])
+    acc = classification_accuracy(logits, np.array([0, 1, 1, 2]))
+    assert (acc["correct"], acc["total"], acc["correct_top5"]) == (2, 4, 4)
+    assert format_accuracy(acc) == "50.00% (2/4 correct)"
+    agr = agreement(logits + 0.5 * np.eye(3)[[1, 1, 2, 0]], logits)
+    assert agr["top1_agreement"] == 1.0 and agr["max_abs_diff"] == 0.5
+
+
+def test_interference_is_detected():
+    """A busy process beside the timed phase shows up as other CPU time and is flagged."""
+    hog = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<3: pass"])
+    try:
+        time.sleep(0.3)
+        with CpuMonitor(threshold=0.05) as mon:
+            time.sleep(1.0)
+    finally:
+        hog.kill()
+    assert mon.report["other_cpu_s"] > 0.5
+    assert mon.report["flagged"]
+
+
+def test_atomic_write_and_torn_jsonl(tmp_path):
+    write_json_atomic(tmp_path / "a.json", {"x": np.float32(1.5)})
+    assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1.5}
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    (tmp_path / "r.jsonl").write_text('{"a": 1}\n{"b": 2}\n{"c": ')
+    assert read_jsonl(tmp_path / "r.jsonl") == [{"a": 1}, {"b": 2}]
+
+
+@pytest.fixture(scope="module")
+def color_bench(tmp_path_factory):
+    """`servopt bench` on a labelled folder whose right answers are known: 12 correct of 14."""
+    tmp = tmp_path_factory.mktemp("colorbench")
+    data = write_color_folder(tmp / "data", per_class=4, mislabel=2)
+    model = channel_mean_onnx(tmp / "colors.onnx")
+    out = tmp / "out.json"
+    result = runner.invoke(app, ["bench", str(model), "--data", str(data), "--crop", "32", "--resize", "32",
+                                 "--min-runs", "5", "--min-seconds", "0.05", "--batch-size", "4", "--sweep", "1,2",
+                                 "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text()), result.output
+
+
+def test_accuracy_counted_on_known_answers(color_bench):
+    report, output = color_bench
+    r = report["results"][0]
+    assert r["accuracy"]["correct"] == 12 and r["accuracy"]["total"] == 14
+    assert "85.71% (12/14 correct)" in output
+
+
+def test_bench_json_matches_schema(color_bench):
+    report, _ = color_bench
+    assert report["schema"] == "servopt.bench/1"
+    for r in report["results"]:
+        validate_result(r)
+        assert r["latency_ms"]["n"] >= 5
+        assert set(r["throughput_ips"]["sweep"]) == {"1", "2"}
+        assert r["cold_start_s"] > 0 and 10 < r["peak_rss_mb"] < 2000
+        assert r["environment"]["session"]["provider_actual"] == "CPUExecutionProvider"
+        assert r["environment"]["session"]["provider_fallback"] is False
+        assert "single" in r["interference"] and "other_share" in r["interference"]["batch"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["bench", "nope.onnx"], "does not exist"),
+        (["bench", "{model}", "--data", "{tmp}/missing"], "does not exist"),
+        (["bench", "{model}", "--data", "{tmp}", "--split", "training"], "split 'training' not found"),
+        (["bench", "{model}", "--sweep", "1,x"], "comma-separated"),
+        (["bench", "{model}", "--graph-level", "max"], "unknown graph optimization level"),
+        (["bench", "{model}", "--runtime", "tensorflow"], "unknown runtime"),
+        (["bench", "{model}", "--input-shape", "input=1xthree"], "NAME=DxDxD"),
+        (["export", "{model}", "--out", "{tmp}/x.onnx"], "already ONNX"),
+    ],
+)
+def test_cli_bad_input_gets_clear_error(tmp_path, args, message):
+    model = channel_mean_onnx(tmp_path / "m.onnx")
+    args = [a.format(model=model, tmp=tmp_path) for a in args]
+    result = runner.invoke(app, [*args, "--min-runs", "2", "--min-seconds", "0.01"] if args[0] == "bench" else args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "fix:" in result.output
+    assert "Traceback" not in result.output

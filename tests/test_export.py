@@ -1,0 +1,72 @@
+"""ONNX export: dynamic batch, inline weights, checker, verification, fallback, metadata."""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from servopt.bench.protocol import Protocol
+from servopt.bench.run import bench_model
+from servopt.data.dataset import synthetic_inputs
+from servopt.export import ExportError, export_onnx, verify_export
+from servopt.models.sources import load_model
+from servopt.models.zoo import build
+
+
+@pytest.fixture(scope="module")
+def r18_state(tmp_path_factory):
+    path = tmp_path_factory.mktemp("r18") / "r18.pt"
+    torch.save(build("resnet18", 4).state_dict(), path)
+    return path
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_export_verifies_and_has_dynamic_batch(tmp_path, r18_state, exporter):
+    model = load_model(r18_state, arch="resnet18", input_shape={"input": [1, 3, 64, 64]})
+    model.spec.class_names = ["a", "b", "c", "d"]
+    out = tmp_path / "r18.onnx"
+    report = export_onnx(model, out, exporter=exporter, opset=17)
+    assert report["exporter"] == exporter and report["checker"] == "passed" and report["weights_inline"]
+    assert report["max_abs_diff"] < 1e-3 and report["top1_agreement"] == 1.0
+    assert not (tmp_path / "r18.onnx.data").exists()  # weights inline
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for batch in (1, 5):
+        assert sess.run(None, {"input": np.zeros((batch, 3, 64, 64), np.float32)})[0].shape == (batch, 4)
+    meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert json.loads(meta["servopt.spec"])["class_names"] == ["a", "b", "c", "d"]
+    assert load_model(out).spec.class_names == ["a", "b", "c", "d"]
+
+
+def test_verification_fails_loudly_on_mismatch(tmp_path, r18_state):
+    model = load_model(r18_state, arch="resnet18", input_shape={"input": [1, 3, 64, 64]})
+    out = tmp_path / "r18.onnx"
+    export_onnx(model, out, exporter="torchscript", opset=17)
+    with torch.no_grad():  # the torch model drifts from the exported one: verification must catch it
+        model.torch_module().fc.bias += 1.0
+    with pytest.raises(ExportError, match="differs from torch"):
+        verify_export(model, out, synthetic_inputs(model.spec, 4), tolerance=1e-3)
+
+
+def test_bench_torch_source_measures_both_runtimes(tmp_path, r18_state):
+    model = load_model(r18_state, arch="resnet18", input_shape={"input": [1, 3, 64, 64]})
+    report = bench_model(model, synthetic_inputs(model.spec, 8), ["torch", "onnxruntime"], Protocol.quick(), tmp_path)
+    torch_r, ort_r = report["results"]
+    assert torch_r["status"] == ort_r["status"] == "ok"
+    assert torch_r["agreement"] is None  # the reference itself
+    assert ort_r["agreement"]["top1_agreement"] == 1.0 and ort_r["agreement"]["max_abs_diff"] < 1e-3
+    assert report["export"]["exporter"] == "dynamo"
+    assert torch_r["environment"]["session"]["mode"] == "eager+inference_mode"
+
+
+def test_export_cli(tmp_path, r18_state):
+    from servopt.cli import app
+
+    out = tmp_path / "cli.onnx"
+    result = CliRunner().invoke(app, ["export", str(r18_state), "--arch", "resnet18", "--out", str(out),
+                                      "--input-shape", "input=1x3x64x64"])
+    assert result.exit_code == 0, result.output
+    assert '"checker": "passed"' in result.output and out.exists()

@@ -1,0 +1,184 @@
+"""Every model source loads, and every refusal says why and what to do."""
+
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from servopt.errors import UserError
+from servopt.models.sources import load_model, model_files
+from servopt.models.zoo import MobileNetV2, build
+from servopt.runtimes import open_session
+
+
+def _x() -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32))
+
+
+def _same_as(loaded, module, shape=(2, 3, 32, 32)):
+    x = _x()[: shape[0]]
+    with torch.inference_mode():
+        expected = module(x)
+        got = loaded.torch_module()(x)
+    assert torch.allclose(expected, got, atol=1e-5)
+
+
+def test_onnx_with_external_data(tmp_path, tiny_module):
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(tiny_module, (_x(),), str(path), dynamo=False, input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}})
+    proto = onnx.load(str(path))
+    onnx.save(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="m.onnx.data",
+              size_threshold=0)
+    loaded = load_model(path)
+    assert loaded.kind == "onnx"
+    assert [f.name for f in model_files(path)] == ["m.onnx", "m.onnx.data"]
+    assert loaded.size_mb() > (path.stat().st_size / 1e6)
+    assert loaded.spec.inputs[0].shape == ["batch", 3, 32, 32]
+    out = open_session({"format": "onnx", "path": str(path)}, "onnxruntime").run({"input": _x().numpy()})
+    with torch.inference_mode():
+        assert np.allclose(out, tiny_module(_x()).numpy(), atol=1e-5)
+
+
+def test_torchscript(tmp_path, tiny_module):
+    path = tmp_path / "m.ts"
+    torch.jit.save(torch.jit.trace(tiny_module, _x()), str(path))
+    loaded = load_model(path, input_shape={"input": [1, 3, 32, 32]})
+    assert loaded.kind == "torchscript"
+    assert loaded.spec.outputs[0].shape == ["batch", 3]
+    _same_as(loaded, tiny_module)
+
+
+def test_exported_program(tmp_path, tiny_module):
+    path = tmp_path / "m.pt2"
+    batch = torch.export.Dim("batch")
+    torch.export.save(torch.export.export(tiny_module, (_x(),), dynamic_shapes=({0: batch},)), str(path))
+    loaded = load_model(path)
+    assert loaded.kind == "exported_program"
+    assert loaded.spec.inputs[0].shape[1:] == [3, 32, 32]
+    _same_as(loaded, tiny_module)
+
+
+def test_exported_program_with_fixed_batch_is_explained(tmp_path, tiny_module):
+    path = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(tiny_module, (_x(),)), str(path))
+    with pytest.raises(UserError, match="fixed batch of 2") as e:
+        load_model(path)
+    assert "dynamic_shapes" in e.value.fix
+
+
+def test_state_dict_with_arch_and_inferred_classes(tmp_path):
+    model = build("resnet18", 7).eval()
+    path = tmp_path / "r18.pt"
+    torch.save(model.state_dict(), path)
+    loaded = load_model(path, arch="resnet18")
+    assert loaded.num_classes == 7
+    assert loaded.spec.outputs[0].shape == ["batch", 7]
+    _same_as(loaded, model)
+
+
+def test_state_dict_without_arch_names_the_fix(tmp_path):
+    path = tmp_path / "r18.pt"
+    torch.save(build("resnet18", 7).state_dict(), path)
+    with pytest.raises(UserError, match="--arch") as e:
+        load_model(path)
+    assert "mobilenet_v2" in e.value.fix
+
+
+def test_state_dict_with_wrong_arch(tmp_path):
+    path = tmp_path / "r18.pt"
+    torch.save(build("resnet18", 7).state_dict(), path)
+    with pytest.raises(UserError, match="do not fit --arch mobilenet_v2"):
+        load_model(path, arch="mobilenet_v2")
+
+
+def test_pickle_refused_without_trust(tmp_path, tiny_module):
+    path = tmp_path / "whole.pth"
+    torch.save(tiny_module, path)
+    with pytest.raises(UserError, match="pickled") as e:
+        load_model(path)
+    assert "--trust-pickle" in e.value.fix
+
+
+def test_pickle_loads_with_trust(tmp_path, tiny_module):
+    path = tmp_path / "whole.pth"
+    torch.save(tiny_module, path)
+    loaded = load_model(path, trust_pickle=True, input_shape={"input": [1, 3, 32, 32]})
+    assert loaded.kind == "pickle"
+    _same_as(loaded, tiny_module)
+
+
+def test_torchvision_pickle_loads_without_torchvision(tmp_path):
+    """A model pickled as torchvision.models.mobilenetv2.MobileNetV2 loads onto the zoo classes."""
+    from servopt.models import zoo
+
+    fake = {
+        "torchvision": types.ModuleType("torchvision"),
+        "torchvision.models": types.ModuleType("torchvision.models"),
+        "torchvision.models.mobilenetv2": types.ModuleType("torchvision.models.mobilenetv2"),
+        "torchvision.ops": types.ModuleType("torchvision.ops"),
+        "torchvision.ops.misc": types.ModuleType("torchvision.ops.misc"),
+    }
+    # Subclasses living under torchvision's module names: the pickle records those names.
+    mnv2 = type("MobileNetV2", (zoo.MobileNetV2,), {"__module__": "torchvision.models.mobilenetv2"})
+    ir = type("InvertedResidual", (zoo.InvertedResidual,), {"__module__": "torchvision.models.mobilenetv2"})
+    cna = type("Conv2dNormActivation", (zoo.Conv2dNormActivation,), {"__module__": "torchvision.ops.misc"})
+    fake["torchvision.models.mobilenetv2"].MobileNetV2 = mnv2
+    fake["torchvision.models.mobilenetv2"].InvertedResidual = ir
+    fake["torchvision.ops.misc"].Conv2dNormActivation = cna
+    saved = {k: sys.modules.get(k) for k in fake}
+    sys.modules.update(fake)
+    try:
+        model = MobileNetV2(num_classes=11).eval()
+        for m in list(model.modules()):  # re-class every module as its torchvision namesake
+            if type(m) is zoo.MobileNetV2:
+                m.__class__ = mnv2
+            elif type(m) is zoo.InvertedResidual:
+                m.__class__ = ir
+            elif type(m) is zoo.Conv2dNormActivation:
+                m.__class__ = cna
+        path = tmp_path / "food11.pth"
+        torch.save(model, path)
+        assert b"torchvision.models.mobilenetv2" in path.read_bytes()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    assert "torchvision.models.mobilenetv2" not in sys.modules
+    loaded = load_model(path, trust_pickle=True)
+    module = loaded.torch_module()
+    assert type(module) is zoo.MobileNetV2
+    assert loaded.num_classes == 11
+    x = torch.zeros(1, 3, 224, 224)
+    with torch.inference_mode():
+        assert torch.allclose(module(x), MobileNetV2.forward(model, x), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("content", "name", "match"),
+    [(b"not a model at all", "m.bin", "cannot tell"), (b"garbage", "m.onnx", "not a readable ONNX"),
+     (b"\x80\x02garbage", "m.pt", "could not be read")],
+)
+def test_bad_files_are_clear_errors(tmp_path, content, name, match):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=match):
+        load_model(path)
+
+
+def test_missing_file(tmp_path: Path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_model(tmp_path / "nope.onnx")
+
+
+def test_wrong_input_shape_is_explained(tmp_path, tiny_module):
+    path = tmp_path / "m.ts"
+    torch.jit.save(torch.jit.trace(tiny_module, _x()), str(path))
+    with pytest.raises(UserError, match="--input-shape"):
+        load_model(path, input_shape={"input": [1, 5, 32, 32]})
