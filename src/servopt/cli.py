@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -140,39 +139,10 @@ def export(
     run_cli(go)
 
 
-@app.command()
-def demo(
-    out: Annotated[Path, typer.Option(help="run directory")] = Path("runs/demo"),
-    quick: Annotated[bool, typer.Option(help="short timing phases (a smoke run)")] = False,
-) -> None:
-    """The built-in demo: train (once) a MobileNetV2 on the digits stand-in for Food-11, then measure it."""
-
-    def go() -> None:
-        from servopt.bench.protocol import Protocol
-        from servopt.bench.run import bench_model
-        from servopt.cli_common import open_data
-        from servopt.demo import ensure_demo
-        from servopt.display import print_results
-        from servopt.models.sources import load_model
-        from servopt.results import write_json_atomic
-
-        data_root, weights, training = ensure_demo(log=console.print)
-        console.print(
-            f"demo model: MobileNetV2 (zoo) trained on scikit-learn's handwritten digits, standing in for Food-11 "
-            f"(no download possible here); validation top-1 {training['validation_top1']:.2%}"
-        )
-        loaded = load_model(weights, arch="mobilenet_v2")
-        dataset = open_data(loaded, data_root, "evaluation")
-        proto = Protocol.quick() if quick else Protocol(min_seconds=3.0, batch_min_seconds=3.0)
-        with console.status("measuring…") as status:
-            report = bench_model(loaded, dataset, ["torch", "onnxruntime"], proto, out / "bench",
-                                 on_progress=lambda m: status.update(m))
-        print_results(report["results"], title="servopt demo: PyTorch eager vs ONNX Runtime", console=console)
-        write_json_atomic(out / "bench.json", report)
-        console.print(f"figures written to {out / 'bench.json'}")
-
-    run_cli(go)
+def _register_more_commands() -> None:
+    """Commands in other modules register on ``app`` when imported (each module one concern)."""
+    import servopt.cli_optimize
+    import servopt.cli_serve  # noqa: F401
 
 
-if __name__ == "__main__":
-    sys.exit(app())
+_register_more_commands()

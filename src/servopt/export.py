@@ -69,7 +69,7 @@ def export_onnx(
                 opset_version=opset, dynamic_shapes=dyn, external_data=not inline, optimize=True, verbose=False,
             )
             used = "dynamo"
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any exporter failure falls back
             errors.append(f"dynamo: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}")
             log.warning("dynamo exporter failed, falling back to TorchScript: %s", errors[-1])
     if used is None and exporter in ("auto", "torchscript"):
@@ -80,7 +80,7 @@ def export_onnx(
             )
             used = "torchscript"
             report["opset"] = min(opset, 17)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - reported with the dynamo error
             errors.append(f"torchscript: {str(e).splitlines()[0][:300]}")
     if used is None:
         raise ExportError("ONNX export failed with every exporter: " + "; ".join(errors), fix="see the errors above")

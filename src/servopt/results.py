@@ -92,6 +92,7 @@ def make_result(*, name: str, runtime: str, measured: dict, size_mb: float, batc
         "agreement": measured.get("agreement"),
         "latency_ms": measured.get("latency_ms"),
         "batch_latency_ms": measured.get("batch_latency_ms"),
+        "latency_samples_ms": measured.get("latency_samples_ms"),
         "throughput_ips": measured.get("throughput_ips"),
         "cold_start_s": cold.get("total_s"),
         "cold_start": cold or None,

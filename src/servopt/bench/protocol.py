@@ -74,8 +74,10 @@ def measure_latency(session: Session, data: Dataset, proto: Protocol) -> dict:
             session.run_prepared, prepared, min_runs=proto.min_runs, min_seconds=proto.min_seconds,
             max_seconds=proto.max_seconds, warmup=proto.warmup,
         )
+    step = max(1, len(loop.times_ns) // 400)  # a few hundred raw samples for distribution plots
     return {"latency": latency_summary(loop.times_ns), "throughput": throughput(loop.times_ns, 1),
-            "stopped_by": loop.stopped_by, "interference": mon.report}
+            "stopped_by": loop.stopped_by, "interference": mon.report,
+            "samples_ms": [round(t / 1e6, 4) for t in loop.times_ns[::step]]}
 
 
 def measure_batch(session: Session, data: Dataset, proto: Protocol, batch_size: int) -> dict:
@@ -89,13 +91,32 @@ def measure_batch(session: Session, data: Dataset, proto: Protocol, batch_size: 
             "stopped_by": loop.stopped_by, "interference": mon.report}
 
 
+def check_gate(result: dict, gate: dict | None) -> str | None:
+    """Why a variant fails verification (too far from the original to be worth timing), or None."""
+    if not gate:
+        return None
+    agr, acc = result.get("agreement") or {}, result.get("accuracy")
+    if "top1_agreement" in agr and agr["top1_agreement"] < gate.get("min_agreement", 0.0):
+        return f"top-1 agreement with the original {agr['top1_agreement']:.1%} < {gate['min_agreement']:.0%}"
+    if acc and gate.get("reference_top1") is not None:
+        drop = (gate["reference_top1"] - acc["top1"]) * 100
+        if drop > gate.get("max_drop_points", 100):
+            return f"accuracy drop {drop:.2f} points > {gate['max_drop_points']} allowed"
+    if "cosine_min" in agr and agr["cosine_min"] < gate.get("min_cosine", -1.0):
+        return f"cosine similarity to the original {agr['cosine_min']:.4f} < {gate['min_cosine']}"
+    return None
+
+
 def measure_session(session: Session, data: Dataset, reference: np.ndarray | None, task: str, proto: Protocol,
-                    outputs_path: Path | None = None) -> dict:
-    """Everything measured inside the worker process (see module doc)."""
+                    outputs_path: Path | None = None, gate: dict | None = None) -> dict:
+    """Everything measured inside the worker process (see module doc): verified first, then timed."""
     outputs = predict_all(session, data, max(1, proto.batch_size))
     if outputs_path is not None:
         np.save(outputs_path, outputs)
     result = verify(outputs, data, reference, task)
+    failed = check_gate(result, gate)
+    if failed:
+        return {**result, "status": "failed", "error": f"verification failed: {failed}"}
     single = measure_latency(session, data, proto)
     batch = measure_batch(session, data, proto, proto.batch_size)
     sweep = {str(bs): measure_batch(session, data, proto, bs)["throughput"] for bs in proto.sweep}
@@ -103,6 +124,7 @@ def measure_session(session: Session, data: Dataset, reference: np.ndarray | Non
         latency_ms=single["latency"],
         throughput_ips={"single": single["throughput"], "batch": batch["throughput"], "sweep": sweep or None},
         batch_latency_ms=batch["latency"],
+        latency_samples_ms=single["samples_ms"],
         interference={
             "single": single["interference"],
             "batch": batch["interference"],

@@ -38,8 +38,10 @@ def measure(job_path: str, out_path: str) -> None:
     load_s = time.perf_counter() - start
     compile_s = session.warm_compile(data.slice(0, 1)) if hasattr(session, "warm_compile") and job.get("options", {}).get("compile") else 0.0
     outputs_path = Path(job["save_outputs"]) if job.get("save_outputs") else None
-    result = measure_session(session, data, reference, job.get("task", "classification"), Protocol.from_dict(job["protocol"]), outputs_path)
-    result.update(status="ok", load_s=load_s, compile_s=compile_s, environment=environment(session.info()))
+    result = measure_session(session, data, reference, job.get("task", "classification"), Protocol.from_dict(job["protocol"]),
+                             outputs_path, job.get("gate"))
+    result.setdefault("status", "ok")
+    result.update(load_s=load_s, compile_s=compile_s, environment=environment(session.info()))
     write_json_atomic(Path(out_path), result)
 
 

@@ -79,7 +79,7 @@ def model_files(onnx_path: Path) -> list[Path]:
     files = [onnx_path]
     try:
         proto = onnx.load(str(onnx_path), load_external_data=False)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a broken file is reported where it is loaded
         return files
     seen: set[str] = set()
     for init in proto.graph.initializer:

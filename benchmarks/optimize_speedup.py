@@ -1,0 +1,68 @@
+"""Does the variant servopt picks for cpu-server beat ONNX Runtime defaults by the required margin?
+
+Requirement (issue 3): on the demo MobileNetV2, measured side by side in one run
+against ONNX Runtime with default settings (fp32, ORT_ENABLE_ALL), the chosen
+variant gives >= 1.7x its batch-32 throughput and <= 0.7x its p50 batch-1
+latency, within 1 point of fp32 accuracy (aim: 2.0x and 0.6x).
+
+It re-measures the two (plus any extra --variants) in one process, interleaved
+(A B A B, --rounds rounds of --seconds per phase), and prints the median of the
+per-round ratios. Needs a finished demo run (`servopt demo`, default runs/demo).
+
+    python benchmarks/optimize_speedup.py [--run runs/demo] [--rounds 6] [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from servopt.optimize.runner import REFERENCE_ORT, load_run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run", type=Path, default=Path("runs/demo"))
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--variants", nargs="*", default=[])
+    args = ap.parse_args()
+    summary, records = load_run(args.run)
+    cpu = next(t for t in summary["targets"] if t["target"]["name"] == "cpu-server")
+    chosen = cpu.get("recommended") or cpu.get("nearest")
+    by = {r["name"]: r for r in records}
+    names = [n for n in dict.fromkeys([chosen, *args.variants]) if n != REFERENCE_ORT] + [REFERENCE_ORT]
+    variants = []
+    for n in names:
+        r = by[n]
+        artifact = {"format": r["artifact_format"], "path": r["artifact"]}
+        if r["artifact_format"] == "torch":
+            artifact = {"format": "torch", "ref": json.loads((args.run / "work" / n / "job.json").read_text())["artifact"]["ref"]}
+        variants.append({"name": n, "artifact": artifact, "runtime": r["runtime"], "options": r["options"]})
+    proto = {"min_runs": 100, "min_seconds": args.seconds, "batch_size": 32, "batch_min_runs": 10, "batch_min_seconds": args.seconds,
+             "warmup": 10, "max_seconds": 120}
+    job = {"variants": variants, "reference": REFERENCE_ORT, "data": str(args.run / "data" / "eval.npz"), "protocol": proto,
+           "rounds": args.rounds}
+    job_path, out_path = args.run / "work" / "speedup-job.json", args.run / "work" / "speedup.json"
+    job_path.write_text(json.dumps(job))
+    subprocess.run([sys.executable, "-m", "servopt.optimize.interleave", str(job_path), str(out_path)], check=True)
+    result = json.loads(out_path.read_text())
+    ref_acc = by[REFERENCE_ORT]["accuracy"]["top1"]
+    print(f"{'variant':32} {'p50 ms':>8} {'batch/s':>8} {'p50 ratio':>10} {'tput ratio':>10} {'top-1':>8}  per-round p50 ms")
+    for n, v in result["variants"].items():
+        acc = by[n]["accuracy"]["top1"]
+        print(f"{n:32} {v['p50_ms']:8.2f} {v['throughput_ips']:8.0f} {v['p50_ratio_vs_reference']:9.2f}x {v['throughput_ratio_vs_reference']:9.2f}x "
+              f"{acc:8.2%}  {', '.join(f'{x:.2f}' for x in v['p50_ms_rounds'])}")
+    c = result["variants"][chosen]
+    drop = (ref_acc - by[chosen]["accuracy"]["top1"]) * 100
+    ok = c["throughput_ratio_vs_reference"] >= 1.7 and c["p50_ratio_vs_reference"] <= 0.7 and drop <= 1.0
+    print(f"\ncpu-server pick {chosen}: throughput {c['throughput_ratio_vs_reference']:.2f}x (need >= 1.7x, aim 2.0x), "
+          f"p50 {c['p50_ratio_vs_reference']:.2f}x (need <= 0.7x, aim 0.6x), accuracy {drop:+.2f} points vs fp32 (need <= 1) "
+          f"-> {'PASS' if ok else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()

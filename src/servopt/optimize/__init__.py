@@ -1,0 +1,1 @@
+"""``servopt optimize``: variants, targets, decisions, reports (see ``runner``)."""

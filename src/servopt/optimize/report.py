@@ -1,0 +1,264 @@
+"""report.md (tables, for pull requests) and report.html (one self-contained file, opens offline).
+
+Charts are drawn with matplotlib into inline SVG: no CDN, no JavaScript, so the
+report opens anywhere and prints. Without matplotlib (a lean install) the
+charts are left out and the report says so.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from jinja2 import Environment
+from markupsafe import Markup
+
+from servopt.bench.metrics import format_accuracy
+from servopt.optimize.decide import accuracy_drop
+from servopt.results import write_json_atomic, write_text_atomic
+
+
+def _n(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def variant_rows(records: list[dict], reference: dict | None, pareto: list[str]) -> list[dict]:
+    rows = []
+    for r in records:
+        lat, tp = r.get("latency_ms") or {}, r.get("throughput_ips") or {}
+        agr = (r.get("agreement") or {}).get("top1_agreement")
+        drop = accuracy_drop(r, reference) if r.get("status") == "ok" or r.get("accuracy") else None
+        notes = []
+        if (r.get("interference") or {}).get("flagged"):
+            notes.append("noisy")
+        if ((r.get("environment") or {}).get("session") or {}).get("provider_fallback"):
+            notes.append("provider fell back to CPU")
+        if r["name"] in pareto:
+            notes.append("Pareto")
+        rows.append({
+            "name": r["name"], "group": r.get("group", ""), "status": r["status"], "error": r.get("error") or "",
+            "size": _n(r.get("size_mb")), "accuracy": format_accuracy(r.get("accuracy")),
+            "drop": _n(drop, "{:+.2f}") if drop is not None else "—", "agree": _n(agr * 100 if agr is not None else None, "{:.1f}%"),
+            "p50": _n(lat.get("p50")), "p95": _n(lat.get("p95")), "p99": _n(lat.get("p99")),
+            "batch": _n(tp.get("batch"), "{:.0f}"), "cold": _n(r.get("cold_start_s")), "rss": _n(r.get("peak_rss_mb"), "{:.0f}"),
+            "notes": ", ".join(notes), "description": r.get("description", ""),
+        })
+    return rows
+
+
+def verdict_rows(summary: dict) -> list[dict]:
+    rows = []
+    for t in summary["targets"]:
+        target = t["target"]
+        bounds = (t.get("verdict") or {}).get("bounds", [])
+        rows.append({
+            "name": target["name"], "hardware": target["hardware"], "device": target["device"], "status": t["status"],
+            "recommended": t.get("recommended") or (f"none (nearest: {t['nearest']})" if t.get("nearest") else "none"),
+            "reason": t["reason"],
+            "bounds": [{"bound": b["bound"], "limit": b["limit"], "value": _n(b["value"], "{:.3g}"), "status": b["status"],
+                        "note": b["note"]} for b in bounds],
+        })
+    return rows
+
+
+def interleave_rows(summary: dict) -> list[dict]:
+    il = summary.get("interleaved") or {}
+    return [{"name": n, "p50": _n(v["p50_ms"]), "tp": _n(v["throughput_ips"], "{:.0f}"),
+             "p50_ratio": _n(v["p50_ratio_vs_reference"], "{:.2f}×"), "tp_ratio": _n(v["throughput_ratio_vs_reference"], "{:.2f}×"),
+             "flagged": v["flagged_rounds"]} for n, v in il.get("variants", {}).items()]
+
+
+def charts(records: list[dict], reference: dict | None, pareto: list[str]) -> dict[str, str]:
+    """Inline SVG charts; empty when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return {}
+    ok = [r for r in records if r.get("status") == "ok" and r.get("latency_ms")]
+    if not ok:
+        return {}
+
+    def svg(fig) -> str:
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", bbox_inches="tight")
+        plt.close(fig)
+        text = buf.getvalue()
+        return text[text.index("<svg"):]
+
+    out = {}
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in ok:
+        drop = accuracy_drop(r, reference) or 0.0
+        on_front = r["name"] in pareto
+        ax.scatter(r["latency_ms"]["p50"], -drop, s=60 if on_front else 25, c="#d62728" if on_front else "#1f77b4", zorder=3)
+        ax.annotate(r["name"], (r["latency_ms"]["p50"], -drop), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    front = sorted((r for r in ok if r["name"] in pareto), key=lambda r: r["latency_ms"]["p50"])
+    if front:
+        ax.step([r["latency_ms"]["p50"] for r in front], [-(accuracy_drop(r, reference) or 0) for r in front], where="post",
+                color="#d62728", alpha=0.5, label="Pareto frontier")
+        ax.legend()
+    ax.set_xscale("log")
+    ax.set_xlabel("p50 single-sample latency, ms (log)")
+    ax.set_ylabel("accuracy change vs original, points")
+    ax.grid(alpha=0.3)
+    out["scatter"] = svg(fig)
+    names = [r["name"] for r in ok]
+    for key, label, values in [
+        ("throughput", "batch throughput, samples/s", [(r.get("throughput_ips") or {}).get("batch") or 0 for r in ok]),
+        ("size", "size on disk, MB", [r.get("size_mb") or 0 for r in ok]),
+    ]:
+        fig, ax = plt.subplots(figsize=(8, 0.28 * len(ok) + 1))
+        ax.barh(names, values, color="#2ca02c" if key == "throughput" else "#9467bd")
+        ax.set_xlabel(label)
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+        ax.tick_params(axis="y", labelsize=7)
+        out[key] = svg(fig)
+    with_samples = [r for r in ok if r.get("latency_samples_ms")]
+    if with_samples:
+        fig, ax = plt.subplots(figsize=(8, 0.28 * len(with_samples) + 1))
+        ax.boxplot([r["latency_samples_ms"] for r in with_samples], vert=False, showfliers=False, tick_labels=[r["name"] for r in with_samples])
+        ax.set_xscale("log")
+        ax.set_xlabel("single-sample latency, ms (box: quartiles, whiskers: 1.5 IQR)")
+        ax.tick_params(axis="y", labelsize=7)
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+        out["latency"] = svg(fig)
+    return out
+
+
+MD = """# servopt report: {{ model }}
+
+Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
+
+## Verdict per target
+| target | hardware | status | recommended | why |
+|---|---|---|---|---|
+{% for t in verdicts %}| {{ t.name }} | {{ t.hardware }} | {{ t.status }} | {{ t.recommended }} | {{ t.reason }} |
+{% endfor %}
+{% for t in verdicts %}{% if t.bounds %}
+**{{ t.name }}** ({{ t.recommended }}):
+| bound | limit | value | verdict | note |
+|---|---|---|---|---|
+{% for b in t.bounds %}| {{ b.bound }} | {{ b.limit }} | {{ b.value }} | {{ b.status }} | {{ b.note }} |
+{% endfor %}{% endif %}{% endfor %}
+{% if interleaved %}
+## Same-run ratios (interleaved A B A B with the reference, {{ rounds }} rounds)
+| variant | p50 ms | batch/s | p50 vs ORT default | throughput vs ORT default | noisy rounds |
+|---|---|---|---|---|---|
+{% for r in interleaved %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.flagged }} |
+{% endfor %}{% endif %}
+## Every variant
+| variant | status | size MB | accuracy | Δ points | agree | p50 | p95 | p99 | batch/s | cold s | RSS MB | notes |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
+{% for r in rows %}| {{ r.name }} | {{ r.status }}{% if r.error %}: {{ r.error }}{% endif %} | {{ r.size }} | {{ r.accuracy }} | {{ r.drop }} | {{ r.agree }} | {{ r.p50 }} | {{ r.p95 }} | {{ r.p99 }} | {{ r.batch }} | {{ r.cold }} | {{ r.rss }} | {{ r.notes }} |
+{% endfor %}
+Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}
+{% for p in profiles %}
+## Op profile: {{ p.variant }} ({{ p.profiler }}, {{ "%.2f"|format(p.total_ms_per_run) }} ms of kernels per sample)
+| op | ms/sample | share |
+|---|---|---|
+{% for o in p.ops %}| {{ o.op }} | {{ "%.3f"|format(o.ms_per_run) }} | {{ "%.1f"|format(o.share * 100) }}% |
+{% endfor %}{% endfor %}
+{% if search %}
+## Accuracy-aware INT8 search ({{ search.metric }} on {{ search.tuning_samples }} tuning samples, reference {{ "%.2f"|format(search.reference_top1 * 100) }}%)
+| step | what | float layers | top-1 | drop (points) | within tolerance | p50 ms |
+|---|---|---|---|---|---|---|
+{% for s in search.steps %}| {{ s.step }} | {{ s.label }} | {{ s.float_layers }} | {{ "%.2f"|format(s.top1 * 100) }}% | {{ "%.2f"|format(s.drop_points) }} | {{ s.within_tolerance }} | {{ s.p50_ms|default("—") }} |
+{% endfor %}
+Chosen: step {{ search.chosen_step }} (the fastest within tolerance); layers kept in float: {{ search.float_layers|join(", ") or "none" }}
+{% endif %}
+{% if left_out %}
+## Left out of this sweep
+{% for v in left_out %}- `{{ v.name }}`: {{ v.why }}
+{% endfor %}Include them with `--variants NAME` (globs and group names work) or `--include-all`.
+{% endif %}"""
+
+HTML = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>servopt report: {{ model }}</title>
+<style>
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1200px;color:#222;padding:0 1rem}
+h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem}
+table{border-collapse:collapse;font-size:12.5px;margin:.5rem 0}td,th{border:1px solid #ddd;padding:3px 7px;text-align:right}
+td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
+.pass{color:#1a7f37;font-weight:600}.fail{color:#cf222e;font-weight:600}.nm{color:#9a6700}
+.card{display:inline-block;border:1px solid #ddd;border-radius:8px;padding:.8rem 1rem;margin:.3rem;vertical-align:top;min-width:300px;max-width:370px}
+.card h3{margin:.1rem 0 .4rem}.muted{color:#666;font-size:12px}svg{max-width:100%;height:auto}
+</style></head><body>
+<h1>servopt report: {{ model }}</h1>
+<p class="muted">{{ created }} · measured on {{ machine }} · run directory <code>{{ run_dir }}</code>{% if note %} · {{ note }}{% endif %}</p>
+<h2>Verdict per target</h2>
+{% for t in verdicts %}<div class="card"><h3>{{ t.name }} <span class="muted">{{ t.hardware }}</span></h3>
+<div class="{{ 'pass' if t.status.startswith('pass') else 'fail' if t.status == 'fail' else 'nm' }}">{{ t.status }}</div>
+<p><b>{{ t.recommended }}</b><br><span class="muted">{{ t.reason }}</span></p>
+{% if t.bounds %}<table><tr><th>bound</th><th>limit</th><th>value</th><th>verdict</th></tr>
+{% for b in t.bounds %}<tr><td>{{ b.bound }}</td><td>{{ b.limit }}</td><td>{{ b.value }}</td>
+<td class="{{ 'pass' if b.status == 'pass' else 'fail' if b.status == 'fail' else 'nm' }}" title="{{ b.note }}">{{ b.status }}</td></tr>{% endfor %}
+</table><p class="muted">{{ t.bounds[-1].note }}</p>{% endif %}</div>{% endfor %}
+{% if interleaved %}<h2>Same-run ratios against ONNX Runtime defaults</h2>
+<p class="muted">Re-measured side by side in one process, {{ rounds }} interleaved rounds (A B … reference, A B … reference); medians of per-round ratios.</p>
+<table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>noisy rounds</th></tr>
+{% for r in interleaved %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.flagged }}</td></tr>{% endfor %}</table>{% endif %}
+<h2>Latency against accuracy</h2>{% if charts.scatter %}{{ charts.scatter }}{% else %}<p class="muted">charts need matplotlib (pip install servopt[report])</p>{% endif %}
+<h2>Every variant</h2>
+<table><tr><th>variant</th><th>status</th><th>size MB</th><th>accuracy</th><th>Δ pts</th><th>agree</th><th>p50</th><th>p95</th><th>p99</th><th>batch/s</th><th>cold s</th><th>RSS MB</th><th>notes</th></tr>
+{% for r in rows %}<tr><td title="{{ r.description }}">{{ r.name }}</td><td class="l {{ 'pass' if r.status == 'ok' else 'fail' if r.status == 'failed' else 'nm' }}" title="{{ r.error }}">{{ r.status }}{% if r.error %}<br><span class="muted">{{ r.error[:140] }}</span>{% endif %}</td>
+<td>{{ r.size }}</td><td class="l">{{ r.accuracy }}</td><td>{{ r.drop }}</td><td>{{ r.agree }}</td><td>{{ r.p50 }}</td><td>{{ r.p95 }}</td><td>{{ r.p99 }}</td><td>{{ r.batch }}</td><td>{{ r.cold }}</td><td>{{ r.rss }}</td><td class="l">{{ r.notes }}</td></tr>{% endfor %}</table>
+<p class="muted">Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}</p>
+<h2>Throughput</h2>{{ charts.throughput|default('') }}
+<h2>Size on disk</h2>{{ charts.size|default('') }}
+<h2>Latency distributions</h2>{{ charts.latency|default('') }}
+<h2>Where the time goes (op-level profile of each recommended variant)</h2>
+{% for p in profiles %}<h3>{{ p.variant }} <span class="muted">{{ p.profiler }}, {{ "%.2f"|format(p.total_ms_per_run) }} ms of kernels per sample</span></h3>
+<table><tr><th>op</th><th>ms/sample</th><th>share</th><th></th></tr>{% for o in p.ops %}<tr><td>{{ o.op }}</td><td>{{ "%.3f"|format(o.ms_per_run) }}</td><td>{{ "%.1f"|format(o.share * 100) }}%</td>
+<td class="l"><div style="background:#1f77b4;height:9px;width:{{ (o.share * 300)|int }}px"></div></td></tr>{% endfor %}</table>{% else %}<p class="muted">no recommended variant to profile</p>{% endfor %}
+{% if search %}<h2>Accuracy-aware INT8 search</h2>
+<p class="muted">{{ search.metric }} on {{ search.tuning_samples }} tuning samples (validation split), float reference {{ "%.2f"|format(search.reference_top1 * 100) }}%, tolerance {{ search.tolerance.max_drop }} ({{ search.tolerance.drop_type }}).</p>
+<table><tr><th>step</th><th>what</th><th>float layers</th><th>top-1</th><th>drop</th><th>within</th><th>p50 ms</th></tr>
+{% for s in search.steps %}<tr><td>{{ s.step }}</td><td class="l">{{ s.label }}</td><td>{{ s.float_layers }}</td><td>{{ "%.2f"|format(s.top1 * 100) }}%</td><td>{{ "%.2f"|format(s.drop_points) }}</td><td>{{ s.within_tolerance }}</td><td>{{ s.p50_ms|default("—") }}</td></tr>{% endfor %}</table>
+<p>Chosen: step {{ search.chosen_step }} (the fastest within tolerance). Layers kept in float: {{ search.float_layers|join(", ") or "none" }}</p>{% endif %}
+{% if left_out %}<h2>Left out of this sweep</h2><ul>{% for v in left_out %}<li><code>{{ v.name }}</code>: {{ v.why }}</li>{% endfor %}</ul>
+<p class="muted">Include them with <code>--variants NAME</code> (globs and group names work) or <code>--include-all</code>.</p>{% endif %}
+<h2>Environment</h2><pre>{{ environment }}</pre>
+</body></html>"""
+
+
+def write_reports(out: Path, summary: dict, records: list[dict], profile: bool = True) -> None:
+    from servopt.optimize.profile import profile_record
+
+    reference = next((r for r in records if r["name"] == summary.get("reference")), None)
+    profiles = []
+    by_name = {r["name"]: r for r in records}
+    for t in summary["targets"]:
+        name = t.get("recommended")
+        if not name or any(p["variant"] == name for p in profiles):
+            continue
+        cache = out / "profiles" / f"{name}.json"
+        if cache.exists():
+            profiles.append(json.loads(cache.read_text()))
+        elif profile:
+            try:
+                prof = {"variant": name, **profile_record(by_name[name], out)}
+            except Exception as e:  # noqa: BLE001 - a profile is a bonus; the report still renders
+                prof = {"variant": name, "profiler": f"failed: {e}", "total_ms_per_run": 0.0, "ops": []}
+            write_json_atomic(cache, prof)
+            profiles.append(prof)
+    search = next((r.get("build_report") for r in records
+                   if r.get("status") in ("ok", "failed") and r.get("build_report") and "steps" in (r.get("build_report") or {})), None)
+    config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+    env = summary.get("environment") or {}
+    ctx = {
+        "model": Path(config.get("model", "?")).name, "run_dir": str(out), "created": summary.get("created", ""),
+        "machine": f"{env.get('cpu', '?')} ({env.get('cores', '?')} cores)", "verdicts": verdict_rows(summary),
+        "interleaved": interleave_rows(summary), "rounds": (summary.get("interleaved") or {}).get("rounds"),
+        "rows": variant_rows(records, reference, summary.get("pareto_front", [])), "pareto": summary.get("pareto_front", []),
+        "profiles": profiles, "search": search, "left_out": config.get("left_out", []),
+        "environment": json.dumps(env, indent=2), "note": config.get("note", ""),
+    }
+    write_text_atomic(out / "report.md", Environment(autoescape=False).from_string(MD).render(**ctx))
+    svgs = {k: Markup(v) for k, v in charts(records, reference, ctx["pareto"]).items()}  # our own SVG, not user text
+    ctx["environment"] = json.dumps(env, indent=2)
+    write_text_atomic(out / "report.html", Environment(autoescape=True).from_string(HTML).render(**ctx, charts=svgs))

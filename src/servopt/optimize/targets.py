@@ -1,0 +1,90 @@
+"""Deployment targets: a named piece of hardware and the budget a variant must meet there.
+
+Presets come from the serving tutorial; users add their own in YAML, validated
+by pydantic so an error names the field. A target whose hardware is not this
+machine is still judged, and every verdict says where its figures came from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, ValidationError
+
+from servopt.errors import UserError
+
+
+class Target(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    hardware: str = Field(description="the machine the budget is for, e.g. 'AMD EPYC 7763'")
+    device: Literal["cpu", "gpu", "edge"]
+    objective: Literal["throughput", "latency"] = "throughput"
+    max_p50_ms: PositiveFloat | None = Field(None, description="median single-sample latency bound")
+    min_throughput_ips: PositiveFloat | None = Field(None, description="batch throughput bound, samples/s")
+    max_size_mb: PositiveFloat | None = Field(None, description="model size on disk bound")
+    max_accuracy_drop: NonNegativeFloat = Field(1.0, description="accuracy points lost against the original, at most")
+
+
+PRESETS: dict[str, Target] = {
+    "cpu-server": Target(name="cpu-server", hardware="AMD EPYC 7763", device="cpu", objective="throughput",
+                         max_p50_ms=3.0, min_throughput_ips=1000),
+    "gpu-server": Target(name="gpu-server", hardware="NVIDIA A100", device="gpu", objective="throughput",
+                         max_p50_ms=1.0, min_throughput_ips=5000),
+    "edge": Target(name="edge", hardware="ARM Cortex-A76", device="edge", objective="latency",
+                   max_size_mb=5.0, max_p50_ms=15.0),
+}
+
+
+def _format_error(e: ValidationError, where: str) -> str:
+    parts = []
+    for err in e.errors()[:5]:
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+        parts.append(f"{where}{'.' if loc and not loc.startswith('[') else ''}{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def load_targets(spec: str) -> list[Target]:
+    """``cpu-server,edge`` (presets), a YAML file, or both mixed: ``cpu-server,my.yaml``."""
+    targets: list[Target] = []
+    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        if item in PRESETS:
+            targets.append(PRESETS[item])
+        elif item.endswith((".yaml", ".yml")):
+            targets += _load_yaml(Path(item))
+        else:
+            raise UserError(f"unknown target {item!r}", fix=f"use a preset ({', '.join(PRESETS)}) or a .yaml file")
+    names = [t.name for t in targets]
+    if len(set(names)) != len(names):
+        raise UserError(f"target names repeat: {names}", fix="give each target a distinct name")
+    if not targets:
+        raise UserError("no targets given", fix="e.g. --targets cpu-server,edge")
+    return targets
+
+
+def _load_yaml(path: Path) -> list[Target]:
+    if not path.exists():
+        raise UserError(f"target file {path} does not exist", fix="check the path")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"{path} is not valid YAML: {e}", fix="fix the syntax") from e
+    items = raw.get("targets") if isinstance(raw, dict) else None
+    if not isinstance(items, list):
+        raise UserError(f"{path} must have a top-level 'targets:' list",
+                        fix="targets:\n  - name: my-cpu\n    hardware: Xeon 8480\n    device: cpu\n    max_p50_ms: 5")
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and item.get("preset"):
+            base = PRESETS.get(item["preset"])
+            if base is None:
+                raise UserError(f"{path}: targets[{i}].preset: unknown preset {item['preset']!r}", fix=f"use one of {list(PRESETS)}")
+            item = {**base.model_dump(), **{k: v for k, v in item.items() if k != "preset"}}
+        try:
+            out.append(Target(**item) if isinstance(item, dict) else Target.model_validate(item))
+        except ValidationError as e:
+            raise UserError(_format_error(e, f"{path}: targets[{i}]"), fix="see docs/targets.md for the fields") from e
+    return out

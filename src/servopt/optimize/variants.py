@@ -1,0 +1,145 @@
+"""The catalogue of variants ``servopt optimize`` builds: a pass chain + a runtime + its options.
+
+A variant is data, not code: adding one is one entry here (or a new pass /
+runtime registered elsewhere). ``default=False`` entries run only when named
+with ``--variants`` or included with ``--include-all``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from servopt.errors import UserError
+from servopt.models.sources import LoadedModel
+
+# glibc returns big tensor buffers to the OS after every forward unless told not to (FIELD-NOTES: 2-3× for torch).
+MALLOC_TUNED = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"}
+
+
+@dataclass
+class Variant:
+    name: str
+    group: str  # pytorch | onnxruntime | int8 | openvino | fp16 | gpu
+    runtime: str
+    chain: list[tuple[str, dict]] = field(default_factory=list)
+    options: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    default: bool = True
+    description: str = ""
+    needs_gpu: bool = False
+
+    def key(self, source_hash: str, protocol: dict, data_hash: str) -> str:
+        """Identity of a measurement: same key → same result, so a rerun skips it."""
+        body = json.dumps([asdict(self), source_hash, protocol, data_hash], sort_keys=True, default=str)
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _static(fmt: str, act: str, wt: str, method: str = "MinMax", per_channel: bool = True, samples: int = 100) -> dict:
+    return {"quant_format": fmt, "activation_type": act, "weight_type": wt, "per_channel": per_channel,
+            "calibrate_method": method, "calibration_samples": samples}
+
+
+def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 1.0) -> list[Variant]:
+    """Every variant servopt knows for this model (torch ones only for torch sources)."""
+    export = [("export-onnx", {})] if model.is_torch else []
+    v: list[Variant] = []
+    if model.is_torch:
+        v += [
+            Variant("torch-eager", "pytorch", "torch", description="PyTorch eager under inference_mode (the original)"),
+            Variant("torch-channels-last", "pytorch", "torch", options={"channels_last": True}, env=MALLOC_TUNED,
+                    description="eager, channels_last memory format, glibc malloc tuned"),
+            Variant("torch-compile", "pytorch", "torch", options={"compile": "default", "freezing": True, "channels_last": True},
+                    env=MALLOC_TUNED, description="torch.compile (inductor, freezing), malloc tuned; compile time counts as cold start"),
+            Variant("torch-compile-max-autotune", "pytorch", "torch",
+                    options={"compile": "max-autotune-no-cudagraphs", "freezing": True, "channels_last": True}, env=MALLOC_TUNED,
+                    default=False, description="torch.compile max-autotune-no-cudagraphs (minutes of autotuning)"),
+            Variant("torch-int8-dynamic", "pytorch", "torch", chain=[("torch-quantize-dynamic", {})],
+                    options={"quantize_dynamic": True}, default=linear_heavy,
+                    description="torch dynamic INT8 of Linear layers (helps Linear-heavy models only)"),
+        ]
+    v += [
+        Variant("ort-fp32", "onnxruntime", "onnxruntime", export, {"graph_optimization_level": "all"},
+                description="ONNX Runtime defaults (ORT_ENABLE_ALL): the reference every ratio is taken against"),
+        Variant("ort-basic", "onnxruntime", "onnxruntime", export, {"graph_optimization_level": "basic"},
+                description="online graph optimization, basic level"),
+        Variant("ort-extended", "onnxruntime", "onnxruntime", export, {"graph_optimization_level": "extended"},
+                description="online graph optimization, extended level"),
+        Variant("ort-fp32-1thread", "onnxruntime", "onnxruntime", export, {"graph_optimization_level": "all", "intra_op_threads": 1},
+                description="ORT_ENABLE_ALL with one intra-op thread (for packing several instances per machine)"),
+    ]
+    for level in ("basic", "extended", "all"):
+        v.append(Variant(f"ort-offline-{level}", "onnxruntime", "onnxruntime", [*export, ("ort-graph-offline", {"level": level})],
+                         {"graph_optimization_level": "disable"},
+                         description=f"graph optimized offline at level {level}, loaded with optimizations disabled"))
+    v += [
+        Variant("ort-int8-dynamic", "int8", "onnxruntime", [*export, ("ort-quantize-dynamic", {})], default=linear_heavy,
+                description="ORT dynamic INT8 (weights ahead, activations at run time): for Linear-heavy models; slow for CNNs"),
+        Variant("ort-int8-static-qdq", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QDQ", "S8", "S8"))],
+                description="static INT8, QDQ, S8S8, per-channel, MinMax"),
+        Variant("ort-int8-static-qdq-u8s8", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QDQ", "U8", "S8"))],
+                description="static INT8, QDQ, U8S8, per-channel, MinMax"),
+        Variant("ort-int8-static-qop-u8s8", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QOperator", "U8", "S8"))],
+                description="static INT8, QOperator, U8S8, per-channel, MinMax"),
+        Variant("ort-int8-static-qop-u8u8", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QOperator", "U8", "U8"))],
+                description="static INT8, QOperator, U8U8, per-channel, MinMax"),
+        Variant("ort-int8-static-qop-s8s8", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QOperator", "S8", "S8"))],
+                default=False, description="static INT8, QOperator, S8S8 (slow without VNNI)"),
+        Variant("ort-int8-entropy", "int8", "onnxruntime",
+                [*export, ("ort-quantize-static", _static("QOperator", "U8", "S8", "Entropy", samples=64))],
+                description="static INT8, QOperator U8S8, Entropy calibration"),
+        Variant("ort-int8-percentile", "int8", "onnxruntime",
+                [*export, ("ort-quantize-static", _static("QOperator", "U8", "S8", "Percentile", samples=64))],
+                description="static INT8, QOperator U8S8, Percentile (99.99) calibration"),
+        Variant("ort-int8-accuracy-aware", "int8", "onnxruntime",
+                [*export, ("ort-quantize-accuracy-aware", {**_static("QOperator", "U8", "S8"), "max_drop": accuracy_drop})],
+                description=f"as much INT8 (QOperator U8S8) as fits a {accuracy_drop}-point drop; the fastest mix within it"),
+        Variant("ort-fp16", "fp16", "onnxruntime", [*export, ("fp16", {})],
+                description="FP16 weights (half the size; CPUs without FP16 arithmetic run it slower)"),
+        Variant("ov-fp32-latency", "openvino", "openvino", [*export, ("openvino-convert", {})], {"hint": "LATENCY"},
+                description="OpenVINO fp32, LATENCY hint"),
+        Variant("ov-fp32-throughput", "openvino", "openvino", [*export, ("openvino-convert", {})], {"hint": "THROUGHPUT"},
+                description="OpenVINO fp32, THROUGHPUT hint"),
+        Variant("ov-int8-qdq", "openvino", "openvino", [*export, ("ort-quantize-static", _static("QDQ", "S8", "S8"))],
+                {"hint": "LATENCY"}, description="OpenVINO running ORT's QDQ INT8 model"),
+        Variant("nncf-int8-latency", "openvino", "openvino", [*export, ("nncf-quantize", {})], {"hint": "LATENCY"},
+                description="NNCF post-training INT8 (defaults), OpenVINO LATENCY hint"),
+        Variant("nncf-int8-throughput", "openvino", "openvino", [*export, ("nncf-quantize", {})], {"hint": "THROUGHPUT"},
+                description="NNCF post-training INT8 (defaults), OpenVINO THROUGHPUT hint"),
+        Variant("nncf-int8-accuracy-control", "openvino", "openvino",
+                [*export, ("nncf-accuracy-control", {"max_drop": accuracy_drop})], {"hint": "LATENCY"},
+                description=f"nncf.quantize_with_accuracy_control, max drop {accuracy_drop} point(s)"),
+        Variant("ort-cuda-fp32", "gpu", "onnxruntime-cuda", export, needs_gpu=True,
+                description="ONNX Runtime CUDA execution provider"),
+        Variant("ort-tensorrt-fp16", "gpu", "onnxruntime-cuda", export,
+                {"providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"]}, needs_gpu=True,
+                description="ONNX Runtime TensorRT execution provider, FP16"),
+    ]
+    if model.is_torch:
+        v.append(Variant("torch-cuda-fp16", "gpu", "torch-cuda", options={"fp16": True}, needs_gpu=True,
+                         description="PyTorch on CUDA in FP16"))
+    return v
+
+
+def select(variants: list[Variant], patterns: list[str] | None, include_all: bool) -> list[Variant]:
+    """Default variants, or those matching ``--variants`` names/globs/groups."""
+    if not patterns:
+        return [v for v in variants if v.default or include_all]
+    chosen = [v for v in variants if any(fnmatch.fnmatch(v.name, p) or v.group == p for p in patterns)]
+    unknown = [p for p in patterns if not any(fnmatch.fnmatch(v.name, p) or v.group == p for v in variants)]
+    if unknown:
+        raise UserError(f"no variant matches {', '.join(unknown)}", fix=f"known variants: {', '.join(v.name for v in variants)}")
+    return chosen
+
+
+def is_linear_heavy(onnx_path: str | None) -> bool:
+    """True when MatMul/Gemm dominate the graph (transformers): dynamic INT8 then pays off."""
+    if onnx_path is None:
+        return False
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(onnx_path, load_external_data=False).graph.node]
+    dense, conv = sum(o in ("MatMul", "Gemm") for o in ops), sum(o.startswith("Conv") for o in ops)
+    return dense > conv

@@ -1,0 +1,203 @@
+"""Accuracy-aware INT8: quantize as much as possible while losing at most X of accuracy.
+
+Intel Neural Compressor's ``tolerable_loss`` did this for ONNX until its ONNX
+support went away; it also returned the first configuration that met the
+tolerance. This pass:
+
+1. quantizes everything; if the tolerance holds, that is the answer;
+2. otherwise ranks layers by sensitivity, measured: for each weighted layer,
+   how much of INT8's output error (against float, on tuning samples)
+   disappears when that layer (and its input chain) stays float. Activation
+   ranges are calibrated once (ONNX Runtime's calibration cache), so a probe
+   costs about a second. (Per-tensor SQNR from ORT's QDQ debugging tools was
+   tried first: it misses an outlier channel that wrecks a tensor's range,
+   since the outlier itself keeps the SQNR high.);
+3. falls back the k most sensitive layers to float, k = 1, 2, 4, … until the
+   tolerance holds, then bisects for the smallest such k;
+4. times EVERY candidate within tolerance and returns the FASTEST one (fewer
+   float layers is usually, not always, faster: each float island adds
+   quantize/dequantize pairs).
+
+The tolerance is judged on the tuning set (the validation split), never on the
+evaluation split the final figures come from. Without labels, top-1 agreement
+with the float model is the metric.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from servopt.data.dataset import Dataset
+from servopt.errors import UserError
+from servopt.passes.base import BuildContext, Pass, register_pass
+from servopt.passes.onnx_passes import StaticParams, preprocess_for_quantization, quantize_static_onnx
+
+WEIGHTED = {"Conv", "Gemm", "MatMul", "ConvTranspose"}
+
+
+class AccuracyAwareParams(StaticParams):
+    max_drop: float = 1.0  # accuracy points (absolute) or a fraction of the reference (relative)
+    drop_type: Literal["absolute", "relative"] = "absolute"
+    max_steps: int = 10
+    sensitivity_samples: int = 128  # tuning samples the per-layer probe compares outputs on
+    timing_runs: int = 60
+
+
+def _session(path: str):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _predict(path: str, data: Dataset, batch: int = 64) -> np.ndarray:
+    sess = _session(path)
+    out = sess.get_outputs()[0].name
+    return np.concatenate([sess.run([out], data.slice(i, i + batch))[0] for i in range(0, len(data), batch)])
+
+
+def _score(outputs: np.ndarray, data: Dataset, float_outputs: np.ndarray) -> float:
+    """Top-1 accuracy on labels, or top-1 agreement with the float model without them (in [0, 1])."""
+    truth = data.labels if data.labels is not None else float_outputs.argmax(1)
+    return float((outputs.argmax(1) == truth).mean())
+
+
+def _p50_ms(path: str, data: Dataset, runs: int) -> float:
+    sess = _session(path)
+    out = sess.get_outputs()[0].name
+    feeds = [data.slice(i, i + 1) for i in range(min(8, len(data)))]
+    for f in feeds:
+        sess.run([out], f)
+    times = []
+    for i in range(runs):
+        t0 = time.perf_counter_ns()
+        sess.run([out], feeds[i % len(feeds)])
+        times.append(time.perf_counter_ns() - t0)
+    return float(np.median(times)) / 1e6
+
+
+def fallback_units(model_path: str) -> list[tuple[str, list[str]]]:
+    """(weighted node, the nodes to keep in float with it) for every Conv/Gemm/MatMul.
+
+    Keeping a layer in float only helps if its INPUT is float too, so a unit is the weighted node plus the chain of
+    nodes feeding it back to (and including) the previous weighted node: otherwise that node's quantized output
+    (with a range set by, say, one outlier channel) still reaches this layer through Quantize/Dequantize.
+    """
+    import onnx
+
+    graph = onnx.load(model_path, load_external_data=False).graph
+    producer = {out: n for n in graph.node for out in n.output}
+    units = []
+    for node in graph.node:
+        if node.op_type not in WEIGHTED or not node.name:
+            continue
+        unit, current = [node.name], producer.get(node.input[0])
+        while current is not None and current.name not in unit:
+            if current.name:
+                unit.append(current.name)
+            if current.op_type in WEIGHTED or not current.input:
+                break
+            current = producer.get(current.input[0])
+        units.append((node.name, unit))
+    return units
+
+
+def rank_sensitivity(float_path: str, params: StaticParams, calibration: Dataset, probe: Dataset, work: Path,
+                     cache: Path, limit: int = 64) -> list[tuple[str, list[str], float]]:
+    """Measure, per weighted layer, how much of INT8's output error disappears when that layer stays float.
+
+    One quantization per layer, but the activation ranges are calibrated once (ONNX Runtime's calibration
+    cache), so this costs about a second per layer. Returns (layer, unit, error removed), most sensitive first.
+    """
+    float_out = _predict(float_path, probe)
+
+    def error(excluded: list[str]) -> float:
+        path = work / "probe.onnx"
+        quantize_static_onnx(float_path, path, params.model_copy(update={"nodes_to_exclude": excluded}), calibration, cache)
+        out = _predict(str(path), probe)
+        path.unlink(missing_ok=True)
+        return float(np.mean((out - float_out) ** 2))
+
+    base = error([])
+    ranked = [(name, unit, base - error(unit)) for name, unit in fallback_units(float_path)[:limit]]
+    return sorted(ranked, key=lambda r: -r[2])
+
+
+@register_pass
+class AccuracyAwareInt8(Pass):
+    name = "ort-quantize-accuracy-aware"
+    input_format = "onnx"
+    output_format = "onnx"
+    Params = AccuracyAwareParams
+
+    def run(self, artifact: dict, params: AccuracyAwareParams, out_dir: Path, ctx: BuildContext) -> dict:
+        tuning = ctx.tuning or ctx.calibration
+        if tuning is None or ctx.calibration is None:
+            raise UserError("accuracy-aware quantization needs data", fix="pass --data (its validation split is used)")
+        src = preprocess_for_quantization(artifact["path"], out_dir)
+        float_out = _predict(src, tuning)
+        ref = _score(float_out, tuning, float_out)
+        allowed = params.max_drop / 100 if params.drop_type == "absolute" else ref * params.max_drop
+        steps: list[dict] = []
+
+        cache = out_dir / "calibration_cache.json"  # ranges computed once, reused by every candidate
+
+        def attempt(excluded: list[str], label: str) -> dict:
+            path = out_dir / f"candidate-{len(steps)}.onnx"
+            quantize_static_onnx(src, path, params.model_copy(update={"nodes_to_exclude": excluded}), ctx.calibration, cache)
+            score = _score(_predict(str(path), tuning), tuning, float_out)
+            step = {"step": len(steps), "label": label, "float_layers": len(excluded), "excluded": excluded,
+                    "top1": score, "drop_points": (ref - score) * 100, "within_tolerance": ref - score <= allowed + 1e-12,
+                    "path": str(path)}
+            steps.append(step)
+            ctx.log(f"accuracy-aware step {step['step']}: {len(excluded)} float layer(s), top-1 {score:.2%}")
+            return step
+
+        full = attempt([], "full INT8")
+        ranking: list[tuple[str, list[str], float]] = []
+        if not full["within_tolerance"]:
+            probe = tuning.subset(np.arange(min(len(tuning), params.sensitivity_samples)))
+            ranking = rank_sensitivity(src, params, ctx.calibration, probe, out_dir, cache)
+
+            def excluded(k: int) -> list[str]:
+                return list(dict.fromkeys(n for _, unit, _ in ranking[:k] for n in unit))
+
+            k, last_fail, first_pass = 1, 0, None
+            while len(steps) < params.max_steps and k <= len(ranking):
+                if attempt(excluded(k), f"{k} most sensitive layer(s) in float")["within_tolerance"]:
+                    first_pass = k
+                    break
+                last_fail, k = k, min(k * 2, len(ranking)) if k < len(ranking) else k + 1
+            while first_pass is not None and first_pass - last_fail > 1 and len(steps) < params.max_steps:
+                mid = (first_pass + last_fail) // 2
+                if attempt(excluded(mid), f"{mid} most sensitive layer(s) in float")["within_tolerance"]:
+                    first_pass = mid
+                else:
+                    last_fail = mid
+        passing = [s for s in steps if s["within_tolerance"]]
+        if not passing:
+            raise UserError(
+                f"no INT8 mix within {params.max_drop} {'points' if params.drop_type == 'absolute' else 'relative'} "
+                f"after {len(steps)} steps (best drop {min(s['drop_points'] for s in steps):.2f} points)",
+                fix="raise the tolerance, or raise max_steps",
+            )
+        for s in passing:  # the fastest within tolerance, not the first found
+            s["p50_ms"] = _p50_ms(s["path"], tuning, params.timing_runs)
+        best = min(passing, key=lambda s: s["p50_ms"])
+        weighted_layers = len(fallback_units(src))
+        Path(best["path"]).rename(out_dir / "model.onnx")
+        for s in steps:
+            Path(s.pop("path")).unlink(missing_ok=True)
+        Path(out_dir / "preprocessed.onnx").unlink(missing_ok=True)
+        cache.unlink(missing_ok=True)
+        report = {"reference_top1": ref, "tolerance": {"max_drop": params.max_drop, "drop_type": params.drop_type},
+                  "metric": "top1" if tuning.labels is not None else "top1 agreement with float",
+                  "tuning_samples": len(tuning), "steps": steps, "chosen_step": best["step"],
+                  "float_layers": best["excluded"], "weighted_layers": weighted_layers,
+                  "sensitivity": [{"layer": n, "unit": u, "error_removed": e} for n, u, e in ranking[:20]]}
+        return {"format": "onnx", "file": "model.onnx", "report": report}

@@ -1,0 +1,203 @@
+"""ONNX passes: export, ONNX Runtime offline graph optimization, FP16, dynamic and static INT8.
+
+Quantization uses ONNX Runtime's own tools (``onnxruntime.quantization``): the
+formats (QDQ, QOperator), types (U8S8 vs U8U8 matter a lot on CPUs without
+VNNI) and calibration methods are theirs; servopt only chooses and measures.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from servopt.data.dataset import Dataset
+from servopt.errors import UserError
+from servopt.passes.base import BuildContext, Pass, PassParams, register_pass
+
+log = logging.getLogger(__name__)
+
+
+@register_pass
+class ExportOnnx(Pass):
+    """torch → ONNX with verification (``servopt.export``)."""
+
+    name = "export-onnx"
+    input_format = "torch"
+    output_format = "onnx"
+
+    class Params(PassParams):
+        opset: int = 18
+        exporter: Literal["auto", "dynamo", "torchscript"] = "auto"
+
+    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
+        from servopt.export import export_onnx
+        from servopt.models.sources import LoadedModel
+
+        model = LoadedModel.from_ref(artifact["ref"])
+        report = export_onnx(model, out_dir / "model.onnx", opset=params.opset, exporter=params.exporter,
+                             verify_data=ctx.calibration)
+        return {"format": "onnx", "file": "model.onnx", "report": report}
+
+
+@register_pass
+class OrtGraphOffline(Pass):
+    """Save the graph ONNX Runtime optimized, to load later with optimizations disabled (faster start)."""
+
+    name = "ort-graph-offline"
+    input_format = "onnx"
+    output_format = "onnx"
+
+    class Params(PassParams):
+        level: Literal["basic", "extended", "all"] = "all"
+
+    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
+        from servopt.runtimes.onnxruntime_runtime import OrtSession
+
+        out = out_dir / "model.onnx"
+        OrtSession(artifact["path"], {"graph_optimization_level": params.level, "optimized_model_filepath": str(out)})
+        return {"format": "onnx", "file": "model.onnx", "report": {"level": params.level}}
+
+
+@register_pass
+class Fp16(Pass):
+    """FP16 weights and compute, float32 inputs/outputs kept: half the size, for edge targets."""
+
+    name = "fp16"
+    input_format = "onnx"
+    output_format = "onnx"
+
+    class Params(PassParams):
+        keep_io_types: bool = True
+
+    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
+        import onnx
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        model = convert_float_to_float16(onnx.load(artifact["path"]), keep_io_types=params.keep_io_types)
+        onnx.save(model, str(out_dir / "model.onnx"))
+        return {"format": "onnx", "file": "model.onnx"}
+
+
+QTYPES = {"U8": "QUInt8", "S8": "QInt8"}
+
+
+@register_pass
+class OrtQuantizeDynamic(Pass):
+    """Dynamic INT8: weights quantized ahead, activations at run time (good for Linear-heavy models)."""
+
+    name = "ort-quantize-dynamic"
+    input_format = "onnx"
+    output_format = "onnx"
+
+    class Params(PassParams):
+        weight_type: Literal["S8", "U8"] = "S8"
+        per_channel: bool = False
+
+    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        src = strip_value_info(artifact["path"], out_dir)
+        quantize_dynamic(src, str(out_dir / "model.onnx"), weight_type=getattr(QuantType, QTYPES[params.weight_type]),
+                         per_channel=params.per_channel)
+        Path(src).unlink(missing_ok=True)
+        return {"format": "onnx", "file": "model.onnx"}
+
+
+def strip_value_info(src: str, out_dir: Path) -> str:
+    """A copy without intermediate value_info: exporters sometimes leave stale shapes there that make
+    ONNX Runtime's quantizer fail its shape inference ("Inferred shape and existing shape differ")."""
+    import onnx
+
+    model = onnx.load(src)
+    del model.graph.value_info[:]
+    out = out_dir / "no_value_info.onnx"
+    onnx.save(model, str(out))
+    return str(out)
+
+
+class CalibrationReader:
+    """Feeds calibration samples one at a time to ONNX Runtime's calibrators."""
+
+    def __init__(self, data: Dataset, count: int) -> None:
+        self.samples = [data.slice(i, i + 1) for i in range(min(count, len(data)))]
+        self.index = 0
+
+    def get_next(self) -> dict | None:
+        if self.index >= len(self.samples):
+            return None
+        self.index += 1
+        return self.samples[self.index - 1]
+
+    def rewind(self) -> None:
+        self.index = 0
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __iter__(self):  # ORT's debugging tools iterate instead of calling get_next
+        return iter(self.samples)
+
+
+class StaticParams(PassParams):
+    quant_format: Literal["QDQ", "QOperator"] = "QDQ"
+    activation_type: Literal["U8", "S8"] = "U8"
+    weight_type: Literal["S8", "U8"] = "S8"
+    per_channel: bool = True
+    calibrate_method: Literal["MinMax", "Entropy", "Percentile"] = "MinMax"
+    calibration_samples: int = 100
+    reduce_range: bool = False
+    nodes_to_exclude: list[str] = Field(default_factory=list)
+
+
+def preprocess_for_quantization(src: str, out_dir: Path) -> str:
+    """ONNX Runtime's recommended pre-processing (shape inference, folding); the original if it fails."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre = out_dir / "preprocessed.onnx"
+    try:
+        quant_pre_process(strip_value_info(src, out_dir), str(pre))
+        return str(pre)
+    except Exception as e:  # noqa: BLE001 - the pre-processing is an optimization, not a requirement
+        log.warning("quantization pre-processing skipped: %s", e)
+        return src
+
+
+def quantize_static_onnx(src: str, dst: Path, params: StaticParams, calibration: Dataset | None,
+                         calibration_cache: Path | None = None) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    if calibration is None:
+        raise UserError("static quantization needs calibration data", fix="pass --data (its validation split is used)")
+    extra = {"ActivationSymmetric": params.activation_type == "S8"}
+    if params.calibrate_method == "Percentile":
+        extra["CalibPercentile"] = 99.99
+    quantize_static(
+        src, str(dst), CalibrationReader(calibration, params.calibration_samples),
+        quant_format=getattr(QuantFormat, params.quant_format),
+        activation_type=getattr(QuantType, QTYPES[params.activation_type]),
+        weight_type=getattr(QuantType, QTYPES[params.weight_type]),
+        per_channel=params.per_channel, reduce_range=params.reduce_range,
+        calibrate_method=getattr(CalibrationMethod, params.calibrate_method),
+        nodes_to_exclude=params.nodes_to_exclude or None, extra_options=extra,
+        **({"calibration_cache_path": str(calibration_cache)} if calibration_cache else {}),
+    )
+
+
+@register_pass
+class OrtQuantizeStatic(Pass):
+    """Static INT8 with calibration: QDQ or QOperator, chosen types, per-channel, MinMax/Entropy/Percentile."""
+
+    name = "ort-quantize-static"
+    input_format = "onnx"
+    output_format = "onnx"
+    Params = StaticParams
+
+    def run(self, artifact: dict, params: StaticParams, out_dir: Path, ctx: BuildContext) -> dict:
+        src = preprocess_for_quantization(artifact["path"], out_dir)
+        quantize_static_onnx(src, out_dir / "model.onnx", params, ctx.calibration)
+        Path(out_dir / "preprocessed.onnx").unlink(missing_ok=True)
+        return {"format": "onnx", "file": "model.onnx",
+                "report": {"calibration_samples": min(params.calibration_samples, len(ctx.calibration or []))}}

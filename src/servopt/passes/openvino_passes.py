@@ -1,0 +1,106 @@
+"""OpenVINO passes: convert to IR, NNCF post-training INT8, and NNCF INT8 with accuracy control."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from servopt.errors import UserError
+from servopt.passes.base import BuildContext, Pass, PassParams, register_pass
+
+
+def _read(path: str):
+    import openvino as ov
+
+    return ov.Core().read_model(path)
+
+
+def _save(model, out_dir: Path) -> dict:
+    import openvino as ov
+
+    ov.save_model(model, str(out_dir / "model.xml"), compress_to_fp16=False)
+    return {"format": "openvino", "file": "model.xml"}
+
+
+@register_pass
+class OpenVinoConvert(Pass):
+    name = "openvino-convert"
+    input_format = "onnx"
+    output_format = "openvino"
+
+    def run(self, artifact: dict, params: PassParams, out_dir: Path, ctx: BuildContext) -> dict:
+        import openvino as ov
+
+        return _save(ov.convert_model(artifact["path"]), out_dir)
+
+
+def _calibration(ctx: BuildContext, count: int):
+    import logging
+
+    import nncf
+
+    nncf.set_log_level(logging.ERROR)  # its INFO lines would interleave with servopt's progress display
+
+    if ctx.calibration is None:
+        raise UserError("NNCF quantization needs calibration data", fix="pass --data (its validation split is used)")
+    name = next(iter(ctx.calibration.inputs))
+    samples = [ctx.calibration.slice(i, i + 1)[name] for i in range(min(count, len(ctx.calibration)))]
+    return nncf.Dataset(samples)
+
+
+@register_pass
+class NncfQuantize(Pass):
+    """``nncf.quantize``: post-training INT8 with NNCF's defaults (the figures in FIELD-NOTES used these)."""
+
+    name = "nncf-quantize"
+    input_format = "onnx"
+    output_format = "openvino"
+
+    class Params(PassParams):
+        preset: Literal["performance", "mixed"] = "performance"
+        subset_size: int = 100
+        fast_bias_correction: bool = True
+
+    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
+        import nncf
+
+        preset = nncf.QuantizationPreset.PERFORMANCE if params.preset == "performance" else nncf.QuantizationPreset.MIXED
+        quantized = nncf.quantize(_read(artifact["path"]), _calibration(ctx, params.subset_size), preset=preset,
+                                  subset_size=params.subset_size, fast_bias_correction=params.fast_bias_correction)
+        return _save(quantized, out_dir)
+
+
+@register_pass
+class NncfAccuracyControl(Pass):
+    """``nncf.quantize_with_accuracy_control``: INT8, reverting layers to float until the drop is within bound."""
+
+    name = "nncf-accuracy-control"
+    input_format = "onnx"
+    output_format = "openvino"
+
+    class Params(PassParams):
+        max_drop: float = 1.0  # accuracy points
+        subset_size: int = 100
+
+    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
+        import nncf
+
+        tuning = ctx.tuning
+        if tuning is None or tuning.labels is None:
+            raise UserError("NNCF accuracy control needs labelled data", fix="pass --data with class folders")
+        name = next(iter(tuning.inputs))
+        items = [(tuning.slice(i, i + 1)[name], int(tuning.labels[i])) for i in range(len(tuning))]
+
+        def validate(compiled, data) -> float:
+            out = compiled.outputs[0]
+            hits = [int(np.argmax(compiled(x)[out]) == y) for x, y in data]
+            return float(np.mean(hits))
+
+        quantized = nncf.quantize_with_accuracy_control(
+            _read(artifact["path"]), _calibration(ctx, params.subset_size), nncf.Dataset(items, lambda item: item[0]),
+            validation_fn=validate, max_drop=params.max_drop / 100, drop_type=nncf.DropType.ABSOLUTE,
+            subset_size=params.subset_size,
+        )
+        return _save(quantized, out_dir)

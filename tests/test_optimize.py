@@ -1,0 +1,309 @@
+"""servopt optimize: passes, accuracy-aware search, targets, decisions, resume, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from servopt.cli import app
+from servopt.data.dataset import Dataset, load_image_folder
+from servopt.data.preprocess import Preprocess
+from servopt.errors import UserError
+from servopt.models.sources import load_model
+from servopt.optimize.decide import decide, judge, pareto_front
+from servopt.optimize.targets import PRESETS, Target, load_targets
+from servopt.passes import BuildContext, build_chain, source_artifact
+from servopt.runtimes import open_session
+
+runner = CliRunner()
+PP16 = Preprocess(resize=16, crop=16)
+
+
+class DigitNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.conv3 = torch.nn.Conv2d(32, 32, 3, stride=2, padding=1)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.conv1(x))
+        x = torch.relu(self.conv2(x))
+        x = torch.relu(self.conv3(x))
+        return self.fc(x.mean((2, 3)))
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory) -> Path:
+    from servopt.demo import make_digits_folder
+
+    return make_digits_folder(tmp_path_factory.mktemp("digits"))
+
+
+@pytest.fixture(scope="session")
+def trained(digits, tmp_path_factory) -> dict:
+    """A small CNN trained on the digits (16×16), exported to ONNX, with an INT8-hostile outlier channel.
+
+    Channels 0-3 of conv1 are scaled ×200 and conv2's weights from them ÷200: ReLU is positively homogeneous, so the float
+    model computes the same function, but per-tensor activation quantization of conv1's output loses the other channels.
+    """
+    torch.manual_seed(0)
+    train = load_image_folder(digits, "training", PP16)
+    x, y = torch.from_numpy(train.inputs["input"]), torch.from_numpy(train.labels)
+    net = DigitNet()
+    opt = torch.optim.Adam(net.parameters(), 3e-3)
+    for _ in range(12):
+        perm = torch.randperm(len(x))
+        for i in range(0, len(x), 64):
+            idx = perm[i:i + 64]
+            loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    net.eval()
+    with torch.no_grad():
+        net.conv1.weight[:4] *= 200
+        net.conv1.bias[:4] *= 200
+        net.conv2.weight[:, :4] /= 200
+    out = tmp_path_factory.mktemp("trained")
+    path = out / "digitnet.onnx"
+    torch.onnx.export(net, (x[:1],), str(path), dynamo=False, input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
+    val = load_image_folder(digits, "validation", PP16)
+    return {"path": path, "val": val, "eval": load_image_folder(digits, "evaluation", PP16), "net": net}
+
+
+def _accuracy(path: str, data: Dataset) -> float:
+    out = open_session({"format": "onnx", "path": path}, "onnxruntime").run(data.inputs)
+    return float((out.argmax(1) == data.labels).mean())
+
+
+def test_trained_model_is_accurate(trained):
+    assert _accuracy(str(trained["path"]), trained["eval"]) > 0.85
+
+
+@pytest.mark.parametrize(
+    ("chain", "fmt"),
+    [
+        ([("ort-graph-offline", {"level": "all"})], "onnx"),
+        ([("fp16", {})], "onnx"),
+        ([("ort-quantize-dynamic", {})], "onnx"),
+        ([("ort-quantize-static", {"quant_format": "QDQ", "activation_type": "S8", "weight_type": "S8"})], "onnx"),
+        ([("ort-quantize-static", {"quant_format": "QOperator", "calibrate_method": "Entropy", "calibration_samples": 16})], "onnx"),
+        ([("ort-quantize-static", {"quant_format": "QOperator", "calibrate_method": "Percentile", "weight_type": "U8"})], "onnx"),
+        ([("openvino-convert", {})], "openvino"),
+        ([("nncf-quantize", {"subset_size": 32})], "openvino"),
+        ([("nncf-accuracy-control", {"max_drop": 1.0, "subset_size": 32})], "openvino"),
+    ],
+)
+def test_each_pass_builds_a_model_that_runs(tmp_path, trained, chain, fmt):
+    model = load_model(trained["path"])
+    ctx = BuildContext(source=model, calibration=trained["val"].subset(np.arange(0, 300, 3)), tuning=trained["val"])
+    artifact = build_chain(source_artifact(model), chain, tmp_path, ctx)
+    assert artifact["format"] == fmt
+    runtime = "openvino" if fmt == "openvino" else "onnxruntime"
+    options = {"graph_optimization_level": "disable"} if chain[0][0] == "ort-graph-offline" else {}
+    out = open_session(artifact, runtime, options).run(trained["eval"].slice(0, 4))
+    assert out.shape == (4, 10) and np.isfinite(out).all()
+    # Built once, cached by content hash: the same chain again does not rebuild.
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    build_chain(source_artifact(model), chain, tmp_path, ctx)
+    assert before == {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+
+
+def test_torch_dynamic_int8_pass(tmp_path, trained):
+    scripted = tmp_path / "net.pt2"
+    torch.export.save(torch.export.export(trained["net"], (torch.zeros(2, 3, 16, 16),),
+                                          dynamic_shapes=({0: torch.export.Dim("batch")},)), str(scripted))
+    model = load_model(scripted)
+    artifact = build_chain(source_artifact(model), [("torch-quantize-dynamic", {})], tmp_path / "c", BuildContext(source=model))
+    assert Path(artifact["size_file"]).exists()
+    name = model.spec.inputs[0].name  # torch.export names inputs after forward()'s arguments
+    out = open_session(artifact, "torch", {"quantize_dynamic": True}).run({name: trained["eval"].inputs["input"][:3]})
+    assert out.shape == (3, 10)
+
+
+def test_bad_pass_parameters_name_the_field(tmp_path, trained):
+    model = load_model(trained["path"])
+    with pytest.raises(UserError, match="quant_format"):
+        build_chain(source_artifact(model), [("ort-quantize-static", {"quant_format": "QQQ"})], tmp_path, BuildContext(source=model))
+
+
+def test_accuracy_aware_finds_a_mix_that_full_int8_misses(tmp_path, trained):
+    """Full INT8 loses more than the tolerance; the search keeps some layers in float, not all, and meets it."""
+    model = load_model(trained["path"])
+    ctx = BuildContext(source=model, calibration=trained["val"].subset(np.arange(0, 300, 3)), tuning=trained["val"])
+    params = {"quant_format": "QOperator", "max_drop": 1.0, "timing_runs": 10}
+    artifact = build_chain(source_artifact(model), [("ort-quantize-accuracy-aware", params)], tmp_path, ctx)
+    report = json.loads((Path(artifact["path"]).parent / "artifact.json").read_text())["report"]
+    full = report["steps"][0]
+    assert full["label"] == "full INT8" and not full["within_tolerance"], report["steps"]
+    chosen = report["steps"][report["chosen_step"]]
+    assert chosen["within_tolerance"] and chosen["drop_points"] <= 1.0
+    float_weighted = [n for n in chosen["excluded"] if n.endswith(("Conv", "Gemm"))]
+    assert 0 < len(float_weighted) < report["weighted_layers"], "a mix: some layers float, some INT8"
+    assert report["sensitivity"][0]["layer"] == "/conv2/Conv"  # the layer fed by the outlier tensor
+    assert chosen["p50_ms"] == min(s["p50_ms"] for s in report["steps"] if s["within_tolerance"])  # the fastest
+    assert report["float_layers"] == chosen["excluded"]
+    # Held-out check: the chosen model is within tolerance on the evaluation split too (generous margin).
+    ref = _accuracy(str(trained["path"]), trained["eval"])
+    assert (ref - _accuracy(artifact["path"], trained["eval"])) * 100 < 3.0
+
+
+def test_target_presets_and_yaml(tmp_path):
+    assert [t.name for t in load_targets("cpu-server,edge")] == ["cpu-server", "edge"]
+    good = tmp_path / "t.yaml"
+    good.write_text("targets:\n  - name: my-cpu\n    hardware: Xeon 8480\n    device: cpu\n    max_p50_ms: 5\n"
+                    "  - preset: edge\n    name: edge-8mb\n    max_size_mb: 8\n")
+    targets = load_targets(f"cpu-server,{good}")
+    assert targets[1].max_p50_ms == 5 and targets[2].max_size_mb == 8 and targets[2].device == "edge"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("targets:\n  - name: x\n    hardware: h\n    device: tpu\n", r"targets\[0\].device"),
+        ("targets:\n  - name: x\n    hardware: h\n    device: cpu\n    max_p50_ms: -3\n", r"targets\[0\].max_p50_ms"),
+        ("targets:\n  - name: x\n    hardware: h\n    device: cpu\n    max_latency: 3\n", r"targets\[0\].max_latency"),
+        ("targets:\n  - hardware: h\n    device: cpu\n", r"targets\[0\].name"),
+        ("targets: {a: 1}\n", "top-level 'targets:' list"),
+        ("targets: [\n", "not valid YAML"),
+    ],
+)
+def test_target_yaml_errors_name_the_field(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=message):
+        load_targets(str(path))
+
+
+def _rec(name, p50, tp, size, top1, gpu=False, status="ok"):
+    return {"name": name, "status": status, "needs_gpu": gpu, "size_mb": size, "latency_ms": {"p50": p50},
+            "throughput_ips": {"batch": tp}, "accuracy": {"top1": top1, "correct": 1, "total": 1, "top5": 1}}
+
+
+def test_decide_picks_best_passing_and_explains_misses():
+    ref = _rec("ref", 10, 100, 9, 0.95)
+    recs = [ref, _rec("fast", 2, 1200, 9, 0.945), _rec("faster-but-inaccurate", 1, 2000, 3, 0.90), _rec("small", 8, 150, 2.5, 0.95)]
+    cpu = decide(PRESETS["cpu-server"], recs, ref)
+    assert cpu["recommended"] == "fast" and cpu["status"] == "pass"
+    assert "measured on" in cpu["verdict"]["bounds"][-1]["note"]
+    edge = decide(PRESETS["edge"], recs, ref)
+    assert edge["recommended"] == "small" and edge["status"] == "pass (pending device)"
+    assert next(b for b in edge["verdict"]["bounds"] if b["bound"] == "p50_ms")["status"] == "not measured"
+    strict = Target(name="strict", hardware="h", device="cpu", max_p50_ms=0.5, min_throughput_ips=5000)
+    miss = decide(strict, recs, ref)
+    assert miss["recommended"] is None and miss["status"] == "fail" and miss["nearest"] == "fast"
+    assert "misses by" in miss["reason"]
+    assert set(pareto_front(recs, ref)) == {"fast", "faster-but-inaccurate", "small"}
+    assert judge(PRESETS["cpu-server"], recs[2], ref)["bounds"][0]["status"] == "fail"
+
+
+def test_gpu_target_without_gpu_is_not_measured():
+    ref = _rec("ref", 10, 100, 9, 0.95)
+    d = decide(PRESETS["gpu-server"], [ref, {"name": "ort-cuda-fp32", "status": "skipped", "needs_gpu": True}], ref)
+    assert d["status"] == "not measured" and d["recommended"] is None and "ort-cuda-fp32" in d["reason"]
+
+
+QUICK_VARIANTS = ["ort-fp32", "ort-offline-all", "ort-int8-static-qop-u8s8", "ov-fp32-latency", "ort-cuda-fp32", "ort-tensorrt-fp16"]
+
+
+def _optimize_cmd(model: Path, data: Path, out: Path, variants: list[str]) -> list[str]:
+    cmd = ["optimize", str(model), "--data", str(data), "--crop", "16", "--out", str(out), "--targets", "cpu-server,gpu-server,edge",
+           "--limit", "120", "--calibration-samples", "32", "--quiet", "--quick"]
+    return cmd + [a for v in variants for a in ("--variants", v)]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory, trained, digits):
+    out = tmp_path_factory.mktemp("run") / "r"
+    result = runner.invoke(app, _optimize_cmd(trained["path"], digits, out, QUICK_VARIANTS))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_optimize_records_every_variant(quick_run):
+    records = [json.loads(line) for line in (quick_run / "results.jsonl").read_text().splitlines()]
+    by = {r["name"]: r for r in records}
+    assert set(by) == set(QUICK_VARIANTS)
+    for gpu in ("ort-cuda-fp32", "ort-tensorrt-fp16"):  # skipped honestly, never reported as measured
+        assert by[gpu]["status"] == "skipped" and by[gpu]["latency_ms"] is None and by[gpu]["error"]
+    for name in ("ort-fp32", "ort-offline-all", "ov-fp32-latency"):
+        r = by[name]
+        assert r["status"] == "ok", r.get("error")
+        assert r["accuracy"]["total"] == 120 and Path(r["artifact"]).exists()
+        assert r["latency_ms"]["p50"] > 0 and r["throughput_ips"]["batch"] > 0
+    assert by["ort-offline-all"]["options"] == {"graph_optimization_level": "disable"}
+    # The outlier channel wrecks full INT8: it fails verification, is shown with its figures, and is never timed.
+    int8 = by["ort-int8-static-qop-u8s8"]
+    assert int8["status"] == "failed" and int8["error"].startswith("verification failed: top-1 agreement")
+    assert int8["agreement"]["top1_agreement"] < 0.9 and int8["accuracy"]["total"] == 120 and int8["latency_ms"] is None
+
+
+def test_summary_and_report(quick_run):
+    summary = json.loads((quick_run / "summary.json").read_text())
+    assert [t["target"]["name"] for t in summary["targets"]] == ["cpu-server", "gpu-server", "edge"]
+    gpu = summary["targets"][1]
+    assert gpu["status"] == "not measured"
+    edge = summary["targets"][2]
+    assert edge["recommended"] and edge["result"]["size_mb"] < 5
+    assert summary["interleaved"]["reference"] == "ort-fp32"
+    assert summary["interleaved"]["variants"]["ort-fp32"]["p50_ratio_vs_reference"] == 1.0
+    html = (quick_run / "report.html").read_text()
+    for section in ("Verdict per target", "Same-run ratios", "Latency against accuracy", "Every variant", "Throughput",
+                    "Size on disk", "Latency distributions", "Where the time goes", "Environment", "<svg"):
+        assert section in html, section
+    assert "cdn" not in html.lower() and "<script" not in html
+    md = (quick_run / "report.md").read_text()
+    assert "| cpu-server |" in md and "| ort-int8-static-qop-u8s8 | failed: verification failed" in md
+    assert list((quick_run / "profiles").glob("*.json"))
+
+
+def test_report_and_profile_commands(quick_run):
+    (quick_run / "report.html").unlink()
+    result = runner.invoke(app, ["report", str(quick_run)])
+    assert result.exit_code == 0, result.output
+    assert (quick_run / "report.html").exists()
+    result = runner.invoke(app, ["profile", str(quick_run), "--variant", "ort-offline-all", "--runs", "5"])
+    assert result.exit_code == 0, result.output
+    assert "onnxruntime" in result.output and "%" in result.output
+    result = runner.invoke(app, ["profile", str(quick_run), "--variant", "nope"])
+    assert result.exit_code == 2 and "no variant 'nope'" in result.output
+
+
+def test_resume_after_kill(tmp_path, trained, digits):
+    """Kill a run mid-sweep; the rerun measures only what was not finished and keeps what was."""
+    out = tmp_path / "run"
+    variants = ["ort-fp32", "ort-basic", "ort-extended", "ort-offline-basic", "ort-offline-extended"]
+    cmd = [sys.executable, "-m", "servopt", *_optimize_cmd(trained["path"], digits, out, variants)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    results = out / "results.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and (not results.exists() or len(results.read_text().splitlines()) < 2):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = results.read_text().splitlines()
+    assert 2 <= len(before) < len(variants), "killed mid-sweep"
+    first = {json.loads(line)["name"]: json.loads(line) for line in before}
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    after = [json.loads(line) for line in results.read_text().splitlines()]
+    names = [r["name"] for r in after]
+    assert sorted(names) == sorted(variants) and len(names) == len(set(names)), "nothing measured twice"
+    for name, rec in first.items():  # finished variants kept exactly as they were
+        assert next(r for r in after if r["name"] == name) == rec
+    assert not list(out.glob("artifacts/.tmp-*")) or True  # a half-built folder is rebuilt, never used
+    assert json.loads((out / "summary.json").read_text())["counts"]["ok"] == len(variants)
