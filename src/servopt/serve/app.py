@@ -1,0 +1,269 @@
+"""The HTTP server: Open Inference Protocol v2 (KServe/Triton) + an image endpoint, on FastAPI.
+
+Inference runs in worker threads behind the dynamic batcher, never on the
+event loop. Every error is a JSON ``{"error": "..."}`` with a 4xx/5xx code that
+says what went wrong; bad input never gets a 500 and never stops the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from servopt import __version__
+from servopt.serve.batcher import BatchStats, DynamicBatcher, QueueFull
+from servopt.serve.model import ServedModel
+from servopt.serve.protocol import HEADER, BadRequest, datatype_of, encode_infer_response, parse_infer_request
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096)
+
+
+@dataclass
+class ServeSettings:
+    max_batch: int = 32
+    max_delay_us: int = 2000
+    max_queue: int = 256  # samples waiting; past it: 503 + Retry-After
+    request_timeout_s: float = 30.0
+    max_body_mb: float = 32.0
+    max_image_pixels: int = 40_000_000
+    api_key: str | None = None
+    batching: bool = True
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("servopt_requests", "HTTP requests by endpoint and status code", ["endpoint", "code"], registry=r)
+        self.latency = Histogram("servopt_request_seconds", "request latency (whole request)", ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("servopt_queue_seconds", "time a request waited in the batching queue", buckets=LATENCY_BUCKETS, registry=r)
+        self.compute = Histogram("servopt_compute_seconds", "model execution time per batch", buckets=LATENCY_BUCKETS, registry=r)
+        self.batch = Histogram("servopt_batch_size", "samples per model call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+        self.depth = Gauge("servopt_queue_depth", "samples waiting in the batching queue", registry=r)
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _endpoint(path: str) -> str:
+    parts = path.strip("/").split("/")
+    if len(parts) >= 4 and parts[:2] == ["v2", "models"]:
+        return "/".join(["v2", "models", "{name}", *parts[3:]])
+    return "/".join(parts[:3]) or "/"
+
+
+def create_app(models: dict[str, ServedModel], settings: ServeSettings | None = None) -> FastAPI:
+    settings = settings or ServeSettings()
+    metrics = Metrics()
+    batchers: dict[str, DynamicBatcher] = {}
+    state = {"ready": False}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        for name, m in models.items():
+            if not m.sessions:
+                await asyncio.get_running_loop().run_in_executor(None, m.load)
+            stats = BatchStats(on_batch=lambda n, s: (metrics.batch.observe(n), metrics.compute.observe(s)),
+                               on_queue_wait=metrics.queue.observe)
+            fns = [lambda feed, s=s: s.run(feed) for s in m.sessions]
+            b = DynamicBatcher(fns, max_batch=settings.max_batch if settings.batching else 1,
+                               max_delay_us=settings.max_delay_us if settings.batching else 0, max_queue=settings.max_queue, stats=stats)
+            b.start()
+            batchers[name] = b
+        state["ready"] = True
+        yield
+        state["ready"] = False  # graceful shutdown: refuse new work, finish what is queued
+        await asyncio.gather(*(b.stop() for b in batchers.values()))
+
+    app = FastAPI(title="servopt inference server", version=__version__, lifespan=lifespan,
+                  description="Open Inference Protocol v2 (KServe / Triton) with dynamic batching")
+    max_body = int(settings.max_body_mb * 1024 * 1024)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        start = time.perf_counter()
+        endpoint = _endpoint(request.url.path)
+        response = await _guarded(request, call_next)
+        metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+        return response
+
+    async def _guarded(request: Request, call_next):
+        path = request.url.path
+        if settings.api_key and not path.startswith("/v2/health"):
+            auth = request.headers.get("authorization", "")
+            if not hmac.compare_digest(auth.encode(), f"Bearer {settings.api_key}".encode()):
+                return _error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        length = request.headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                return _error(400, "Content-Length is not a number")
+            if int(length) > max_body:
+                return _error(413, f"request body of {int(length)} bytes is over the {max_body}-byte limit")
+        if request.method == "POST" and not state["ready"]:
+            return _error(503, "the server is not ready (starting or shutting down)", {"Retry-After": "1"})
+        try:
+            return await call_next(request)
+        except Exception as e:  # noqa: BLE001 - the last line of defence: a JSON error, the server stays up
+            return _error(500, f"internal error: {type(e).__name__}")
+
+    async def read_body(request: Request) -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():  # enforce the limit on chunked bodies too
+            size += len(chunk)
+            if size > max_body:
+                raise BadRequest(f"request body is over the {max_body}-byte limit", status=413)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_r: Request, e: BadRequest):
+        return _error(e.status, str(e), e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_r: Request, e: StarletteHTTPException):
+        return _error(e.status_code, str(e.detail) if e.status_code != 404 else "no such route")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_r: Request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        return _error(400, f"invalid request: {'.'.join(map(str, first.get('loc', [])))} {first.get('msg', '')}".strip())
+
+    def get_model(name: str) -> ServedModel:
+        if name not in models:
+            raise BadRequest(f"unknown model {name!r}; this server has {sorted(models)}", status=404)
+        return models[name]
+
+    async def run_batched(name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        metrics.depth.set(batchers[name].depth)
+        try:
+            return await asyncio.wait_for(batchers[name].submit(inputs), settings.request_timeout_s)
+        except QueueFull as e:
+            raise BadRequest(f"overloaded: {e}; retry later", status=503, headers={"Retry-After": "1"}) from e
+        except TimeoutError as e:
+            raise BadRequest(f"the request took longer than {settings.request_timeout_s} s", status=504) from e
+        finally:
+            metrics.depth.set(batchers[name].depth)
+
+    @app.get("/v2/health/live")
+    async def live():
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready():
+        if not state["ready"]:
+            return _error(503, "not ready")
+        return {"ready": True}
+
+    @app.get("/v2")
+    async def server_metadata():
+        return {"name": "servopt", "version": __version__, "extensions": ["binary_tensor_data", "classification", "model_configuration"]}
+
+    def tensor_meta(t) -> dict:
+        return {"name": t.name, "datatype": datatype_of(t.dtype), "shape": [d if isinstance(d, int) and d > 0 else -1 for d in t.shape]}
+
+    @app.get("/v2/models/{name}")
+    async def model_metadata(name: str):
+        m = get_model(name)
+        platform = "onnxruntime_onnx" if m.artifact["format"] == "onnx" else "openvino"
+        return {"name": name, "versions": ["1"], "platform": platform,
+                "inputs": [tensor_meta(t) for t in m.spec.inputs], "outputs": [tensor_meta(t) for t in m.spec.outputs]}
+
+    @app.get("/v2/models/{name}/ready")
+    async def model_ready(name: str):
+        get_model(name)
+        return {"name": name, "ready": state["ready"]}
+
+    @app.get("/v2/models/{name}/config")
+    async def model_config(name: str):
+        """Triton's model configuration (perf_analyzer reads max_batch_size here); dims exclude the batch axis."""
+        m = get_model(name)
+
+        def triton(t) -> dict:
+            return {"name": t.name, "data_type": f"TYPE_{datatype_of(t.dtype)}",
+                    "dims": [d if isinstance(d, int) and d > 0 else -1 for d in t.shape[1:]]}
+
+        return {"name": name, "platform": "onnxruntime_onnx" if m.artifact["format"] == "onnx" else "openvino",
+                "max_batch_size": settings.max_batch, "input": [triton(t) for t in m.spec.inputs],
+                "output": [triton(t) for t in m.spec.outputs], "instance_group": [{"count": len(m.sessions) or m.instances, "kind": "KIND_CPU"}],
+                "dynamic_batching": {"max_queue_delay_microseconds": settings.max_delay_us} if settings.batching else None}
+
+    @app.post("/v2/models/{name}/infer")
+    async def infer(name: str, request: Request):
+        m = get_model(name)
+        body = await read_body(request)
+        req = parse_infer_request(body, request.headers.get(HEADER), m.spec.inputs)
+        if req.requested_outputs and any(o != m.output_name for o in req.requested_outputs):
+            raise BadRequest(f"unknown output(s) {req.requested_outputs}; the model gives {[m.output_name]}")
+        out = await run_batched(name, req.inputs)
+        content, headers = encode_infer_response(name, req.id, {m.output_name: out}, req.binary_outputs)
+        media = "application/octet-stream" if req.binary_outputs else "application/json"
+        return Response(content, media_type=media, headers=headers)
+
+    @app.post("/v2/models/{name}/classify")
+    async def classify(name: str, request: Request, top_k: int = 5):
+        """JPEG/PNG bytes (raw body or multipart ``file``) → the model's own preprocessing → top-k labels."""
+        from servopt.data.preprocess import Preprocess, decode_image
+        from servopt.errors import UserError
+
+        m = get_model(name)
+        if m.spec.task != "classification" or len(m.spec.inputs) != 1 or len(m.spec.inputs[0].shape) != 4:
+            raise BadRequest(f"model {name!r} is not an image classifier", status=400)
+        if not 1 <= top_k <= 1000:
+            raise BadRequest("top_k must be between 1 and 1000")
+        ctype = request.headers.get("content-type", "")
+        if ctype.startswith("multipart/form-data"):
+            try:
+                form = await request.form(max_part_size=max_body)
+            except Exception as e:
+                raise BadRequest(f"malformed multipart body: {e}") from e
+            upload = form.get("file")
+            if upload is None or isinstance(upload, str):
+                raise BadRequest("multipart body needs a 'file' part with the image")
+            data = await upload.read()
+        elif ctype.split(";")[0].strip() in ("image/jpeg", "image/png", "image/webp", "image/bmp", "application/octet-stream", ""):
+            data = await read_body(request)
+        else:
+            raise BadRequest(f"content type {ctype!r} is not an image; send image/jpeg or image/png, or multipart", status=415)
+        if not data:
+            raise BadRequest("the body is empty; send the image bytes")
+        pp = Preprocess.from_dict(m.spec.preprocessing)
+        try:
+            # Decoding is CPU work: off the event loop, like inference.
+            x = await asyncio.get_running_loop().run_in_executor(None, lambda: pp(decode_image(data, settings.max_image_pixels)))
+        except UserError as e:
+            raise BadRequest(e.problem) from e
+        logits = (await run_batched(name, {m.spec.inputs[0].name: x[None]}))[0].astype(np.float64)
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        order = np.argsort(-probs)[:top_k]
+        labels = m.spec.class_names or [str(i) for i in range(len(probs))]
+        return {"model_name": name, "predictions": [{"label": labels[i] if i < len(labels) else str(i), "index": int(i),
+                                                     "probability": float(probs[i])} for i in order]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        for name, b in batchers.items():
+            del name
+            metrics.depth.set(b.depth)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.state.metrics = metrics
+    app.state.batchers = batchers
+    return app
+
+
+def api_key_from_env(explicit: str | None) -> str | None:
+    return explicit or os.environ.get("SERVOPT_API_KEY") or None

@@ -1,0 +1,134 @@
+"""Dynamic batching: merge concurrent requests into one model call, as Triton's dynamic batcher does.
+
+Requests wait at most ``max_delay_us`` after the first one arrives, to be
+merged into a batch of at most ``max_batch`` samples; a request may carry
+several samples, and each caller gets exactly its own rows back. The queue is
+bounded: when it is full, ``submit`` raises ``QueueFull`` at once (the server
+answers 503 with Retry-After) instead of letting latency grow without bound.
+Model calls run in worker threads, one per model instance, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class _Pending:
+    inputs: dict[str, np.ndarray]
+    size: int
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class BatchStats:
+    """Hooks the server turns into Prometheus metrics."""
+
+    on_batch: Callable[[int, float], None] = lambda size, compute_s: None
+    on_queue_wait: Callable[[float], None] = lambda seconds: None
+
+
+class DynamicBatcher:
+    def __init__(self, run_fns: list[Callable[[dict[str, np.ndarray]], np.ndarray]], *, max_batch: int = 32,
+                 max_delay_us: int = 2000, max_queue: int = 256, stats: BatchStats | None = None) -> None:
+        self.run_fns = run_fns
+        self.max_batch = max(1, max_batch)
+        self.max_delay = max_delay_us / 1e6
+        self.max_queue = max_queue
+        self.stats = stats or BatchStats()
+        self.queue: deque[_Pending] = deque()
+        self.queued_samples = 0
+        self._wakeup: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._closing = False
+
+    @property
+    def depth(self) -> int:
+        return self.queued_samples
+
+    def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._worker(fn)) for fn in self.run_fns]
+
+    async def stop(self) -> None:
+        """Finish what is queued, then stop (graceful shutdown)."""
+        self._closing = True
+        while self.queue:
+            await asyncio.sleep(0.005)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def submit(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        size = len(next(iter(inputs.values())))
+        if self._closing:
+            raise QueueFull("the server is shutting down")
+        if self.queued_samples + size > self.max_queue:
+            raise QueueFull(f"queue full ({self.queued_samples} samples waiting, limit {self.max_queue})")
+        pending = _Pending(inputs, size, asyncio.get_running_loop().create_future())
+        self.queue.append(pending)
+        self.queued_samples += size
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return await pending.future
+
+    async def _collect(self) -> list[_Pending]:
+        """Wait for a first request, then up to max_delay for more, up to max_batch samples."""
+        assert self._wakeup is not None
+        while not self.queue:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        deadline = self.queue[0].enqueued + self.max_delay
+        while self.queued_samples < self.max_batch and (remaining := deadline - time.perf_counter()) > 0:
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                break
+        batch, samples = [], 0
+        while self.queue and (not batch or samples + self.queue[0].size <= self.max_batch):
+            p = self.queue.popleft()
+            if p.future.done():  # the caller gave up (timeout): skip its work
+                self.queued_samples -= p.size
+                continue
+            batch.append(p)
+            samples += p.size
+            self.queued_samples -= p.size
+        return batch
+
+    async def _worker(self, run_fn: Callable[[dict[str, np.ndarray]], np.ndarray]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            if not batch:
+                continue
+            now = time.perf_counter()
+            for p in batch:
+                self.stats.on_queue_wait(now - p.enqueued)
+            names = list(batch[0].inputs)
+            merged = {n: np.concatenate([p.inputs[n] for p in batch]) if len(batch) > 1 else batch[0].inputs[n] for n in names}
+            start = time.perf_counter()
+            try:
+                out = await loop.run_in_executor(None, run_fn, merged)
+            except Exception as e:  # noqa: BLE001 - a failed batch fails its callers, not the server
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(e)
+                continue
+            self.stats.on_batch(sum(p.size for p in batch), time.perf_counter() - start)
+            row = 0
+            for p in batch:  # each caller gets its own rows, in order
+                if not p.future.done():
+                    p.future.set_result(out[row:row + p.size])
+                row += p.size

@@ -1,0 +1,117 @@
+"""A model as the server sees it: an ONNX or OpenVINO artifact, its spec, labels and preprocessing.
+
+The serving path never imports torch and never unpickles: it opens ONNX Runtime
+or OpenVINO artifacts only (a test proves torch stays unimported).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from servopt.errors import UserError
+from servopt.spec import ModelSpec
+
+SERVABLE_RUNTIMES = ("onnxruntime", "onnxruntime-cuda", "openvino")
+
+
+@dataclass
+class ServedModel:
+    name: str
+    artifact: dict
+    runtime: str
+    options: dict
+    spec: ModelSpec
+    instances: int = 1
+    sessions: list = field(default_factory=list)
+
+    def load(self) -> None:
+        from servopt.runtimes.base import open_session
+
+        self.sessions = [open_session(self.artifact, self.runtime, self.options) for _ in range(max(1, self.instances))]
+        first = self.spec.inputs
+        warm = {t.name: np.zeros(t.concrete_shape(1, {d: 8 for d in _named_dims(t.shape)}), dtype=t.dtype) for t in first}
+        for s in self.sessions:
+            s.run(warm)
+
+    @property
+    def output_name(self) -> str:
+        return self.spec.outputs[0].name if self.spec.outputs else "output"
+
+    def runtime_options_cli(self) -> list[str]:
+        """The ``servopt serve`` flags that reproduce these runtime options (for packaging)."""
+        flags = {"graph_optimization_level": "--graph-level", "intra_op_threads": "--threads", "hint": "--hint"}
+        return [x for k, v in self.options.items() if k in flags for x in (flags[k], str(v))]
+
+
+def _named_dims(shape: list) -> list[str]:
+    return [d for d in shape[1:] if isinstance(d, str)]
+
+
+def from_file(path: Path, name: str | None, runtime: str | None = None, options: dict | None = None) -> ServedModel:
+    """An ONNX file (ONNX Runtime by default) or an OpenVINO IR ``.xml`` (OpenVINO)."""
+    from servopt.models.sources import load_model
+
+    suffix = path.suffix.lower()
+    if not path.exists():
+        raise UserError(f"{path} does not exist", fix="check the path")
+    if suffix == ".onnx":
+        spec = load_model(path).spec
+        fmt, runtime = "onnx", runtime or "onnxruntime"
+    elif suffix == ".xml":
+        spec = _openvino_spec(path)
+        fmt, runtime = "openvino", runtime or "openvino"
+        if runtime != "openvino":
+            raise UserError("an OpenVINO IR runs on the openvino runtime only", fix="drop --runtime or use --runtime openvino")
+    else:
+        raise UserError(f"servopt serves ONNX or OpenVINO artifacts (no pickles, no torch), not {path.name}",
+                        fix="export it first (`servopt export`) or serve a run directory (`servopt serve runs/NAME --target T`)")
+    if runtime not in SERVABLE_RUNTIMES:
+        raise UserError(f"runtime {runtime} cannot serve", fix=f"use one of {SERVABLE_RUNTIMES}")
+    return ServedModel(name or path.stem, {"format": fmt, "path": str(path)}, runtime, options or {}, spec)
+
+
+def _openvino_spec(path: Path) -> ModelSpec:
+    import openvino as ov
+
+    from servopt.spec import TensorSpec
+
+    model = ov.Core().read_model(str(path))
+
+    def spec(port) -> TensorSpec:
+        dims = [d.get_length() if d.is_static else ("batch" if i == 0 else None) for i, d in enumerate(port.get_partial_shape())]
+        return TensorSpec(port.get_any_name(), port.get_element_type().to_dtype().name, dims)
+
+    return ModelSpec(inputs=[spec(p) for p in model.inputs], outputs=[spec(p) for p in model.outputs])
+
+
+def from_run(run_dir: Path, target: str | None, variant: str | None) -> ServedModel:
+    """The variant recommended for ``target`` in a run directory (or the one named)."""
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        raise UserError(f"{run_dir} has no summary.json", fix="run `servopt optimize … --out DIR` to the end first")
+    summary = json.loads(summary_path.read_text())
+    records = {json.loads(line)["name"]: json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()}
+    if variant is None:
+        names = [t["target"]["name"] for t in summary["targets"]]
+        if target is None:
+            raise UserError("which target's variant should be served?", fix=f"pass --target (one of {names}) or --variant")
+        entry = next((t for t in summary["targets"] if t["target"]["name"] == target), None)
+        if entry is None:
+            raise UserError(f"no target {target!r} in {run_dir}", fix=f"one of: {', '.join(names)}")
+        variant = entry.get("recommended")
+        if variant is None:
+            raise UserError(f"no variant meets target {target!r} ({entry['reason']})", fix="pick one with --variant NAME")
+    rec = records.get(variant)
+    if rec is None:
+        raise UserError(f"no variant {variant!r} in {run_dir}", fix=f"one of: {', '.join(records)}")
+    if rec["runtime"] not in SERVABLE_RUNTIMES or rec.get("artifact_format") not in ("onnx", "openvino"):
+        raise UserError(f"variant {variant} runs on {rec['runtime']}; the server runs ONNX Runtime and OpenVINO artifacts only",
+                        fix="serve an ONNX/OpenVINO variant with --variant (see report.md)")
+    config = json.loads((run_dir / "config.json").read_text())
+    spec = ModelSpec.from_dict(config["spec"])  # labels and preprocessing of the run's source model
+    return ServedModel(Path(config["model"]).stem, {"format": rec["artifact_format"], "path": rec["artifact"]}, rec["runtime"],
+                       rec.get("options") or {}, spec)

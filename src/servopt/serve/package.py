@@ -1,0 +1,131 @@
+"""``servopt package``: a folder a team can deploy (artifact, manifest, requirements, Dockerfile).
+
+The footprint comparison mirrors the tutorial's container sizes: the installed
+size of the ONNX Runtime serving environment against a PyTorch one, summed
+from the files each installed distribution (and its dependencies) owns.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+from servopt import __version__
+from servopt.errors import UserError
+from servopt.results import write_json_atomic
+from servopt.serve.model import ServedModel
+
+SERVE_REQUIREMENTS = ["numpy", "pillow", "onnx", "fastapi", "uvicorn", "python-multipart", "prometheus-client", "pydantic", "typer", "rich",
+                      "pyyaml", "jinja2"]
+RUNTIME_REQUIREMENTS = {"onnxruntime": ["onnxruntime"], "openvino": ["openvino"], "onnxruntime-cuda": ["onnxruntime-gpu"]}
+
+
+def _dist_size(name: str) -> int:
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return 0
+    total = 0
+    for f in dist.files or []:
+        try:
+            total += Path(dist.locate_file(f)).stat().st_size
+        except OSError:
+            continue
+    return total
+
+
+def _closure(names: list[str]) -> set[str]:
+    """The distributions ``names`` need, transitively (installed ones only; extras ignored)."""
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        n = re.split(r"[<>=!~;\[ ]", todo.pop(), maxsplit=1)[0].strip().lower().replace("_", "-")
+        if not n or n in seen:
+            continue
+        try:
+            dist = metadata.distribution(n)
+        except metadata.PackageNotFoundError:
+            continue
+        seen.add(n)
+        for req in dist.requires or []:
+            if "extra ==" not in req:
+                todo.append(req)
+    return seen
+
+
+def footprint(packages: list[str]) -> dict:
+    dists = _closure(packages)
+    sizes = {d: _dist_size(d) for d in dists}
+    return {"packages": packages, "installed_mb": round(sum(sizes.values()) / 1e6, 1),
+            "largest": sorted(((d, round(s / 1e6, 1)) for d, s in sizes.items()), key=lambda x: -x[1])[:5]}
+
+
+def compare_footprints(runtime: str) -> dict:
+    serving = footprint(SERVE_REQUIREMENTS + RUNTIME_REQUIREMENTS.get(runtime, ["onnxruntime"]))
+    pytorch = footprint(["torch", "numpy", "pillow", "fastapi", "uvicorn"])
+    ratio = pytorch["installed_mb"] / serving["installed_mb"] if serving["installed_mb"] else None
+    return {"serving_env": serving, "pytorch_env": pytorch, "pytorch_over_serving": round(ratio, 1) if ratio else None,
+            "note": "installed sizes on this machine (CPU torch wheel); a CUDA torch build is several GB larger"}
+
+
+def _pin(name: str) -> str:
+    try:
+        return f"{name}=={metadata.version(name)}"
+    except metadata.PackageNotFoundError:
+        return name
+
+
+def package(model: ServedModel, out: Path, settings: dict) -> dict:
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{out} exists and is not empty", fix="choose a new --out folder or remove it")
+    out.mkdir(parents=True, exist_ok=True)
+    src = Path(model.artifact["path"])
+    files = [src] + ([src.with_suffix(".bin")] if model.artifact["format"] == "openvino" else [])
+    if model.artifact["format"] == "onnx":
+        from servopt.models.sources import model_files
+
+        files = model_files(src)
+    (out / "model").mkdir()
+    for f in files:
+        shutil.copy2(f, out / "model" / f.name)
+    manifest = {
+        "servopt": __version__, "name": model.name, "runtime": model.runtime, "runtime_options": model.options,
+        "artifact": {"format": model.artifact["format"], "file": f"model/{src.name}"},
+        "inputs": [vars(t) for t in model.spec.inputs], "outputs": [vars(t) for t in model.spec.outputs],
+        "task": model.spec.task, "labels": model.spec.class_names, "preprocessing": model.spec.preprocessing,
+        "batching": settings,
+    }
+    write_json_atomic(out / "manifest.json", manifest)
+    reqs = [_pin("servopt") if _installed("servopt") else f"servopt=={__version__}"]
+    reqs += [_pin(n) for n in RUNTIME_REQUIREMENTS.get(model.runtime, ["onnxruntime"])]
+    reqs += [_pin(n) for n in ("numpy", "pillow", "onnx", "fastapi", "uvicorn", "python-multipart", "prometheus-client")]
+    (out / "requirements.txt").write_text("# the serving environment only: no torch, no optimizers\n" + "\n".join(reqs) + "\n")
+    cmd = ["servopt", "serve", f"model/{src.name}", "--name", model.name, "--host", "0.0.0.0", "--port", "8000",
+           "--max-batch", str(settings["max_batch"]), "--max-delay-us", str(settings["max_delay_us"]),
+           "--max-queue", str(settings["max_queue"]), "--runtime", model.runtime]
+    if model.runtime_options_cli():
+        cmd += model.runtime_options_cli()
+    (out / "Dockerfile").write_text(
+        "FROM python:3.11-slim\n"
+        "WORKDIR /srv\n"
+        "COPY requirements.txt .\n"
+        "RUN pip install --no-cache-dir -r requirements.txt\n"
+        "COPY model/ model/\nCOPY manifest.json .\n"
+        "EXPOSE 8000\n"
+        "# Binds 0.0.0.0 inside the container only; set SERVOPT_API_KEY to require a bearer token.\n"
+        f"CMD {json.dumps(cmd)}\n"
+    )
+    report = compare_footprints(model.runtime)
+    write_json_atomic(out / "footprint.json", report)
+    return {"out": str(out), "files": sorted(p.name for p in out.rglob("*") if p.is_file()), "footprint": report}
+
+
+def _installed(name: str) -> bool:
+    try:
+        metadata.version(name)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
