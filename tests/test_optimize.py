@@ -144,21 +144,35 @@ def test_accuracy_aware_finds_a_mix_that_full_int8_misses(tmp_path, trained):
     """Full INT8 loses more than the tolerance; the search keeps some layers in float, not all, and meets it."""
     model = load_model(trained["path"])
     ctx = BuildContext(source=model, calibration=trained["val"].subset(np.arange(0, 300, 3)), tuning=trained["val"])
-    params = {"quant_format": "QOperator", "max_drop": 1.0, "timing_runs": 10}
+    # MinMax only: the layer fallback is what is under test here (other calibrations are tried by default).
+    params = {"quant_format": "QOperator", "max_drop": 1.0, "timing_runs": 10, "try_calibrations": []}
     artifact = build_chain(source_artifact(model), [("ort-quantize-accuracy-aware", params)], tmp_path, ctx)
     report = json.loads((Path(artifact["path"]).parent / "artifact.json").read_text())["report"]
     full = report["steps"][0]
-    assert full["label"] == "full INT8" and not full["within_tolerance"], report["steps"]
+    assert full["label"] == "full INT8, MinMax calibration" and not full["within_tolerance"], report["steps"]
+    assert all("p50_ms" in s for s in report["steps"])  # every step timed, not only the passing ones
     chosen = report["steps"][report["chosen_step"]]
     assert chosen["within_tolerance"] and chosen["drop_points"] <= 1.0
     float_weighted = [n for n in chosen["excluded"] if n.endswith(("Conv", "Gemm"))]
     assert 0 < len(float_weighted) < report["weighted_layers"], "a mix: some layers float, some INT8"
     assert report["sensitivity"][0]["layer"] == "/conv2/Conv"  # the layer fed by the outlier tensor
     assert chosen["p50_ms"] == min(s["p50_ms"] for s in report["steps"] if s["within_tolerance"])  # the fastest
-    assert report["float_layers"] == chosen["excluded"]
+    assert report["float_layers"] == chosen["excluded"] and report["calibration"] == "MinMax"
     # Held-out check: the chosen model is within tolerance on the evaluation split too (generous margin).
     ref = _accuracy(str(trained["path"]), trained["eval"])
     assert (ref - _accuracy(artifact["path"], trained["eval"])) * 100 < 3.0
+
+
+def test_accuracy_aware_tries_every_calibration_first(tmp_path, trained):
+    model = load_model(trained["path"])
+    ctx = BuildContext(source=model, calibration=trained["val"].subset(np.arange(0, 300, 3)), tuning=trained["val"])
+    params = {"quant_format": "QOperator", "max_drop": 30.0, "timing_runs": 5}  # loose: full INT8 passes
+    artifact = build_chain(source_artifact(model), [("ort-quantize-accuracy-aware", params)], tmp_path, ctx)
+    report = json.loads((Path(artifact["path"]).parent / "artifact.json").read_text())["report"]
+    assert [s["calibration"] for s in report["steps"]] == ["MinMax", "Entropy", "Percentile"]
+    assert all(s["float_layers"] == 0 for s in report["steps"]) and report["sensitivity"] == []
+    fastest = min((s for s in report["steps"] if s["within_tolerance"]), key=lambda s: s["p50_ms"])
+    assert report["chosen_step"] == fastest["step"]
 
 
 def test_target_presets_and_yaml(tmp_path):
@@ -205,7 +219,7 @@ def test_decide_picks_best_passing_and_explains_misses():
     strict = Target(name="strict", hardware="h", device="cpu", max_p50_ms=0.5, min_throughput_ips=5000)
     miss = decide(strict, recs, ref)
     assert miss["recommended"] is None and miss["status"] == "fail" and miss["nearest"] == "fast"
-    assert "misses by" in miss["reason"]
+    assert "p50_ms 2 vs ≤ 0.5 (over by 300%)" in miss["reason"] and "throughput_ips 1.2e+03 vs ≥ 5000 (short by 76%)" in miss["reason"]
     assert set(pareto_front(recs, ref)) == {"fast", "faster-but-inaccurate", "small"}
     assert judge(PRESETS["cpu-server"], recs[2], ref)["bounds"][0]["status"] == "fail"
 
@@ -307,3 +321,19 @@ def test_resume_after_kill(tmp_path, trained, digits):
         assert next(r for r in after if r["name"] == name) == rec
     assert not list(out.glob("artifacts/.tmp-*")) or True  # a half-built folder is rebuilt, never used
     assert json.loads((out / "summary.json").read_text())["counts"]["ok"] == len(variants)
+
+
+def test_serve_from_run_directory(quick_run):
+    from servopt.serve.model import from_run
+
+    model = from_run(quick_run, "edge", None)
+    summary = json.loads((quick_run / "summary.json").read_text())
+    assert model.runtime in ("onnxruntime", "openvino") and model.spec.class_names == [str(i) for i in range(10)]
+    assert Path(model.artifact["path"]).name in {"model.onnx", "model.xml", "digitnet.onnx"}
+    model.load()
+    assert model.sessions[0].run({"input": np.zeros((2, 3, 16, 16), np.float32)}).shape == (2, 10)
+    assert summary["targets"][2]["recommended"] is not None
+    with pytest.raises(UserError, match=r"no variant meets target 'gpu-server'.*no GPU"):
+        from_run(quick_run, "gpu-server", None)
+    with pytest.raises(UserError, match="no target 'tpu'"):
+        from_run(quick_run, "tpu", None)

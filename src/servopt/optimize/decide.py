@@ -50,8 +50,8 @@ def judge(target: Target, rec: dict, ref: dict | None, interleaved: dict | None 
         else:
             status = "pass" if (value <= limit if upper else value >= limit) else "fail"
         miss = None
-        if status == "fail" and value:
-            miss = value / limit - 1 if upper else limit / value - 1
+        if status == "fail" and value is not None:
+            miss = value / limit - 1 if upper else 1 - value / limit  # over the bound / short of it, as a share of it
         bounds.append({"bound": bound, "limit": limit, "value": value, "status": status, "miss": miss, "note": note})
 
     drop = accuracy_drop(rec, ref)
@@ -113,7 +113,8 @@ def decide(target: Target, records: list[dict], ref: dict | None, interleaved: d
                 "reason": "no variant ran successfully for this target"}
     nearest = min(pool, key=lambda v: (v["total_miss"], _objective_key(target, v)))
     misses = ", ".join(
-        f"{b['bound']} {b['value']:.3g} vs {'≤' if b['bound'] != 'throughput_ips' else '≥'} {b['limit']:g} (misses by {b['miss']:.0%})"
+        f"{b['bound']} {b['value']:.3g} vs {'≤' if b['bound'] != 'throughput_ips' else '≥'} {b['limit']:g} "
+        f"({'short' if b['bound'] == 'throughput_ips' else 'over'} by {b['miss']:.0%})"
         for b in nearest["bounds"] if b["status"] == "fail"
     )
     return {"target": target.model_dump(), "status": "fail", "recommended": None, "nearest": nearest["variant"],

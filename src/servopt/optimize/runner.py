@@ -85,7 +85,7 @@ def _linear_heavy(model: LoadedModel) -> bool:
 def optimize(model: LoadedModel, eval_data: Dataset, calib_data: Dataset | None, tune_data: Dataset | None,
              cfg: OptimizeConfig, progress: Progress | None = None) -> dict:
     progress = progress or Progress()
-    out = cfg.out
+    out = cfg.out = cfg.out.resolve()  # absolute paths in every record: readable from any working directory
     (out / "data").mkdir(parents=True, exist_ok=True)
     eval_path = out / "data" / "eval.npz"
     eval_data.save(eval_path)

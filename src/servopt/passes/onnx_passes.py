@@ -7,6 +7,8 @@ VNNI) and calibration methods are theirs; servopt only chooses and measures.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from pathlib import Path
 from typing import Literal
@@ -167,13 +169,20 @@ def preprocess_for_quantization(src: str, out_dir: Path) -> str:
 
 def quantize_static_onnx(src: str, dst: Path, params: StaticParams, calibration: Dataset | None,
                          calibration_cache: Path | None = None) -> None:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
     if calibration is None:
         raise UserError("static quantization needs calibration data", fix="pass --data (its validation split is used)")
     extra = {"ActivationSymmetric": params.activation_type == "S8"}
     if params.calibrate_method == "Percentile":
         extra["CalibPercentile"] = 99.99
+    # The Entropy/Percentile calibrators print progress to stdout; keep servopt's display clean.
+    with contextlib.redirect_stdout(io.StringIO()):
+        _quantize_static(src, dst, params, calibration, calibration_cache, extra)
+
+
+def _quantize_static(src: str, dst: Path, params: StaticParams, calibration: Dataset, calibration_cache: Path | None,
+                     extra: dict) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
     quantize_static(
         src, str(dst), CalibrationReader(calibration, params.calibration_samples),
         quant_format=getattr(QuantFormat, params.quant_format),
