@@ -263,6 +263,7 @@ def test_loadtest_cli(server, tmp_path):
     for step in report["steps"]:
         assert step["ok"] > 0 and step["errors"] == {} and step["latency_ms"]["p99"] > 0
         assert step["server"]["batches"] > 0 and step["server"]["mean_compute_ms_per_batch"] > 0
+        assert step["server"]["server_latency"]["200"]["count"] == step["ok"]  # the server's own view, by status code
     bad = CliRunner().invoke(cli_app, ["loadtest", server.url, "--model", "nope", "--concurrency", "1", "--duration", "0.2"])
     assert bad.exit_code == 2 and "no model 'nope'" in bad.output
 
@@ -309,3 +310,60 @@ def test_serve_cli_refuses_non_servable(tmp_path):
     torch.save(TinyNet.build().state_dict(), path)
     r = CliRunner().invoke(cli_app, ["serve", str(path)])
     assert r.exit_code == 2 and "no pickles" in r.output
+
+
+def test_graceful_shutdown_finishes_in_flight_requests(onnx_model):
+    s = LiveServer(onnx_model, ServeSettings(max_batch=4, max_delay_us=0))
+    s.__enter__()
+    session = s.app.state.models["tiny"].sessions[0]
+    fast_run = session.run
+
+    def slow_run(feed):
+        time.sleep(1.0)
+        return fast_run(feed)
+
+    session.run = slow_run  # the batcher calls session.run at call time
+    body = {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.0] * 3072}]}
+    result = {}
+    t = threading.Thread(target=lambda: result.update(r=httpx.post(f"{s.url}/v2/models/tiny/infer", json=body, timeout=30)))
+    t.start()
+    time.sleep(0.4)  # the request is inside the model call now
+    s.server.should_exit = True  # what SIGTERM does
+    t.join(timeout=30)
+    s.thread.join(timeout=30)
+    assert result["r"].status_code == 200 and len(result["r"].json()["outputs"][0]["data"]) == 3
+    assert not s.thread.is_alive()
+    with pytest.raises(httpx.ConnectError):
+        httpx.post(f"{s.url}/v2/models/tiny/infer", json=body, timeout=5)
+
+
+def test_instance_defaults_follow_the_target_objective(onnx_model):
+    import os
+
+    from servopt.serve.model import apply_instance_defaults
+
+    throughput = from_file(onnx_model, "t")
+    throughput.objective = "throughput"
+    apply_instance_defaults(throughput, None, None)
+    cores = os.cpu_count() or 1
+    assert throughput.instances == (2 if cores >= 2 else 1)
+    if cores >= 2:
+        assert throughput.options["intra_op_threads"] == cores // 2
+    latency = from_file(onnx_model, "l")
+    latency.objective = "latency"
+    apply_instance_defaults(latency, None, None)
+    assert latency.instances == 1 and "intra_op_threads" not in latency.options
+    explicit = from_file(onnx_model, "e")
+    apply_instance_defaults(explicit, 3, 1)
+    assert explicit.instances == 3 and explicit.options["intra_op_threads"] == 1
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_binary_tensors_with_nan_or_infinity_are_refused(server, bad):
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    x[0, 1, 2, 3] = bad
+    header = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+    r = httpx.post(f"{server.url}/v2/models/tiny/infer", content=header + x.tobytes(),
+                   headers={"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"})
+    assert r.status_code == 400 and "NaN or infinity" in r.json()["error"]

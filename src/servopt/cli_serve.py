@@ -15,8 +15,8 @@ from servopt.errors import UserError
 
 
 def _served(source: Path, target: str | None, variant: str | None, name: str | None, runtime: str | None,
-            graph_level: str | None, threads: int | None, hint: str | None, instances: int):
-    from servopt.serve.model import from_file, from_run
+            graph_level: str | None, threads: int | None, hint: str | None, instances: int | None):
+    from servopt.serve.model import apply_instance_defaults, from_file, from_run
 
     if source.is_dir():
         model = from_run(source, target, variant)
@@ -28,12 +28,10 @@ def _served(source: Path, target: str | None, variant: str | None, name: str | N
         options = {}
         if graph_level:
             options["graph_optimization_level"] = graph_level
-        if threads:
-            options["intra_op_threads" if (runtime or "onnxruntime").startswith("onnxruntime") else "threads"] = threads
         if hint:
             options["hint"] = hint
         model = from_file(source, name, runtime, options)
-    model.instances = instances
+    apply_instance_defaults(model, instances, threads)
     return model
 
 
@@ -49,9 +47,14 @@ def serve(
     max_delay_us: Annotated[int, typer.Option(help="how long a request may wait to be batched, µs")] = 2000,
     max_queue: Annotated[int, typer.Option(help="samples allowed to wait; past it 503 + Retry-After")] = 256,
     no_batching: Annotated[bool, typer.Option("--no-batching", help="run each request alone")] = False,
-    instances: Annotated[int, typer.Option(help="model instances (sessions) serving the queue")] = 1,
+    instances: Annotated[int | None, typer.Option(
+        help="model instances (sessions) serving the queue (default: 2 single-thread instances for a throughput "
+             "target of a run directory, else 1)")] = None,
     timeout: Annotated[float, typer.Option(help="per-request timeout, s (504 past it)")] = 30.0,
     max_body_mb: Annotated[float, typer.Option(help="request size limit (413 past it)")] = 32.0,
+    limit_concurrency: Annotated[int | None, typer.Option(
+        help="uvicorn's limit on connections + requests in progress (503 at header time); idle keep-alive "
+             "connections count too. Default: none (the bounded queue refuses instead)")] = None,
     api_key: Annotated[str | None, typer.Option(help="require 'Authorization: Bearer KEY' (or set SERVOPT_API_KEY)")] = None,
     runtime: Annotated[str | None, typer.Option(help="onnxruntime (default for .onnx) or openvino")] = None,
     graph_level: Annotated[str | None, typer.Option(help="ONNX Runtime graph optimization level")] = None,
@@ -68,11 +71,12 @@ def serve(
         model = _served(source, target, variant, name, runtime, graph_level, threads, hint, instances)
         settings = ServeSettings(max_batch=max_batch, max_delay_us=max_delay_us, max_queue=max_queue, request_timeout_s=timeout,
                                  max_body_mb=max_body_mb, api_key=api_key_from_env(api_key), batching=not no_batching)
-        console.print(f"serving [bold]{model.name}[/bold] ({model.artifact['format']} on {model.runtime}) at http://{host}:{port}/v2/models/{model.name}"
+        console.print(f"serving [bold]{model.name}[/bold] ({model.artifact['format']} on {model.runtime}, {model.instances} instance(s)) "
+                      f"at http://{host}:{port}/v2/models/{model.name}"
                       f"  batching: {'off' if no_batching else f'max {max_batch}, {max_delay_us} µs'}; "
                       f"auth: {'bearer token' if settings.api_key else 'none'}")
         uvicorn.run(create_app({model.name: model}, settings), host=host, port=port, log_level="warning",
-                    timeout_graceful_shutdown=int(timeout) + 5)
+                    timeout_graceful_shutdown=int(timeout) + 5, limit_concurrency=limit_concurrency)
 
     run_cli(go)
 
@@ -151,7 +155,7 @@ def package(
     def go() -> None:
         from servopt.serve.package import package as make_package
 
-        model = _served(source, target, variant, name, None, None, None, None, 1)
+        model = _served(source, target, variant, name, None, None, None, None, None)
         result = make_package(model, out, {"max_batch": max_batch, "max_delay_us": max_delay_us, "max_queue": max_queue})
         fp = result["footprint"]
         console.print(f"packaged [bold]{model.name}[/bold] into {out}: {', '.join(result['files'])}")

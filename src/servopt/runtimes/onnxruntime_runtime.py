@@ -22,6 +22,9 @@ def session_options(options: dict):
         so.intra_op_num_threads = int(options["intra_op_threads"])
     if options.get("inter_op_threads"):
         so.inter_op_num_threads = int(options["inter_op_threads"])
+    if options.get("allow_spinning") is False:
+        # Idle intra-op threads spin-wait by default; in a server they would steal the cores the event loop needs.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if options.get("optimized_model_filepath"):
         so.optimized_model_filepath = str(options["optimized_model_filepath"])
     if options.get("enable_profiling"):

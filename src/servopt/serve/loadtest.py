@@ -56,6 +56,10 @@ def infer_payload(meta: dict, batch: int = 1, binary: bool = True, seed: int = 0
     return Payload(f"/v2/models/{meta['name']}/infer", head + b"".join(blobs), headers)
 
 
+def json_payload(path: str, body: dict) -> Payload:
+    return Payload(path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+
 def image_payload(model: str, image: Path) -> Payload:
     return Payload(f"/v2/models/{model}/classify", image.read_bytes(), {"Content-Type": "image/jpeg" if image.suffix.lower() in (".jpg", ".jpeg") else "image/png"})
 
@@ -66,6 +70,7 @@ class StepResult:
     level: float  # concurrency or rate
     duration_s: float
     latencies_ms: list[float] = field(default_factory=list)
+    refused_ms: list[float] = field(default_factory=list)  # how fast 503s came back
     errors: dict[str, int] = field(default_factory=dict)
     dropped: int = 0
 
@@ -76,6 +81,7 @@ class StepResult:
             "mode": self.mode, self_key(self.mode): self.level, "duration_s": round(self.duration_s, 3), "ok": ok,
             "errors": self.errors, "dropped_by_client": self.dropped, "throughput_rps": ok / self.duration_s if self.duration_s else 0.0,
             "latency_ms": {p: float(np.nanpercentile(lat, int(p[1:]))) for p in ("p50", "p90", "p95", "p99")} | {"mean": float(np.nanmean(lat))},
+            "refused_latency_ms": {p: float(np.percentile(self.refused_ms, int(p[1:]))) for p in ("p50", "p99")} if self.refused_ms else None,
             "server": server,
         }
 
@@ -87,10 +93,37 @@ def self_key(mode: str) -> str:
 def _parse_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith(("servopt_queue_seconds_", "servopt_compute_seconds_", "servopt_batch_size_")) and "bucket" not in line:
+        wanted = line.startswith("servopt_request_seconds_bucket") or (
+            line.startswith(("servopt_queue_seconds_", "servopt_compute_seconds_", "servopt_batch_size_")) and "bucket" not in line)
+        if wanted:
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
+
+
+def _server_percentiles(before: dict[str, float], after: dict[str, float], code: str) -> dict | None:
+    """p50/p99 of the server's own request latency for one status code, from histogram deltas
+    (bucket upper bounds: "at most"). On a shared machine the client's view includes its own backlog."""
+    buckets: dict[float, float] = {}
+    for key, value in after.items():
+        if not key.startswith("servopt_request_seconds_bucket") or f'code="{code}"' not in key:
+            continue
+        if "/infer" not in key and "/classify" not in key:  # inference endpoints only, not /metrics polls
+            continue
+        le = key.split('le="')[1].split('"')[0]
+        bound = float("inf") if le == "+Inf" else float(le)
+        buckets[bound] = buckets.get(bound, 0.0) + value - before.get(key, 0.0)
+    if not buckets or max(buckets.values()) <= 0:
+        return None
+    total = buckets[float("inf")] if float("inf") in buckets else max(buckets.values())
+
+    def at_most(q: float) -> float | None:
+        for bound in sorted(buckets):
+            if buckets[bound] >= q * total:
+                return None if bound == float("inf") else bound * 1000
+        return None
+
+    return {"count": int(total), "p50_ms_at_most": at_most(0.5), "p99_ms_at_most": at_most(0.99)}
 
 
 def server_split(before: dict[str, float], after: dict[str, float]) -> dict | None:
@@ -104,7 +137,8 @@ def server_split(before: dict[str, float], after: dict[str, float]) -> dict | No
     waits = delta("servopt_queue_seconds_count")
     return {"mean_queue_ms": delta("servopt_queue_seconds_sum") / waits * 1000 if waits else None,
             "mean_compute_ms_per_batch": delta("servopt_compute_seconds_sum") / batches * 1000,
-            "mean_batch_size": delta("servopt_batch_size_sum") / batches, "batches": int(batches)}
+            "mean_batch_size": delta("servopt_batch_size_sum") / batches, "batches": int(batches),
+            "server_latency": {code: p for code in ("200", "503") if (p := _server_percentiles(before, after, code))}}
 
 
 class LoadGenerator:
@@ -131,15 +165,24 @@ class LoadGenerator:
         if status == 200:
             result.latencies_ms.append((time.perf_counter() - start) * 1000)
         else:
+            if status == 503:
+                result.refused_ms.append((time.perf_counter() - start) * 1000)
             key = f"http {status}" if isinstance(status, int) else status
             result.errors[key] = result.errors.get(key, 0) + 1
 
     async def metrics(self, session) -> dict[str, float]:
-        try:
-            async with session.get(self.url + "/metrics", headers=self.headers) as r:
-                return _parse_metrics(await r.text()) if r.status == 200 else {}
-        except Exception:  # noqa: BLE001 - metrics are optional (another server may not have them)
-            return {}
+        """The server's Prometheus figures; {} when it has none. Retried once: a pooled keep-alive connection
+        the server closed while idle (uvicorn closes them after 5 s) fails on first use."""
+        import aiohttp
+
+        for attempt in range(2):
+            try:
+                async with session.get(self.url + "/metrics", headers=self.headers) as r:
+                    return _parse_metrics(await r.text()) if r.status == 200 else {}
+            except (aiohttp.ClientError, TimeoutError):
+                if attempt:
+                    return {}
+        return {}
 
     async def closed(self, session, concurrency: int, duration: float, max_requests: int, warmup: float) -> dict:
         async def worker(result: StepResult | None, until: float, budget: list[int]) -> None:

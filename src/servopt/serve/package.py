@@ -105,7 +105,7 @@ def package(model: ServedModel, out: Path, settings: dict) -> dict:
     (out / "requirements.txt").write_text("# the serving environment only: no torch, no optimizers\n" + "\n".join(reqs) + "\n")
     cmd = ["servopt", "serve", f"model/{src.name}", "--name", model.name, "--host", "0.0.0.0", "--port", "8000",
            "--max-batch", str(settings["max_batch"]), "--max-delay-us", str(settings["max_delay_us"]),
-           "--max-queue", str(settings["max_queue"]), "--runtime", model.runtime]
+           "--max-queue", str(settings["max_queue"]), "--runtime", model.runtime, "--instances", str(model.instances)]
     if model.runtime_options_cli():
         cmd += model.runtime_options_cli()
     (out / "Dockerfile").write_text(

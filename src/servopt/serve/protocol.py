@@ -99,7 +99,9 @@ def parse_infer_request(body: bytes, header_length: str | None, model_inputs: li
                                  f"({count * dtype.itemsize} bytes)")
             if offset + size > len(binary):
                 raise BadRequest(f"input {name!r}: the body holds {len(binary) - offset} bytes of binary data, {size} expected")
-            arr = np.frombuffer(binary[offset:offset + size], dtype=dtype.newbyteorder("<")).astype(dtype, copy=True)
+            arr = np.frombuffer(binary[offset:offset + size], dtype=dtype.newbyteorder("<"))
+            if arr.dtype != dtype:  # only a big-endian host needs the byte swap; elsewhere the body is used as is
+                arr = arr.astype(dtype)
             offset += size
         else:
             if "data" not in tensor:
@@ -111,7 +113,8 @@ def parse_infer_request(body: bytes, header_length: str | None, model_inputs: li
         if arr.size != count:
             raise BadRequest(f"input {name!r}: {arr.size} elements given, shape {shape} needs {count}")
         arr = arr.reshape(shape)
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        # min/max propagate NaN and show ±inf: two reductions instead of a full boolean temporary.
+        if arr.dtype.kind == "f" and arr.size and not (np.isfinite(arr.min()) and np.isfinite(arr.max())):
             raise BadRequest(f"input {name!r} contains NaN or infinity")
         inputs[name] = arr
     if offset != len(binary):
