@@ -32,8 +32,12 @@ class Variant:
     needs_gpu: bool = False
 
     def key(self, source_hash: str, protocol: dict, data_hash: str) -> str:
-        """Identity of a measurement: same key → same result, so a rerun skips it."""
-        body = json.dumps([asdict(self), source_hash, protocol, data_hash], sort_keys=True, default=str)
+        """Identity of a measurement: same key → same result, so a rerun skips it. Pass parameters enter with
+        their defaults filled in, so a changed default invalidates the old measurement."""
+        from servopt.passes.base import validate_params
+
+        chain = [(name, validate_params(name, params).model_dump()) for name, params in self.chain]
+        body = json.dumps([{**asdict(self), "chain": chain}, source_hash, protocol, data_hash], sort_keys=True, default=str)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
