@@ -284,6 +284,21 @@ def test_summary_and_report(quick_run):
     assert list((quick_run / "profiles").glob("*.json"))
 
 
+def test_load_run_shows_the_latest_record_of_each_variant(quick_run, tmp_path):
+    import shutil
+
+    from servopt.optimize.runner import load_run
+
+    run = tmp_path / "copy"
+    shutil.copytree(quick_run, run)
+    lines = (run / "results.jsonl").read_text().splitlines()
+    stale = json.loads(lines[0])
+    (run / "results.jsonl").write_text("\n".join([json.dumps({**stale, "key": "old", "size_mb": -1.0}), *lines]) + "\n")
+    _, records = load_run(run)
+    assert [r["name"] for r in records] == json.loads((run / "config.json").read_text())["variants"]
+    assert all(r.get("size_mb") != -1.0 for r in records)
+
+
 def test_report_and_profile_commands(quick_run):
     (quick_run / "report.html").unlink()
     result = runner.invoke(app, ["report", str(quick_run)])

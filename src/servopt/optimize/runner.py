@@ -252,7 +252,12 @@ def load_run(out: Path) -> tuple[dict, list[dict]]:
         raise UserError(f"{out} is not a servopt run directory (no results.jsonl)", fix="run `servopt optimize … --out DIR` first")
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return summary, read_jsonl(out / "results.jsonl")
+    # results.jsonl is append-only: a re-measured variant (changed settings) appears again. The run's view is the
+    # latest record of each variant of the current configuration.
+    latest = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
+    config_path = out / "config.json"
+    names = json.loads(config_path.read_text()).get("variants", list(latest)) if config_path.exists() else list(latest)
+    return summary, [latest[n] for n in names if n in latest]
 
 
 def reference_outputs(out: Path) -> np.ndarray:
