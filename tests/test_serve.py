@@ -277,6 +277,8 @@ def test_package_cli(onnx_model, tmp_path):
     assert manifest["labels"] == LABELS and manifest["batching"]["max_batch"] == 32
     reqs = (out / "requirements.txt").read_text()
     assert "onnxruntime==" in reqs and "torch" not in reqs.replace("no torch", "")
+    wheel = next((out / "wheels").glob("servopt-*.whl"))  # servopt is not on an index: its wheel travels along
+    assert f"./wheels/{wheel.name}" in reqs and "COPY wheels/ wheels/" in (out / "Dockerfile").read_text()
     fp = json.loads((out / "footprint.json").read_text())
     assert fp["pytorch_env"]["installed_mb"] > fp["serving_env"]["installed_mb"] > 0
 

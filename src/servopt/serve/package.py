@@ -99,7 +99,8 @@ def package(model: ServedModel, out: Path, settings: dict) -> dict:
         "batching": settings,
     }
     write_json_atomic(out / "manifest.json", manifest)
-    reqs = [_pin("servopt") if _installed("servopt") else f"servopt=={__version__}"]
+    wheel = _build_servopt_wheel(out / "wheels")
+    reqs = [f"./wheels/{wheel.name}" if wheel else f"servopt=={__version__}"]
     reqs += [_pin(n) for n in RUNTIME_REQUIREMENTS.get(model.runtime, ["onnxruntime"])]
     reqs += [_pin(n) for n in ("numpy", "pillow", "onnx", "fastapi", "uvicorn", "python-multipart", "prometheus-client")]
     (out / "requirements.txt").write_text("# the serving environment only: no torch, no optimizers\n" + "\n".join(reqs) + "\n")
@@ -112,7 +113,8 @@ def package(model: ServedModel, out: Path, settings: dict) -> dict:
         "FROM python:3.11-slim\n"
         "WORKDIR /srv\n"
         "COPY requirements.txt .\n"
-        "RUN pip install --no-cache-dir -r requirements.txt\n"
+        + ("COPY wheels/ wheels/\n" if wheel else "")
+        + "RUN pip install --no-cache-dir -r requirements.txt\n"
         "COPY model/ model/\nCOPY manifest.json .\n"
         "EXPOSE 8000\n"
         "# Binds 0.0.0.0 inside the container only; set SERVOPT_API_KEY to require a bearer token.\n"
@@ -121,6 +123,22 @@ def package(model: ServedModel, out: Path, settings: dict) -> dict:
     report = compare_footprints(model.runtime)
     write_json_atomic(out / "footprint.json", report)
     return {"out": str(out), "files": sorted(p.name for p in out.rglob("*") if p.is_file()), "footprint": report}
+
+
+def _build_servopt_wheel(dest: Path) -> Path | None:
+    """servopt is not on a package index: ship a wheel of the running source with the package (no dependencies:
+    requirements.txt lists what serving needs)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    if not (root / "pyproject.toml").exists():
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dest), str(root)],
+                          capture_output=True, text=True, timeout=300)
+    wheels = sorted(dest.glob("servopt-*.whl"))
+    return wheels[-1] if proc.returncode == 0 and wheels else None
 
 
 def _installed(name: str) -> bool:
