@@ -11,6 +11,7 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
 from jinja2 import Environment
 from markupsafe import Markup
 
@@ -69,10 +70,11 @@ def interleave_rows(summary: dict) -> list[dict]:
              "flagged": v["flagged_rounds"]} for n, v in il.get("variants", {}).items()]
 
 
-def charts(records: list[dict], reference: dict | None, pareto: list[str]) -> dict[str, str]:
+def charts(records: list[dict], reference: dict | None, pareto: list[str], highlight: list[str] = ()) -> dict[str, str]:
     """Inline SVG charts; empty when matplotlib is not installed."""
     try:
         import matplotlib
+        import matplotlib.ticker
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -90,18 +92,26 @@ def charts(records: list[dict], reference: dict | None, pareto: list[str]) -> di
         return text[text.index("<svg"):]
 
     out = {}
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    labelled = set(pareto) | set(highlight) | ({reference["name"]} if reference else set())
+    placed: list[tuple[float, float]] = []
     for r in ok:
         drop = accuracy_drop(r, reference) or 0.0
+        x, y = r["latency_ms"]["p50"], -drop
         on_front = r["name"] in pareto
-        ax.scatter(r["latency_ms"]["p50"], -drop, s=60 if on_front else 25, c="#d62728" if on_front else "#1f77b4", zorder=3)
-        ax.annotate(r["name"], (r["latency_ms"]["p50"], -drop), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.scatter(x, y, s=60 if on_front else 22, c="#d62728" if on_front else "#1f77b4", alpha=0.9 if on_front else 0.6, zorder=3)
+        if r["name"] in labelled:  # only the points that matter are named; the table lists every variant
+            dy = 6 + 9 * sum(1 for px, py in placed if abs(np.log(px / x)) < 0.25 and abs(py - y) < 0.05)
+            ax.annotate(r["name"], (x, y), fontsize=7.5, xytext=(4, dy), textcoords="offset points")
+            placed.append((x, y))
     front = sorted((r for r in ok if r["name"] in pareto), key=lambda r: r["latency_ms"]["p50"])
     if front:
         ax.step([r["latency_ms"]["p50"] for r in front], [-(accuracy_drop(r, reference) or 0) for r in front], where="post",
                 color="#d62728", alpha=0.5, label="Pareto frontier")
         ax.legend()
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _p: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _p: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
     ax.set_xlabel("p50 single-sample latency, ms (log)")
     ax.set_ylabel("accuracy change vs original, points")
     ax.grid(alpha=0.3)
@@ -259,6 +269,7 @@ def write_reports(out: Path, summary: dict, records: list[dict], profile: bool =
         "environment": json.dumps(env, indent=2), "note": config.get("note", ""),
     }
     write_text_atomic(out / "report.md", Environment(autoescape=False).from_string(MD).render(**ctx))
-    svgs = {k: Markup(v) for k, v in charts(records, reference, ctx["pareto"]).items()}  # our own SVG, not user text
+    recommended = [t.get("recommended") or t.get("nearest") for t in summary["targets"] if t.get("recommended") or t.get("nearest")]
+    svgs = {k: Markup(v) for k, v in charts(records, reference, ctx["pareto"], recommended).items()}  # our own SVG, not user text
     ctx["environment"] = json.dumps(env, indent=2)
     write_text_atomic(out / "report.html", Environment(autoescape=True).from_string(HTML).render(**ctx, charts=svgs))
