@@ -167,6 +167,12 @@ def test_unknown_model_and_route(server):
     r = httpx.post(f"{server.url}/v2/models/nope/infer", json={"inputs": []})
     assert r.status_code == 404 and "unknown model 'nope'" in r.json()["error"]
     assert httpx.get(f"{server.url}/v2/nothing").json() == {"error": "no such route"}
+    httpx.get(f"{server.url}/v2/a%0Db%20c/{'x' * 50}")  # a raw CR and a space in the path
+    text = httpx.get(f"{server.url}/metrics").text
+    labels = {line.split('endpoint="')[1].split('"')[0] for line in text.split("\n") if 'endpoint="' in line}
+    assert labels <= {"other", "metrics", "v2/models/{name}/infer", "v2/models/{name}/classify", "v2/models/{name}",
+                      "v2/models/{name}/config", "v2/models/{name}/ready", "v2/health/ready", "v2/health/live", "v2",
+                      "openapi.json", "docs"}, labels
 
 
 def test_batching_happens_and_answers_go_to_the_right_caller(server, onnx_model):

@@ -58,11 +58,19 @@ def _error(status: int, message: str, headers: dict | None = None) -> JSONRespon
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
+KNOWN_ENDPOINTS = {"v2", "v2/health/live", "v2/health/ready", "v2/models/{name}", "v2/models/{name}/ready",
+                   "v2/models/{name}/config", "v2/models/{name}/infer", "v2/models/{name}/classify", "metrics", "docs",
+                   "openapi.json"}
+
+
 def _endpoint(path: str) -> str:
+    """The route template of a path, for metric labels. Anything else is "other": a label copied from the raw path
+    would let any client create unbounded label values (memory) and inject characters into the exposition."""
     parts = path.strip("/").split("/")
-    if len(parts) >= 4 and parts[:2] == ["v2", "models"]:
-        return "/".join(["v2", "models", "{name}", *parts[3:]])
-    return "/".join(parts[:3]) or "/"
+    if len(parts) >= 3 and parts[:2] == ["v2", "models"]:
+        parts = ["v2", "models", "{name}", *parts[3:]]
+    template = "/".join(parts)
+    return template if template in KNOWN_ENDPOINTS else "other"
 
 
 async def _drain(receive) -> None:

@@ -92,12 +92,15 @@ def self_key(mode: str) -> str:
 
 def _parse_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         wanted = line.startswith("servopt_request_seconds_bucket") or (
             line.startswith(("servopt_queue_seconds_", "servopt_compute_seconds_", "servopt_batch_size_")) and "bucket" not in line)
         if wanted:
             name, _, value = line.rpartition(" ")
-            out[name] = float(value)
+            try:
+                out[name] = float(value)
+            except ValueError:
+                continue  # not a sample line of ours
     return out
 
 
