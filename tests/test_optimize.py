@@ -122,6 +122,16 @@ def test_each_pass_builds_a_model_that_runs(tmp_path, trained, chain, fmt):
     assert before == {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
 
 
+def test_openvino_throughput_hint_runs_parallel_requests(tmp_path, trained):
+    model = load_model(trained["path"])
+    artifact = build_chain(source_artifact(model), [("openvino-convert", {})], tmp_path, BuildContext(source=model))
+    latency = open_session(artifact, "openvino", {"hint": "LATENCY"})
+    throughput = open_session(artifact, "openvino", {"hint": "THROUGHPUT"})
+    x = trained["eval"].slice(0, 7)  # an uneven split over the streams
+    np.testing.assert_allclose(throughput.run(x), latency.run(x), rtol=1e-5, atol=1e-5)
+    assert throughput.info()["parallel_requests"] >= 1 and latency.info()["parallel_requests"] == 1
+
+
 def test_torch_dynamic_int8_pass(tmp_path, trained):
     scripted = tmp_path / "net.pt2"
     torch.export.save(torch.export.export(trained["net"], (torch.zeros(2, 3, 16, 16),),

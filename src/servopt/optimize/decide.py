@@ -106,6 +106,8 @@ def decide(target: Target, records: list[dict], ref: dict | None, interleaved: d
             reason += f" (next: {runner_up})"
         if pending:
             reason += f"; still to measure on {target.hardware}: {', '.join(pending)}"
+        elif target.device == "cpu":
+            reason += f" (figures from {machine_label()}, not from {target.hardware})"
         return {"target": target.model_dump(), "status": "pass" if not pending else "pass (pending device)",
                 "recommended": best["variant"], "verdict": best, "verdicts": verdicts, "reason": reason}
     if not verdicts:
