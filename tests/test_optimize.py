@@ -362,3 +362,20 @@ def test_serve_from_run_directory(quick_run):
         from_run(quick_run, "gpu-server", None)
     with pytest.raises(UserError, match="no target 'tpu'"):
         from_run(quick_run, "tpu", None)
+
+
+def test_a_variant_that_cannot_be_built_is_recorded_and_the_sweep_goes_on(tmp_path, trained):
+    """No --data: inputs from the signature, no labels. NNCF accuracy control cannot run without labels; it is
+    recorded as a failed build with its reason, and the variants after it are still measured."""
+    out = tmp_path / "nolabels"
+    cmd = ["optimize", str(trained["path"]), "--out", str(out), "--targets", "edge", "--quick", "--quiet",
+           "--variants", "nncf-int8-accuracy-control", "--variants", "ort-offline-all"]
+    result = runner.invoke(app, cmd)
+    assert result.exit_code == 0, result.output
+    records = {r["name"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    failed = records["nncf-int8-accuracy-control"]
+    assert failed["status"] == "failed" and failed["stage"] == "build" and "labelled data" in failed["error"]
+    assert (out / "work" / "nncf-int8-accuracy-control" / "build_error.txt").exists()
+    assert records["ort-offline-all"]["status"] == "ok" and records["ort-fp32"]["status"] == "ok"
+    assert records["ort-offline-all"]["accuracy"] is None and records["ort-offline-all"]["agreement"]["top1_agreement"] == 1.0
+    assert "failed" in (out / "report.md").read_text()
