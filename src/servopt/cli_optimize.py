@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 from rich.markup import escape
 from rich.progress import (
@@ -100,7 +101,7 @@ def run_optimize(loaded, data: Path | None, split: str | None, targets: str, out
         tune = open_data(loaded, data, tune_split if any((data / s).is_dir() for s in FOOD11_SPLITS) else None, limit=500,
                          resize=resize, crop=crop)
     step = max(1, len(tune) // calibration_samples)
-    calib = tune.subset(__import__("numpy").arange(0, len(tune), step)[:calibration_samples])
+    calib = tune.subset(np.arange(0, len(tune), step)[:calibration_samples])  # spread over the split
     bar, callbacks = _progress_ui(quiet or json_out)
     if bar:
         with bar:

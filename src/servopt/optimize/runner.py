@@ -26,8 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from servopt.bench.environment import environment, gpu_present
 from servopt.bench.protocol import Protocol, _python_env
 from servopt.bench.run import measure
@@ -258,7 +256,3 @@ def load_run(out: Path) -> tuple[dict, list[dict]]:
     config_path = out / "config.json"
     names = json.loads(config_path.read_text()).get("variants", list(latest)) if config_path.exists() else list(latest)
     return summary, [latest[n] for n in names if n in latest]
-
-
-def reference_outputs(out: Path) -> np.ndarray:
-    return np.load(out / "reference_outputs.npy")

@@ -22,6 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from servopt import __version__
+from servopt.data.preprocess import Preprocess, decode_image
+from servopt.errors import UserError
 from servopt.serve.batcher import BatchStats, DynamicBatcher, QueueFull
 from servopt.serve.model import ServedModel
 from servopt.serve.protocol import HEADER, BadRequest, datatype_of, encode_infer_response, parse_infer_request
@@ -271,9 +273,6 @@ def create_app(models: dict[str, ServedModel], settings: ServeSettings | None = 
 
     async def decode_for(m: ServedModel, request: Request) -> np.ndarray:
         """The request's image (raw body or multipart ``file``), preprocessed as the model expects."""
-        from servopt.data.preprocess import Preprocess, decode_image
-        from servopt.errors import UserError
-
         ctype = request.headers.get("content-type", "")
         if ctype.startswith("multipart/form-data"):
             try:

@@ -139,11 +139,3 @@ def _build_servopt_wheel(dest: Path) -> Path | None:
                           capture_output=True, text=True, timeout=300)
     wheels = sorted(dest.glob("servopt-*.whl"))
     return wheels[-1] if proc.returncode == 0 and wheels else None
-
-
-def _installed(name: str) -> bool:
-    try:
-        metadata.version(name)
-        return True
-    except metadata.PackageNotFoundError:
-        return False
