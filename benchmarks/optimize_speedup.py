@@ -15,12 +15,12 @@ per-round ratios. Needs a finished demo run (`servopt demo`, default runs/demo).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from servopt.optimize.runner import REFERENCE_ORT, load_run
+from servopt.bench.protocol import Protocol
+from servopt.optimize.interleave import measure_side_by_side
+from servopt.optimize.rundir import load_run, session_of
+from servopt.optimize.runner import REFERENCE_ORT
 
 
 def main() -> None:
@@ -35,21 +35,11 @@ def main() -> None:
     chosen = cpu.get("recommended") or cpu.get("nearest")
     by = {r["name"]: r for r in records}
     names = [n for n in dict.fromkeys([chosen, *args.variants]) if n != REFERENCE_ORT] + [REFERENCE_ORT]
-    variants = []
-    for n in names:
-        r = by[n]
-        artifact = {"format": r["artifact_format"], "path": r["artifact"]}
-        if r["artifact_format"] == "torch":
-            artifact = {"format": "torch", "ref": json.loads((args.run / "work" / n / "job.json").read_text())["artifact"]["ref"]}
-        variants.append({"name": n, "artifact": artifact, "runtime": r["runtime"], "options": r["options"]})
-    proto = {"min_runs": 100, "min_seconds": args.seconds, "batch_size": 32, "batch_min_runs": 10, "batch_min_seconds": args.seconds,
-             "warmup": 10, "max_seconds": 120}
-    job = {"variants": variants, "reference": REFERENCE_ORT, "data": str(args.run / "data" / "eval.npz"), "protocol": proto,
-           "rounds": args.rounds}
-    job_path, out_path = args.run / "work" / "speedup-job.json", args.run / "work" / "speedup.json"
-    job_path.write_text(json.dumps(job))
-    subprocess.run([sys.executable, "-m", "servopt.optimize.interleave", str(job_path), str(out_path)], check=True)
-    result = json.loads(out_path.read_text())
+    proto = Protocol(min_runs=100, min_seconds=args.seconds, batch_size=32, batch_min_runs=10, batch_min_seconds=args.seconds)
+    result = measure_side_by_side([session_of(by[n], args.run) for n in names], REFERENCE_ORT, args.run / "data" / "eval.npz",
+                                  proto, args.rounds, args.run / "work" / "speedup")
+    if "error" in result:
+        raise SystemExit(result["error"])
     ref_acc = by[REFERENCE_ORT]["accuracy"]["top1"]
     print(f"{'variant':32} {'p50 ms':>8} {'batch/s':>8} {'p50 ratio':>10} {'tput ratio':>10} {'top-1':>8}  per-round p50 ms")
     for n, v in result["variants"].items():

@@ -36,6 +36,7 @@ from PIL import Image
 
 from servopt.bench.protocol import Protocol, measure_batch
 from servopt.data.dataset import Dataset
+from servopt.optimize.rundir import load_run
 from servopt.serve.loadtest import run_loadtest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,8 +131,8 @@ def main() -> None:
     ap.add_argument("--torch-arch", default="mobilenet_v2", help="zoo architecture of the run's torch source (tutorial baseline)")
     args = ap.parse_args()
     SERVER_ARGS.extend(args.server_args.split())
-    summary = json.loads((args.run / "summary.json").read_text())
-    records = {json.loads(x)["name"]: json.loads(x) for x in (args.run / "results.jsonl").read_text().splitlines()}
+    summary, run_records = load_run(args.run)
+    records = {r["name"]: r for r in run_records}
     cpu = next(t for t in summary["targets"] if t["target"]["name"] == "cpu-server")
     variant = cpu.get("recommended") or cpu.get("nearest")
     model = args.model or Path(records[variant]["artifact"])

@@ -297,7 +297,7 @@ def test_summary_and_report(quick_run):
 def test_load_run_shows_the_latest_record_of_each_variant(quick_run, tmp_path):
     import shutil
 
-    from servopt.optimize.runner import load_run
+    from servopt.optimize.rundir import load_run
 
     run = tmp_path / "copy"
     shutil.copytree(quick_run, run)

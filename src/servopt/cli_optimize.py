@@ -82,10 +82,11 @@ def run_optimize(loaded, data: Path | None, split: str | None, targets: str, out
     from servopt.bench.protocol import Protocol
     from servopt.cli_common import open_data
     from servopt.data.dataset import FOOD11_SPLITS, synthetic_inputs
-    from servopt.optimize.runner import OptimizeConfig, load_run, optimize
+    from servopt.optimize.rundir import load_run
+    from servopt.optimize.runner import OptimizeConfig, optimize
     from servopt.optimize.targets import load_targets
 
-    cfg = OptimizeConfig(out=out, targets=load_targets(targets), variants=variants, include_all=include_all)
+    cfg = OptimizeConfig(out=out, targets=load_targets(targets), variants=variants, include_all=include_all, note=note or "")
     if quick:
         cfg.protocol, cfg.interleave_rounds = Protocol.quick(), 2
     eval_data = open_data(loaded, data, split or ("evaluation" if data and (data / "evaluation").is_dir() else None), limit=limit,
@@ -108,14 +109,6 @@ def run_optimize(loaded, data: Path | None, split: str | None, targets: str, out
             summary = optimize(loaded, eval_data, calib, tune, cfg, callbacks)
     else:
         summary = optimize(loaded, eval_data, calib, tune, cfg, callbacks)
-    if note:
-        cfg_path = out / "config.json"
-        cfg_json = json.loads(cfg_path.read_text())
-        cfg_json["note"] = note
-        cfg_path.write_text(json.dumps(cfg_json, indent=2))
-        from servopt.optimize.report import write_reports
-
-        write_reports(out, summary, load_run(out)[1])
     if json_out:
         print(json.dumps(summary, default=str))
     elif not quiet:
@@ -162,7 +155,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run directory of serv
 
     def go() -> None:
         from servopt.optimize.report import write_reports
-        from servopt.optimize.runner import load_run
+        from servopt.optimize.rundir import load_run
 
         summary, records = load_run(run_dir)
         if not summary:
@@ -185,7 +178,7 @@ def profile(
 
     def go() -> None:
         from servopt.optimize.profile import profile_record
-        from servopt.optimize.runner import load_run
+        from servopt.optimize.rundir import load_run
 
         _, records = load_run(run_dir)
         rec = next((r for r in records if r["name"] == variant), None)

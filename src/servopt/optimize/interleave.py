@@ -12,14 +12,32 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 from servopt.bench.environment import environment
-from servopt.bench.protocol import Protocol, measure_batch, measure_latency
+from servopt.bench.protocol import Protocol, _python_env, measure_batch, measure_latency
 from servopt.data.dataset import Dataset
 from servopt.results import write_json_atomic
 from servopt.runtimes.base import open_session
+
+
+def measure_side_by_side(sessions: list[dict], reference: str, data_path: Path, proto: Protocol, rounds: int,
+                         workdir: Path, env: dict | None = None) -> dict:
+    """Run ``sessions`` (see ``rundir.session_of``; ``reference`` among them) interleaved in a fresh process.
+    Returns the figures, or ``{"error": …}`` when the process failed."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    job_path, out_path = workdir / "interleave-job.json", workdir / "interleave-out.json"
+    out_path.unlink(missing_ok=True)
+    job_path.write_text(json.dumps({"variants": sessions, "reference": reference, "data": str(data_path),
+                                    "protocol": proto.to_dict(), "rounds": rounds}))
+    proc = subprocess.run([sys.executable, "-m", "servopt.optimize.interleave", str(job_path), str(out_path)],
+                          capture_output=True, text=True, env=_python_env(env), timeout=1800)
+    if proc.returncode != 0 or not out_path.exists():
+        (workdir / "interleave.log").write_text(proc.stdout + proc.stderr)
+        return {"error": "interleaved re-measure failed: " + " | ".join(proc.stderr.strip().splitlines()[-2:])}
+    return json.loads(out_path.read_text())
 
 
 def main(job_path: str, out_path: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
+from servopt.optimize.rundir import artifact_of
 
 
 def _top(times: dict[str, float], calls: dict[str, int], runs: int, top: int) -> dict:
@@ -84,14 +85,13 @@ def profile_torch(ref: dict, options: dict, data: Dataset, runs: int, top: int) 
 def profile_record(record: dict, run_dir: Path, runs: int = 30, top: int = 12) -> dict:
     """Profile one measured variant of a run directory on its evaluation inputs."""
     data = Dataset.load(run_dir / "data" / "eval.npz")
-    fmt, options = record.get("artifact_format"), record.get("options") or {}
+    options = record.get("options") or {}
     if record.get("status") != "ok":
         raise UserError(f"variant {record['name']} did not run ({record.get('error')})", fix="profile a variant that ran")
     if record["runtime"] == "onnxruntime":
         return profile_onnxruntime(record["artifact"], options, data, runs, top)
     if record["runtime"] == "openvino":
         return profile_openvino(record["artifact"], options, data, runs, top)
-    if fmt == "torch":
-        job = json.loads((run_dir / "work" / record["name"] / "job.json").read_text())
-        return profile_torch(job["artifact"]["ref"], options, data, runs, top)
+    if record.get("artifact_format") == "torch":
+        return profile_torch(artifact_of(record, run_dir)["ref"], options, data, runs, top)
     raise UserError(f"no profiler for runtime {record['runtime']}", fix="profile an ONNX Runtime, OpenVINO or torch variant")

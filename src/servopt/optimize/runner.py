@@ -18,8 +18,6 @@ ignored, so running the same command again skips everything finished.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -27,15 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servopt.bench.environment import environment, gpu_present
-from servopt.bench.protocol import Protocol, _python_env
+from servopt.bench.protocol import Protocol
 from servopt.bench.run import measure
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
-from servopt.models.sources import LoadedModel
+from servopt.models.sources import LoadedModel, artifact_size_mb
 from servopt.optimize.decide import decide, interleave_candidates, pareto_front
+from servopt.optimize.interleave import measure_side_by_side
+from servopt.optimize.rundir import session_of
 from servopt.optimize.targets import Target
 from servopt.optimize.variants import Variant, catalogue, is_linear_heavy, select
-from servopt.passes.base import BuildContext, artifact_size_mb, build_chain, file_hash, source_artifact
+from servopt.passes.base import BuildContext, build_chain, file_hash, source_artifact
 from servopt.results import RESULT_SCHEMA, append_jsonl, read_jsonl, write_json_atomic
 from servopt.runtimes.base import get_runtime
 
@@ -67,6 +67,7 @@ class OptimizeConfig:
     include_all: bool = False
     protocol: Protocol = field(default_factory=sweep_protocol)
     interleave_rounds: int = 3
+    note: str = ""  # shown at the top of the report (the demo says what its data stands in for)
     verify_max_drop: float = 5.0
     verify_min_agreement: float = 0.9
 
@@ -102,6 +103,7 @@ def optimize(model: LoadedModel, eval_data: Dataset, calib_data: Dataset | None,
         "targets": [t.model_dump() for t in cfg.targets], "variants": [v.name for v in chosen],
         "protocol": cfg.protocol.to_dict(), "data": {"eval": eval_data.source, "samples": len(eval_data)},
         "left_out": [{"name": v.name, "why": v.description} for v in all_variants if v not in chosen],
+        "note": cfg.note,
     })
     ctx = BuildContext(source=model, calibration=calib_data, tuning=tune_data, log=progress.step)
     results_path = out / "results.jsonl"
@@ -183,31 +185,17 @@ def run_interleave(out: Path, names: list[str], records: list[dict], eval_path: 
         previous = json.loads(path.read_text())
         if previous.get("cache_key") == cache_key:
             return previous
-    variants = []
-    for n in names:
-        r = by_name[n]
-        artifact = {"format": r["artifact_format"], "path": r["artifact"]}
-        if r["artifact_format"] == "torch":
-            artifact = {"format": "torch", "ref": json.loads((out / "work" / n / "job.json").read_text())["artifact"]["ref"]}
-        variants.append({"name": n, "artifact": artifact, "runtime": r["runtime"], "options": r["options"]})
     proto = Protocol(min_runs=50, min_seconds=1.5, batch_min_runs=8, batch_min_seconds=1.5, batch_size=cfg.protocol.batch_size)
     if cfg.protocol.min_seconds < 0.5:  # a --quick smoke run stays quick
         proto = cfg.protocol
-    job = {"variants": variants, "reference": REFERENCE_ORT, "data": str(eval_path), "protocol": proto.to_dict(),
-           "rounds": cfg.interleave_rounds}
-    (out / "work").mkdir(exist_ok=True)
-    job_path = out / "work" / "interleave-job.json"
-    job_path.write_text(json.dumps(job))
-    tmp = out / "work" / "interleave-out.json"
-    env = _python_env({"GLIBC_TUNABLES": next((r["env"]["GLIBC_TUNABLES"] for r in by_name.values() if r.get("env")), "")}
-                      if any(by_name[n].get("env") for n in names) else None)
-    proc = subprocess.run([sys.executable, "-m", "servopt.optimize.interleave", str(job_path), str(tmp)],
-                          capture_output=True, text=True, env=env, timeout=1800)
-    if proc.returncode != 0 or not tmp.exists():
-        (out / "work" / "interleave.log").write_text(proc.stdout + proc.stderr)
-        return {"error": "interleaved re-measure failed: " + " | ".join(proc.stderr.strip().splitlines()[-2:])}
-    result = {**json.loads(tmp.read_text()), "cache_key": cache_key}
-    write_json_atomic(path, result)
+    env: dict = {}
+    for n in names:  # torch variants want their allocator settings; the others do not mind them
+        env.update(by_name[n].get("env") or {})
+    result = measure_side_by_side([session_of(by_name[n], out) for n in names], REFERENCE_ORT, eval_path, proto,
+                                  cfg.interleave_rounds, out / "work", env)
+    if "error" not in result:
+        result["cache_key"] = cache_key
+        write_json_atomic(path, result)
     return result
 
 
@@ -242,17 +230,3 @@ def finish(out: Path, cfg: OptimizeConfig, records: list[dict], reference: dict 
     progress.step("profiling the recommended variants and writing the report")
     write_reports(out, summary, records)
     return summary
-
-
-def load_run(out: Path) -> tuple[dict, list[dict]]:
-    """(summary, records) of an existing run directory."""
-    if not (out / "results.jsonl").exists():
-        raise UserError(f"{out} is not a servopt run directory (no results.jsonl)", fix="run `servopt optimize … --out DIR` first")
-    summary_path = out / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    # results.jsonl is append-only: a re-measured variant (changed settings) appears again. The run's view is the
-    # latest record of each variant of the current configuration.
-    latest = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
-    config_path = out / "config.json"
-    names = json.loads(config_path.read_text()).get("variants", list(latest)) if config_path.exists() else list(latest)
-    return summary, [latest[n] for n in names if n in latest]

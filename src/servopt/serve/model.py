@@ -94,11 +94,12 @@ def _openvino_spec(path: Path) -> ModelSpec:
 
 def from_run(run_dir: Path, target: str | None, variant: str | None) -> ServedModel:
     """The variant recommended for ``target`` in a run directory (or the one named)."""
-    summary_path = run_dir / "summary.json"
-    if not summary_path.exists():
+    from servopt.optimize.rundir import load_run
+
+    summary, run_records = load_run(run_dir)
+    if not summary:
         raise UserError(f"{run_dir} has no summary.json", fix="run `servopt optimize … --out DIR` to the end first")
-    summary = json.loads(summary_path.read_text())
-    records = {json.loads(line)["name"]: json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()}
+    records = {r["name"]: r for r in run_records}
     if variant is None:
         names = [t["target"]["name"] for t in summary["targets"]]
         if target is None:
