@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from servopt.errors import UserError
-from servopt.models.sources import load_model, model_files
+from servopt.models.sources import artifact_files, artifact_size_mb, load_model, model_files
 from servopt.models.zoo import MobileNetV2, build
 from servopt.runtimes import open_session
 
@@ -37,6 +37,7 @@ def test_onnx_with_external_data(tmp_path, tiny_module):
     loaded = load_model(path)
     assert loaded.kind == "onnx"
     assert [f.name for f in model_files(path)] == ["m.onnx", "m.onnx.data"]
+    assert artifact_files({"format": "onnx", "path": str(path)}) == model_files(path)
     assert loaded.size_mb() > (path.stat().st_size / 1e6)
     assert loaded.spec.inputs[0].shape == ["batch", 3, 32, 32]
     out = open_session({"format": "onnx", "path": str(path)}, "onnxruntime").run({"input": _x().numpy()})
@@ -182,3 +183,16 @@ def test_wrong_input_shape_is_explained(tmp_path, tiny_module):
     torch.jit.save(torch.jit.trace(tiny_module, _x()), str(path))
     with pytest.raises(UserError, match="--input-shape"):
         load_model(path, input_shape={"input": [1, 5, 32, 32]})
+
+
+def test_artifact_files_of_each_format(tmp_path):
+    (tmp_path / "m.xml").write_text("<net/>")
+    (tmp_path / "m.bin").write_bytes(b"0" * 1000)
+    ir = {"format": "openvino", "path": str(tmp_path / "m.xml")}
+    assert [f.name for f in artifact_files(ir)] == ["m.xml", "m.bin"]
+    assert artifact_size_mb(ir) == pytest.approx((1000 + 6) / 1e6)
+    (tmp_path / "state.pt").write_bytes(b"1" * 50)
+    (tmp_path / "q.pt").write_bytes(b"2" * 20)
+    torch_ref = {"format": "torch", "ref": {"path": str(tmp_path / "state.pt")}}
+    assert artifact_files(torch_ref) == [tmp_path / "state.pt"]
+    assert artifact_files({**torch_ref, "size_file": str(tmp_path / "q.pt")}) == [tmp_path / "q.pt"]

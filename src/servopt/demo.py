@@ -25,12 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from servopt.errors import UserError
+from servopt.runtimes.torch_runtime import MALLOC_TUNED_ENV
 
 RECIPE = {"arch": "mobilenet_v2", "epochs_small": 12, "small_px": 64, "epochs_full": 2, "full_px": 224,
           "batch": 64, "lr": 3e-3, "fine_tune_lr": 5e-4, "seed": 0, "version": 1}
 SPLITS = {"training": 0.6, "validation": 0.2, "evaluation": 0.2}
-# glibc returns big tensor buffers to the OS after every step unless told not to; this doubles torch's CPU speed here.
-MALLOC_TUNED = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
 
 
 def default_home() -> Path:
@@ -78,7 +77,7 @@ def ensure_demo(home: Path | None = None, log=print) -> tuple[Path, Path, dict]:
     if weights.exists() and report_path.exists():
         return data, weights, json.loads(report_path.read_text())
     log("training the demo MobileNetV2 on the digits stand-in for Food-11 (about 2 minutes, once)…")
-    env = {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNED}
+    env = {**os.environ, **MALLOC_TUNED_ENV}
     src = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.run([sys.executable, "-m", "servopt.demo", str(data), str(weights)], env=env)

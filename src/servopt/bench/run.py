@@ -12,7 +12,7 @@ from pathlib import Path
 from servopt.bench.protocol import Protocol, run_cold_start, run_worker
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
-from servopt.models.sources import LoadedModel, model_files
+from servopt.models.sources import LoadedModel, artifact_size_mb
 from servopt.results import BENCH_SCHEMA, make_result
 from servopt.runtimes.base import get_runtime
 
@@ -37,10 +37,6 @@ def measure(
             cold["compile_s"] = measured["compile_s"]  # the cold-start process compiled on its first answer too
     return make_result(name=name, runtime=runtime, measured=measured, size_mb=size_mb, batch_size=proto.batch_size,
                        cold=cold, extra=extra)
-
-
-def onnx_size_mb(path: Path) -> float:
-    return sum(f.stat().st_size for f in model_files(path)) / 1e6
 
 
 def bench_model(
@@ -76,7 +72,8 @@ def bench_model(
                 on_progress("exporting to ONNX")
                 onnx_path = workdir / "model.onnx"
                 export_report = export_onnx(model, onnx_path, opset=opset, verify_data=data)
-            artifact, size = {"format": "onnx", "path": str(onnx_path)}, onnx_size_mb(onnx_path)
+            artifact = {"format": "onnx", "path": str(onnx_path)}
+            size = artifact_size_mb(artifact)
         else:
             raise UserError(f"runtime {rt_name} cannot run a {model.kind} model", fix="pick another --runtime")
         on_progress(f"measuring {rt_name}")

@@ -90,6 +90,23 @@ def model_files(onnx_path: Path) -> list[Path]:
     return [f for f in files if f.exists()]
 
 
+def artifact_files(artifact: dict) -> list[Path]:
+    """Every file a built artifact occupies: an ONNX file and its external data, an OpenVINO IR's .xml and .bin,
+    a torch reference's source file (or the file saved to measure its size)."""
+    if artifact.get("size_file"):
+        return [Path(artifact["size_file"])]
+    if artifact["format"] == "torch":
+        return [Path(artifact["ref"]["path"])]
+    path = Path(artifact["path"])
+    if artifact["format"] == "openvino":
+        return [path, path.with_suffix(".bin")]
+    return model_files(path)
+
+
+def artifact_size_mb(artifact: dict) -> float:
+    return sum(f.stat().st_size for f in artifact_files(artifact)) / 1e6
+
+
 def load_model(
     path: str | Path,
     *,

@@ -14,9 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from servopt.errors import UserError
 from servopt.models.sources import LoadedModel
-
-# glibc returns big tensor buffers to the OS after every forward unless told not to (FIELD-NOTES: 2-3× for torch).
-MALLOC_TUNED = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"}
+from servopt.runtimes.torch_runtime import MALLOC_TUNED_ENV
 
 
 @dataclass
@@ -53,12 +51,12 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
     if model.is_torch:
         v += [
             Variant("torch-eager", "pytorch", "torch", description="PyTorch eager under inference_mode (the original)"),
-            Variant("torch-channels-last", "pytorch", "torch", options={"channels_last": True}, env=MALLOC_TUNED,
+            Variant("torch-channels-last", "pytorch", "torch", options={"channels_last": True}, env=MALLOC_TUNED_ENV,
                     description="eager, channels_last memory format, glibc malloc tuned"),
             Variant("torch-compile", "pytorch", "torch", options={"compile": "default", "freezing": True, "channels_last": True},
-                    env=MALLOC_TUNED, description="torch.compile (inductor, freezing), malloc tuned; compile time counts as cold start"),
+                    env=MALLOC_TUNED_ENV, description="torch.compile (inductor, freezing), malloc tuned; compile time counts as cold start"),
             Variant("torch-compile-max-autotune", "pytorch", "torch",
-                    options={"compile": "max-autotune-no-cudagraphs", "freezing": True, "channels_last": True}, env=MALLOC_TUNED,
+                    options={"compile": "max-autotune-no-cudagraphs", "freezing": True, "channels_last": True}, env=MALLOC_TUNED_ENV,
                     default=False, description="torch.compile max-autotune-no-cudagraphs (minutes of autotuning)"),
             Variant("torch-int8-dynamic", "pytorch", "torch", chain=[("torch-quantize-dynamic", {})],
                     options={"quantize_dynamic": True}, default=linear_heavy,

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
-from servopt.models.sources import LoadedModel, model_files
+from servopt.models.sources import LoadedModel
 from servopt.results import write_json_atomic
 
 
@@ -98,17 +98,6 @@ def resolve(artifact_dir: Path) -> dict:
     meta = json.loads((artifact_dir / "artifact.json").read_text())
     meta["path"] = str(artifact_dir / meta["file"]) if meta.get("file") else meta.get("path")
     return meta
-
-
-def artifact_size_mb(artifact: dict) -> float:
-    if artifact.get("size_file"):
-        return Path(artifact["size_file"]).stat().st_size / 1e6
-    if artifact["format"] == "torch":
-        return sum(Path(f).stat().st_size for f in [artifact["ref"]["path"]]) / 1e6
-    path = Path(artifact["path"])
-    if artifact["format"] == "openvino":
-        return (path.stat().st_size + path.with_suffix(".bin").stat().st_size) / 1e6
-    return sum(f.stat().st_size for f in model_files(path)) / 1e6
 
 
 def build_chain(start: dict, chain: list[tuple[str, dict]], cache: Path, ctx: BuildContext) -> dict:

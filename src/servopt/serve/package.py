@@ -82,14 +82,11 @@ def package(model: ServedModel, out: Path, settings: dict) -> dict:
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not empty", fix="choose a new --out folder or remove it")
     out.mkdir(parents=True, exist_ok=True)
-    src = Path(model.artifact["path"])
-    files = [src] + ([src.with_suffix(".bin")] if model.artifact["format"] == "openvino" else [])
-    if model.artifact["format"] == "onnx":
-        from servopt.models.sources import model_files
+    from servopt.models.sources import artifact_files
 
-        files = model_files(src)
+    src = Path(model.artifact["path"])
     (out / "model").mkdir()
-    for f in files:
+    for f in artifact_files(model.artifact):
         shutil.copy2(f, out / "model" / f.name)
     manifest = {
         "servopt": __version__, "name": model.name, "runtime": model.runtime, "runtime_options": model.options,
