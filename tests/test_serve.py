@@ -375,3 +375,22 @@ def test_binary_tensors_with_nan_or_infinity_are_refused(server, bad):
     r = httpx.post(f"{server.url}/v2/models/tiny/infer", content=header + x.tobytes(),
                    headers={"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"})
     assert r.status_code == 400 and "NaN or infinity" in r.json()["error"]
+
+
+def test_queue_depth_gauge_counts_waiting_samples(onnx_model):
+    s = LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0))
+    with s:
+        session = s.app.state.models["tiny"].sessions[0]
+        fast_run, release = session.run, threading.Event()
+        session.run = lambda feed: (release.wait(10), fast_run(feed))[1]  # hold the model until released
+        body = {"inputs": [{"name": "input", "shape": [2, 3, 32, 32], "datatype": "FP32", "data": [0.0] * 6144}]}
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(httpx.post, f"{s.url}/v2/models/tiny/infer", json=body, timeout=30)
+            time.sleep(0.3)  # the first request is inside the model now
+            second = pool.submit(httpx.post, f"{s.url}/v2/models/tiny/infer", json=body, timeout=30)
+            time.sleep(0.3)  # the second waits in the queue: 2 samples
+            depth = _metric(s.url, "servopt_queue_depth")
+            release.set()
+            assert first.result().status_code == second.result().status_code == 200
+        assert depth == 2.0
+        assert _metric(s.url, "servopt_queue_depth") == 0.0

@@ -53,7 +53,7 @@ class Metrics:
         self.queue = Histogram("servopt_queue_seconds", "time a request waited in the batching queue", buckets=LATENCY_BUCKETS, registry=r)
         self.compute = Histogram("servopt_compute_seconds", "model execution time per batch", buckets=LATENCY_BUCKETS, registry=r)
         self.batch = Histogram("servopt_batch_size", "samples per model call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
-        self.depth = Gauge("servopt_queue_depth", "samples waiting in the batching queue", registry=r)
+        self.depth = Gauge("servopt_queue_depth", "samples waiting in the batching queues", registry=r)
 
 
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
@@ -149,6 +149,8 @@ def create_app(models: dict[str, ServedModel], settings: ServeSettings | None = 
     settings = settings or ServeSettings()
     metrics = Metrics()
     batchers: dict[str, DynamicBatcher] = {}
+    # Read when scraped, summed over models: nothing to update on the request path.
+    metrics.depth.set_function(lambda: sum(b.depth for b in batchers.values()))
     state = {"ready": False}
 
     @asynccontextmanager
@@ -205,15 +207,12 @@ def create_app(models: dict[str, ServedModel], settings: ServeSettings | None = 
         return models[name]
 
     async def run_batched(name: str, inputs: dict[str, np.ndarray], arrival) -> np.ndarray:
-        metrics.depth.set(batchers[name].depth)
         try:
             return await asyncio.wait_for(batchers[name].submit(inputs, arrival), settings.request_timeout_s)
         except QueueFull as e:
             raise BadRequest(f"overloaded: {e}; retry later", status=503, headers={"Retry-After": "1"}) from e
         except TimeoutError as e:
             raise BadRequest(f"the request took longer than {settings.request_timeout_s} s", status=504) from e
-        finally:
-            metrics.depth.set(batchers[name].depth)
 
     @app.get("/v2/health/live")
     async def live():
@@ -317,9 +316,6 @@ def create_app(models: dict[str, ServedModel], settings: ServeSettings | None = 
 
     @app.get("/metrics")
     async def prometheus():
-        for name, b in batchers.items():
-            del name
-            metrics.depth.set(b.depth)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.state.metrics = metrics
