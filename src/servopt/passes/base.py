@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.models.sources import LoadedModel
+from servopt.registry import Registry
 from servopt.results import write_json_atomic
 
 
@@ -52,20 +53,9 @@ class Pass(ABC):
         """Write the new artifact into ``out_dir``; return ``{"format", "file", "report"?}``."""
 
 
-PASSES: dict[str, type[Pass]] = {}
-
-
-def register_pass(cls: type[Pass]) -> type[Pass]:
-    PASSES[cls.name] = cls
-    return cls
-
-
-def get_pass(name: str) -> Pass:
-    import servopt.passes  # noqa: F401 - registers the built-in passes
-
-    if name not in PASSES:
-        raise UserError(f"unknown pass {name!r}", fix=f"use one of: {', '.join(sorted(PASSES))}")
-    return PASSES[name]()
+PASSES: Registry[Pass] = Registry("pass", "servopt.passes")
+register_pass = PASSES.register
+get_pass = PASSES.get
 
 
 def validate_params(name: str, params: dict) -> PassParams:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from servopt.errors import UserError
+from servopt.registry import Registry
 
 
 class Session(ABC):
@@ -55,20 +56,9 @@ class Runtime(ABC):
         return True, ""
 
 
-RUNTIMES: dict[str, type[Runtime]] = {}
-
-
-def register_runtime(cls: type[Runtime]) -> type[Runtime]:
-    RUNTIMES[cls.name] = cls
-    return cls
-
-
-def get_runtime(name: str) -> Runtime:
-    import servopt.runtimes  # noqa: F401 - registers the built-in runtimes
-
-    if name not in RUNTIMES:
-        raise UserError(f"unknown runtime {name!r}", fix=f"use one of: {', '.join(sorted(RUNTIMES))}")
-    return RUNTIMES[name]()
+RUNTIMES: Registry[Runtime] = Registry("runtime", "servopt.runtimes")
+register_runtime = RUNTIMES.register
+get_runtime = RUNTIMES.get
 
 
 def open_session(artifact: dict, runtime: str, options: dict | None = None) -> Session:
