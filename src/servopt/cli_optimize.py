@@ -88,7 +88,7 @@ def run_optimize(loaded, data: Path | None, split: str | None, targets: str, out
 
     cfg = OptimizeConfig(out=out, targets=load_targets(targets), variants=variants, include_all=include_all, note=note or "")
     if quick:
-        cfg.protocol, cfg.interleave_rounds = Protocol.quick(), 2
+        cfg.protocol, cfg.interleave_protocol, cfg.interleave_rounds = Protocol.quick(), Protocol.quick(), 2
     eval_data = open_data(loaded, data, split or ("evaluation" if data and (data / "evaluation").is_dir() else None), limit=limit,
                           resize=resize, crop=crop)
     if data is None:

@@ -135,7 +135,8 @@ def measure_session(session: Session, data: Dataset, reference: np.ndarray | Non
     return result
 
 
-def _python_env(extra_env: dict | None) -> dict:
+def python_env(extra_env: dict | None) -> dict:
+    """The environment for a servopt subprocess: this one's, servopt importable, plus ``extra_env``."""
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -152,7 +153,7 @@ def run_worker(job: dict, workdir: Path, timeout_s: float = 1800) -> dict:
     job_path.write_text(json.dumps(job))
     cmd = [sys.executable, "-m", "servopt.bench.worker", str(job_path), str(out_path)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_python_env(job.get("env")))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=python_env(job.get("env")))
     except subprocess.TimeoutExpired:
         return {"status": "failed", "error": f"timed out after {timeout_s:.0f} s"}
     (workdir / "worker.log").write_text(proc.stdout + proc.stderr)
@@ -166,7 +167,7 @@ def run_cold_start(job: dict, timeout_s: float = 900) -> dict:
     """A fresh process loads the model and answers one request; timed from outside, spawn to answer."""
     cmd = [sys.executable, "-m", "servopt.bench.coldstart", json.dumps(job)]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_python_env(job.get("env")))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(job.get("env")))
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         elapsed = time.perf_counter() - start

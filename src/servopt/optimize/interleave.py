@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from servopt.bench.environment import environment
-from servopt.bench.protocol import Protocol, _python_env, measure_batch, measure_latency
+from servopt.bench.protocol import Protocol, measure_batch, measure_latency, python_env
 from servopt.data.dataset import Dataset
 from servopt.results import write_json_atomic
 from servopt.runtimes.base import open_session
@@ -33,7 +33,7 @@ def measure_side_by_side(sessions: list[dict], reference: str, data_path: Path, 
     job_path.write_text(json.dumps({"variants": sessions, "reference": reference, "data": str(data_path),
                                     "protocol": proto.to_dict(), "rounds": rounds}))
     proc = subprocess.run([sys.executable, "-m", "servopt.optimize.interleave", str(job_path), str(out_path)],
-                          capture_output=True, text=True, env=_python_env(env), timeout=1800)
+                          capture_output=True, text=True, env=python_env(env), timeout=1800)
     if proc.returncode != 0 or not out_path.exists():
         (workdir / "interleave.log").write_text(proc.stdout + proc.stderr)
         return {"error": "interleaved re-measure failed: " + " | ".join(proc.stderr.strip().splitlines()[-2:])}

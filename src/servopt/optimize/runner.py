@@ -66,6 +66,9 @@ class OptimizeConfig:
     variants: list[str] | None = None
     include_all: bool = False
     protocol: Protocol = field(default_factory=sweep_protocol)
+    # Close calls are re-measured with longer phases than the sweep's.
+    interleave_protocol: Protocol = field(default_factory=lambda: Protocol(min_runs=50, min_seconds=1.5, batch_min_runs=8,
+                                                                          batch_min_seconds=1.5))
     interleave_rounds: int = 3
     note: str = ""  # shown at the top of the report (the demo says what its data stands in for)
     verify_max_drop: float = 5.0
@@ -179,19 +182,16 @@ def run_interleave(out: Path, names: list[str], records: list[dict], eval_path: 
     if REFERENCE_ORT not in by_name:
         return None
     names = [n for n in names if n in by_name and n != REFERENCE_ORT] + [REFERENCE_ORT]
-    cache_key = json.dumps([sorted(by_name[n]["key"] for n in names), cfg.interleave_rounds])
+    cache_key = json.dumps([sorted(by_name[n]["key"] for n in names), cfg.interleave_rounds, cfg.interleave_protocol.to_dict()])
     path = out / "interleave.json"
     if path.exists():
         previous = json.loads(path.read_text())
         if previous.get("cache_key") == cache_key:
             return previous
-    proto = Protocol(min_runs=50, min_seconds=1.5, batch_min_runs=8, batch_min_seconds=1.5, batch_size=cfg.protocol.batch_size)
-    if cfg.protocol.min_seconds < 0.5:  # a --quick smoke run stays quick
-        proto = cfg.protocol
     env: dict = {}
     for n in names:  # torch variants want their allocator settings; the others do not mind them
         env.update(by_name[n].get("env") or {})
-    result = measure_side_by_side([session_of(by_name[n], out) for n in names], REFERENCE_ORT, eval_path, proto,
+    result = measure_side_by_side([session_of(by_name[n], out) for n in names], REFERENCE_ORT, eval_path, cfg.interleave_protocol,
                                   cfg.interleave_rounds, out / "work", env)
     if "error" not in result:
         result["cache_key"] = cache_key
