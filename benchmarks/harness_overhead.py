@@ -65,7 +65,7 @@ def main() -> None:
     ratios = []
     with tempfile.TemporaryDirectory():
         for r in range(args.rounds):
-            a = measure_latency(session, data, proto)["latency"]["p50"]
+            a = measure_latency(session, data, proto).latency.p50
             b = bare_loop(session.sess, feeds, args.seconds, 100)
             ratios.append(a / b)
             print(f"round {r + 1}: servopt p50 {a:.3f} ms, bare p50 {b:.3f} ms, ratio {a / b:.4f}", flush=True)

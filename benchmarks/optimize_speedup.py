@@ -17,9 +17,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from servopt.bench.jobs import InterleaveJob, OpenSpec
+from servopt.bench.launcher import launch
 from servopt.bench.protocol import Protocol
-from servopt.optimize.interleave import measure_side_by_side
-from servopt.optimize.rundir import load_run, session_of
+from servopt.optimize.rundir import load_run
 from servopt.optimize.runner import REFERENCE_ORT
 
 
@@ -31,26 +32,30 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", default=[])
     args = ap.parse_args()
     summary, records = load_run(args.run)
-    cpu = next(t for t in summary["targets"] if t["target"]["name"] == "cpu-server")
-    chosen = cpu.get("recommended") or cpu.get("nearest")
-    by = {r["name"]: r for r in records}
+    cpu = summary.decision("cpu-server")
+    chosen = cpu.recommended or cpu.nearest
+    by = {r.name: r for r in records}
     names = [n for n in dict.fromkeys([chosen, *args.variants]) if n != REFERENCE_ORT] + [REFERENCE_ORT]
     proto = Protocol(min_runs=100, min_seconds=args.seconds, batch_size=32, batch_min_runs=10, batch_min_seconds=args.seconds)
-    result = measure_side_by_side([session_of(by[n], args.run) for n in names], REFERENCE_ORT, args.run / "data" / "eval.npz",
-                                  proto, args.rounds, args.run / "work" / "speedup")
-    if "error" in result:
-        raise SystemExit(result["error"])
-    ref_acc = by[REFERENCE_ORT]["accuracy"]["top1"]
+    env = {k: v for n in names for k, v in by[n].env.items()}
+    job = InterleaveJob(sessions=[OpenSpec(name=n, artifact=by[n].artifact, runtime=by[n].runtime, options=by[n].options) for n in names],
+                        reference=REFERENCE_ORT, data=str(args.run / "data" / "eval.npz"), protocol=proto, rounds=args.rounds, env=env)
+    launched = launch(job, args.run / "work" / "speedup")
+    if launched.result is None:
+        raise SystemExit(launched.error)
+    result = launched.result
+    ref_acc = by[REFERENCE_ORT].accuracy.top1
+    print(f"CPU: {result.environment.cpu if result.environment else '?'}")
     print(f"{'variant':32} {'p50 ms':>8} {'batch/s':>8} {'p50 ratio':>10} {'tput ratio':>10} {'top-1':>8}  per-round p50 ms")
-    for n, v in result["variants"].items():
-        acc = by[n]["accuracy"]["top1"]
-        print(f"{n:32} {v['p50_ms']:8.2f} {v['throughput_ips']:8.0f} {v['p50_ratio_vs_reference']:9.2f}x {v['throughput_ratio_vs_reference']:9.2f}x "
-              f"{acc:8.2%}  {', '.join(f'{x:.2f}' for x in v['p50_ms_rounds'])}")
-    c = result["variants"][chosen]
-    drop = (ref_acc - by[chosen]["accuracy"]["top1"]) * 100
-    ok = c["throughput_ratio_vs_reference"] >= 1.7 and c["p50_ratio_vs_reference"] <= 0.7 and drop <= 1.0
-    print(f"\ncpu-server pick {chosen}: throughput {c['throughput_ratio_vs_reference']:.2f}x (need >= 1.7x, aim 2.0x), "
-          f"p50 {c['p50_ratio_vs_reference']:.2f}x (need <= 0.7x, aim 0.6x), accuracy {drop:+.2f} points vs fp32 (need <= 1) "
+    for n, v in result.variants.items():
+        acc = by[n].accuracy.top1
+        print(f"{n:32} {v.p50_ms:8.2f} {v.throughput_ips:8.0f} {v.p50_ratio_vs_reference:9.2f}x {v.throughput_ratio_vs_reference:9.2f}x "
+              f"{acc:8.2%}  {', '.join(f'{x:.2f}' for x in v.p50_ms_rounds)}")
+    c = result.variants[chosen]
+    drop = (ref_acc - by[chosen].accuracy.top1) * 100
+    ok = c.throughput_ratio_vs_reference >= 1.7 and c.p50_ratio_vs_reference <= 0.7 and drop <= 1.0
+    print(f"\ncpu-server pick {chosen}: throughput {c.throughput_ratio_vs_reference:.2f}x (need >= 1.7x, aim 2.0x), "
+          f"p50 {c.p50_ratio_vs_reference:.2f}x (need <= 0.7x, aim 0.6x), accuracy {drop:+.2f} points vs fp32 (need <= 1) "
           f"-> {'PASS' if ok else 'FAIL'}")
 
 

@@ -108,7 +108,7 @@ def offline_throughput(model: Path, data: Dataset, seconds: float) -> float:
     from servopt.runtimes import open_session
 
     session = open_session({"format": "onnx", "path": str(model)}, "onnxruntime", {})
-    return measure_batch(session, data, Protocol(batch_min_runs=10, batch_min_seconds=seconds), 32)["throughput"]
+    return measure_batch(session, data, Protocol(batch_min_runs=10, batch_min_seconds=seconds), 32).throughput
 
 
 def jpeg_bytes(data: Dataset) -> bytes:
@@ -132,10 +132,10 @@ def main() -> None:
     args = ap.parse_args()
     SERVER_ARGS.extend(args.server_args.split())
     summary, run_records = load_run(args.run)
-    records = {r["name"]: r for r in run_records}
-    cpu = next(t for t in summary["targets"] if t["target"]["name"] == "cpu-server")
-    variant = cpu.get("recommended") or cpu.get("nearest")
-    model = args.model or Path(records[variant]["artifact"])
+    records = {r.name: r for r in run_records}
+    cpu = summary.decision("cpu-server")
+    variant = cpu.recommended or cpu.nearest
+    model = args.model or Path(records[variant].artifact.path)
     data = Dataset.load(args.run / "data" / "eval.npz")
     print(f"model: {model} ({variant})\n")
     out: dict = {"model": str(model), "variant": variant}

@@ -11,9 +11,11 @@ from typer.testing import CliRunner
 
 from conftest import channel_mean_onnx, write_color_folder
 from servopt.bench.interference import CpuMonitor
-from servopt.bench.metrics import agreement, classification_accuracy, format_accuracy
 from servopt.bench.stats import latency_summary, median_ci95, timed_loop
 from servopt.cli import app
+from servopt.families.image import classification_accuracy
+from servopt.families.metrics import agreement
+from servopt.optimize.report import format_accuracy
 from servopt.results import read_jsonl, validate_result, write_json_atomic
 
 runner = CliRunner()
@@ -66,10 +68,19 @@ def test_latency_summary_and_median_ci():
 def test_accuracy_and_agreement_counts():
     logits = np.array([[3, 1, 0], [0, 2, 1], [0, 1, 2], [5, 0, 0.0]])
     acc = classification_accuracy(logits, np.array([0, 1, 1, 2]))
-    assert (acc["correct"], acc["total"], acc["correct_top5"]) == (2, 4, 4)
+    assert (acc.correct, acc.total, acc.correct_top5, acc.ties) == (2, 4, 4, 0)
     assert format_accuracy(acc) == "50.00% (2/4 correct)"
     agr = agreement(logits + 0.5 * np.eye(3)[[1, 1, 2, 0]], logits)
-    assert agr["top1_agreement"] == 1.0 and agr["max_abs_diff"] == 0.5
+    assert agr.top1_agreement == 1.0 and agr.max_abs_diff == 0.5
+
+
+def test_a_tie_for_the_top_score_counts_as_argmax_does():
+    """One rule everywhere: a tie goes to the first index (numpy.argmax), and ties are counted."""
+    logits = np.array([[2.0, 2.0, 0.0], [0.0, 1.0, 1.0], [3.0, 0.0, 0.0]])
+    labels = np.array([1, 1, 0])  # row 0 ties 0/1 → argmax says 0 (wrong); row 1 ties 1/2 → 1 (right)
+    acc = classification_accuracy(logits, labels)
+    assert acc.correct == int((logits.argmax(1) == labels).sum()) == 2
+    assert acc.ties == 2 and format_accuracy(acc) == "66.67% (2/3 correct, 2 tied)"
 
 
 def test_interference_is_detected():
@@ -81,8 +92,8 @@ def test_interference_is_detected():
             time.sleep(1.0)
     finally:
         hog.kill()
-    assert mon.report["other_cpu_s"] > 0.5
-    assert mon.report["flagged"]
+    assert mon.report.other_cpu_s > 0.5
+    assert mon.report.flagged
 
 
 def test_atomic_write_and_torn_jsonl(tmp_path):
@@ -116,12 +127,12 @@ def test_accuracy_counted_on_known_answers(color_bench):
 
 def test_bench_json_matches_schema(color_bench):
     report, _ = color_bench
-    assert report["schema"] == "servopt.bench/1"
+    assert report["schema"] == "servopt.bench/2"
     for r in report["results"]:
         validate_result(r)
         assert r["latency_ms"]["n"] >= 5
         assert set(r["throughput_ips"]["sweep"]) == {"1", "2"}
-        assert r["cold_start_s"] > 0 and 10 < r["peak_rss_mb"] < 2000
+        assert r["cold_start"]["total_s"] > 0 and 10 < r["cold_start"]["peak_rss_mb"] < 2000
         assert r["environment"]["session"]["provider_actual"] == "CPUExecutionProvider"
         assert r["environment"]["session"]["provider_fallback"] is False
         assert "single" in r["interference"] and "other_share" in r["interference"]["batch"]
@@ -134,7 +145,8 @@ def test_bench_json_matches_schema(color_bench):
         (["bench", "{model}", "--data", "{tmp}/missing"], "does not exist"),
         (["bench", "{model}", "--data", "{tmp}", "--split", "training"], "split 'training' not found"),
         (["bench", "{model}", "--sweep", "1,x"], "comma-separated"),
-        (["bench", "{model}", "--graph-level", "max"], "unknown graph optimization level"),
+        (["bench", "{model}", "--graph-level", "max"], "graph_optimization_level"),
+        (["bench", "{model}", "-o", "hint=LATENCY"], "no runtime measured here takes option(s) ['hint']"),
         (["bench", "{model}", "--runtime", "tensorflow"], "unknown runtime"),
         (["bench", "{model}", "--input-shape", "input=1xthree"], "NAME=DxDxD"),
         (["export", "{model}", "--out", "{tmp}/x.onnx"], "already ONNX"),
@@ -147,3 +159,32 @@ def test_cli_bad_input_gets_clear_error(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in result.output and "fix:" in result.output
     assert "Traceback" not in result.output
+
+
+def test_schema_file_is_generated_from_the_record_contract():
+    """The documented schema cannot drift from the code: regenerate with `python -m servopt.results`."""
+    from servopt.results import SCHEMA_FILE, result_schema
+
+    assert json.loads(SCHEMA_FILE.read_text()) == result_schema()
+
+
+def test_version_1_records_are_read():
+    """servopt 0.1 records (dicts, `servopt.result/1`) still load as typed records."""
+    from servopt.results import parse_record
+
+    v1 = {"schema": "servopt.result/1", "name": "ort-fp32", "variant": "ort-fp32", "runtime": "onnxruntime", "status": "ok",
+          "error": None, "size_mb": 9.1, "batch_size": 32, "accuracy": {"top1": 0.97, "top5": 1.0, "correct": 358,
+          "correct_top5": 368, "total": 368}, "agreement": None, "latency_ms": {"p50": 3.9, "p95": 4.7, "p99": 5.2, "mean": 4,
+          "stdev": 0.3, "n": 100, "p50_ci95": [3.8, 4.0]}, "throughput_ips": {"single": 250, "batch": 243, "sweep": None},
+          "cold_start_s": 0.16, "cold_start": {"total_s": 0.16, "imports_s": 0.1, "load_s": 0.03, "first_inference_s": 0.01,
+          "peak_rss_mb": 91}, "peak_rss_mb": 91, "interference": None,
+          "environment": {"cpu": "AMD EPYC", "cpu_flags": ["avx2"], "cores": 2, "gpu": False, "python": "3.11.7",
+                          "libraries": {}, "session": {"runtime": "onnxruntime", "provider_requested": "CPUExecutionProvider",
+                                                       "provider_actual": "CPUExecutionProvider", "provider_fallback": False,
+                                                       "graph_optimization_level": "all", "intra_op_threads": "default"}},
+          "load_s": 0.05, "compile_s": 0.0, "key": "abc", "group": "onnxruntime", "chain": [["export-onnx", {}]], "options": {},
+          "env": {}, "description": "", "needs_gpu": False, "artifact": "/x/model.onnx", "artifact_format": "onnx", "build_s": 1.0}
+    rec = parse_record(v1)
+    assert rec.cold_start_s == 0.16 and rec.peak_rss_mb == 91 and rec.artifact.path == "/x/model.onnx"
+    assert rec.chain[0].pass_name == "export-onnx" and rec.environment.session.details["graph_optimization_level"] == "all"
+    assert rec.environment.session.threads == "default"

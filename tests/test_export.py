@@ -16,6 +16,8 @@ from servopt.export import ExportError, export_onnx, verify_export
 from servopt.models.sources import load_model
 from servopt.models.zoo import build
 
+pytestmark = pytest.mark.slow  # every test here exports a ResNet-18 (seconds each)
+
 
 @pytest.fixture(scope="module")
 def r18_state(tmp_path_factory):
@@ -54,12 +56,13 @@ def test_verification_fails_loudly_on_mismatch(tmp_path, r18_state):
 def test_bench_torch_source_measures_both_runtimes(tmp_path, r18_state):
     model = load_model(r18_state, arch="resnet18", input_shape={"input": [1, 3, 64, 64]})
     report = bench_model(model, synthetic_inputs(model.spec, 8), ["torch", "onnxruntime"], Protocol.quick(), tmp_path)
-    torch_r, ort_r = report["results"]
-    assert torch_r["status"] == ort_r["status"] == "ok"
-    assert torch_r["agreement"] is None  # the reference itself
-    assert ort_r["agreement"]["top1_agreement"] == 1.0 and ort_r["agreement"]["max_abs_diff"] < 1e-3
-    assert report["export"]["exporter"] == "dynamo"
-    assert torch_r["environment"]["session"]["mode"] == "eager+inference_mode"
+    torch_r, ort_r = report.results
+    assert torch_r.status == ort_r.status == "ok"
+    assert torch_r.agreement is None  # the reference itself
+    assert ort_r.agreement.top1_agreement == 1.0 and ort_r.agreement.max_abs_diff < 1e-3
+    assert report.export["exporter"] == "dynamo"
+    assert torch_r.environment.session.details["mode"] == "eager+inference_mode"
+    assert torch_r.environment.session.precision_actual == "fp32"
 
 
 def test_export_cli(tmp_path, r18_state):

@@ -16,9 +16,11 @@ import torch
 from typer.testing import CliRunner
 
 from servopt.cli import app
+from servopt.contracts import Accuracy, Environment, Latency, Record, Throughput
 from servopt.data.dataset import Dataset, load_image_folder
 from servopt.data.preprocess import Preprocess
 from servopt.errors import UserError
+from servopt.families import FAMILIES
 from servopt.models.sources import load_model
 from servopt.optimize.decide import decide, judge, pareto_front
 from servopt.optimize.targets import PRESETS, Target, load_targets
@@ -89,10 +91,12 @@ def _accuracy(path: str, data: Dataset) -> float:
     return float((out.argmax(1) == data.labels).mean())
 
 
+@pytest.mark.slow
 def test_trained_model_is_accurate(trained):
     assert _accuracy(str(trained["path"]), trained["eval"]) > 0.85
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("chain", "fmt"),
     [
@@ -111,7 +115,7 @@ def test_each_pass_builds_a_model_that_runs(tmp_path, trained, chain, fmt):
     model = load_model(trained["path"])
     ctx = BuildContext(source=model, calibration=trained["val"].subset(np.arange(0, 300, 3)), tuning=trained["val"])
     artifact = build_chain(source_artifact(model), chain, tmp_path, ctx)
-    assert artifact["format"] == fmt
+    assert artifact.format == fmt
     runtime = "openvino" if fmt == "openvino" else "onnxruntime"
     options = {"graph_optimization_level": "disable"} if chain[0][0] == "ort-graph-offline" else {}
     out = open_session(artifact, runtime, options).run(trained["eval"].slice(0, 4))
@@ -122,6 +126,7 @@ def test_each_pass_builds_a_model_that_runs(tmp_path, trained, chain, fmt):
     assert before == {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 def test_openvino_throughput_hint_runs_parallel_requests(tmp_path, trained):
     model = load_model(trained["path"])
     artifact = build_chain(source_artifact(model), [("openvino-convert", {})], tmp_path, BuildContext(source=model))
@@ -129,27 +134,30 @@ def test_openvino_throughput_hint_runs_parallel_requests(tmp_path, trained):
     throughput = open_session(artifact, "openvino", {"hint": "THROUGHPUT"})
     x = trained["eval"].slice(0, 7)  # an uneven split over the streams
     np.testing.assert_allclose(throughput.run(x), latency.run(x), rtol=1e-5, atol=1e-5)
-    assert throughput.info()["parallel_requests"] >= 1 and latency.info()["parallel_requests"] == 1
+    assert throughput.info().details["parallel_requests"] >= 1 and latency.info().details["parallel_requests"] == 1
 
 
+@pytest.mark.slow
 def test_torch_dynamic_int8_pass(tmp_path, trained):
     scripted = tmp_path / "net.pt2"
     torch.export.save(torch.export.export(trained["net"], (torch.zeros(2, 3, 16, 16),),
                                           dynamic_shapes=({0: torch.export.Dim("batch")},)), str(scripted))
     model = load_model(scripted)
     artifact = build_chain(source_artifact(model), [("torch-quantize-dynamic", {})], tmp_path / "c", BuildContext(source=model))
-    assert Path(artifact["size_file"]).exists()
+    assert Path(artifact.size_file).exists()
     name = model.spec.inputs[0].name  # torch.export names inputs after forward()'s arguments
     out = open_session(artifact, "torch", {"quantize_dynamic": True}).run({name: trained["eval"].inputs["input"][:3]})
     assert out.shape == (3, 10)
 
 
+@pytest.mark.slow
 def test_bad_pass_parameters_name_the_field(tmp_path, trained):
     model = load_model(trained["path"])
     with pytest.raises(UserError, match="quant_format"):
         build_chain(source_artifact(model), [("ort-quantize-static", {"quant_format": "QQQ"})], tmp_path, BuildContext(source=model))
 
 
+@pytest.mark.slow
 def test_accuracy_aware_finds_a_mix_that_full_int8_misses(tmp_path, trained):
     """Full INT8 loses more than the tolerance; the search keeps some layers in float, not all, and meets it."""
     model = load_model(trained["path"])
@@ -157,7 +165,7 @@ def test_accuracy_aware_finds_a_mix_that_full_int8_misses(tmp_path, trained):
     # MinMax only: the layer fallback is what is under test here (other calibrations are tried by default).
     params = {"quant_format": "QOperator", "max_drop": 1.0, "timing_runs": 10, "try_calibrations": []}
     artifact = build_chain(source_artifact(model), [("ort-quantize-accuracy-aware", params)], tmp_path, ctx)
-    report = json.loads((Path(artifact["path"]).parent / "artifact.json").read_text())["report"]
+    report = artifact.report
     full = report["steps"][0]
     assert full["label"] == "full INT8, MinMax calibration" and not full["within_tolerance"], report["steps"]
     assert all("p50_ms" in s for s in report["steps"])  # every step timed, not only the passing ones
@@ -170,15 +178,16 @@ def test_accuracy_aware_finds_a_mix_that_full_int8_misses(tmp_path, trained):
     assert report["float_layers"] == chosen["excluded"] and report["calibration"] == "MinMax"
     # Held-out check: the chosen model is within tolerance on the evaluation split too (generous margin).
     ref = _accuracy(str(trained["path"]), trained["eval"])
-    assert (ref - _accuracy(artifact["path"], trained["eval"])) * 100 < 3.0
+    assert (ref - _accuracy(artifact.path, trained["eval"])) * 100 < 3.0
 
 
+@pytest.mark.slow
 def test_accuracy_aware_tries_every_calibration_first(tmp_path, trained):
     model = load_model(trained["path"])
     ctx = BuildContext(source=model, calibration=trained["val"].subset(np.arange(0, 300, 3)), tuning=trained["val"])
     params = {"quant_format": "QOperator", "max_drop": 30.0, "timing_runs": 5}  # loose: full INT8 passes
     artifact = build_chain(source_artifact(model), [("ort-quantize-accuracy-aware", params)], tmp_path, ctx)
-    report = json.loads((Path(artifact["path"]).parent / "artifact.json").read_text())["report"]
+    report = artifact.report
     assert [s["calibration"] for s in report["steps"]] == ["MinMax", "Entropy", "Percentile"]
     assert all(s["float_layers"] == 0 for s in report["steps"]) and report["sensitivity"] == []
     fastest = min((s for s in report["steps"] if s["within_tolerance"]), key=lambda s: s["p50_ms"])
@@ -212,32 +221,62 @@ def test_target_yaml_errors_name_the_field(tmp_path, text, message):
         load_targets(str(path))
 
 
-def _rec(name, p50, tp, size, top1, gpu=False, status="ok"):
-    return {"name": name, "status": status, "needs_gpu": gpu, "size_mb": size, "latency_ms": {"p50": p50},
-            "throughput_ips": {"batch": tp}, "accuracy": {"top1": top1, "correct": 1, "total": 1, "top5": 1}}
+IMAGES = FAMILIES.get("image-classification")
+EPYC_AVX2 = Environment(cpu="AMD EPYC 7763", cpu_flags=["avx2", "fma"], cores=64)
+
+
+def _rec(name, p50, tp, size, top1, gpu=False, status="ok", env=EPYC_AVX2):
+    return Record(name=name, runtime="onnxruntime", status=status, needs_gpu=gpu, size_mb=size, latency_ms=Latency(p50=p50),
+                  throughput_ips=Throughput(batch=tp), accuracy=Accuracy(top1=top1, correct=1, total=1, top5=1), environment=env)
 
 
 def test_decide_picks_best_passing_and_explains_misses():
     ref = _rec("ref", 10, 100, 9, 0.95)
     recs = [ref, _rec("fast", 2, 1200, 9, 0.945), _rec("faster-but-inaccurate", 1, 2000, 3, 0.90), _rec("small", 8, 150, 2.5, 0.95)]
-    cpu = decide(PRESETS["cpu-server"], recs, ref)
-    assert cpu["recommended"] == "fast" and cpu["status"] == "pass"
-    assert "measured on" in cpu["verdict"]["bounds"][-1]["note"]
-    edge = decide(PRESETS["edge"], recs, ref)
-    assert edge["recommended"] == "small" and edge["status"] == "pass (pending device)"
-    assert next(b for b in edge["verdict"]["bounds"] if b["bound"] == "p50_ms")["status"] == "not measured"
+    cpu = decide(PRESETS["cpu-server"], recs, ref, IMAGES)
+    assert cpu.recommended == "fast" and cpu.status == "pass"
+    assert "measured on AMD EPYC 7763 (64 cores)" in cpu.verdict.bounds[-1].note  # the record's machine, not this one
+    edge = decide(PRESETS["edge"], recs, ref, IMAGES)
+    assert edge.recommended == "small" and edge.status == "pass (pending device)"
+    assert next(b for b in edge.verdict.bounds if b.bound == "p50_ms").status == "not measured"
     strict = Target(name="strict", hardware="h", device="cpu", max_p50_ms=0.5, min_throughput_ips=5000)
-    miss = decide(strict, recs, ref)
-    assert miss["recommended"] is None and miss["status"] == "fail" and miss["nearest"] == "fast"
-    assert "p50_ms 2 vs ≤ 0.5 (over by 300%)" in miss["reason"] and "throughput_ips 1.2e+03 vs ≥ 5000 (short by 76%)" in miss["reason"]
-    assert set(pareto_front(recs, ref)) == {"fast", "faster-but-inaccurate", "small"}
-    assert judge(PRESETS["cpu-server"], recs[2], ref)["bounds"][0]["status"] == "fail"
+    miss = decide(strict, recs, ref, IMAGES)
+    assert miss.recommended is None and miss.status == "fail" and miss.nearest == "fast"
+    assert "p50_ms 2 vs ≤ 0.5 (over by 300%)" in miss.reason and "throughput_ips 1.2e+03 vs ≥ 5000 (short by 76%)" in miss.reason
+    assert miss.shortfall and "p50_ms" in miss.shortfall
+    assert set(pareto_front(recs, ref, IMAGES)) == {"fast", "faster-but-inaccurate", "small"}
+    assert judge(PRESETS["cpu-server"], recs[2], ref, IMAGES).bounds[0].status == "fail"
 
 
-def test_gpu_target_without_gpu_is_not_measured():
+def test_gpu_target_without_gpu_is_not_measured(monkeypatch):
+    """The decision is a pure function of the records: on a machine with a GPU, the same records decide the same."""
+    import servopt.machine
+
     ref = _rec("ref", 10, 100, 9, 0.95)
-    d = decide(PRESETS["gpu-server"], [ref, {"name": "ort-cuda-fp32", "status": "skipped", "needs_gpu": True}], ref)
-    assert d["status"] == "not measured" and d["recommended"] is None and "ort-cuda-fp32" in d["reason"]
+    skipped = Record(name="ort-cuda-fp32", runtime="onnxruntime-cuda", status="skipped", needs_gpu=True, error="no GPU")
+    for gpu_here in (False, True):
+        monkeypatch.setattr(servopt.machine, "gpu_name", lambda gpu_here=gpu_here: "H100" if gpu_here else None)
+        d = decide(PRESETS["gpu-server"], [ref, skipped], ref, IMAGES)
+        assert d.status == "not measured" and d.recommended is None and "ort-cuda-fp32" in d.reason
+
+
+def test_a_gpu_record_measured_on_a_gpu_is_judged():
+    on_gpu = Environment(cpu="Xeon", cores=16, gpu=True, gpu_name="NVIDIA H100")
+    ref = _rec("ref", 10, 100, 9, 0.95)
+    gpu = _rec("ort-cuda-fp32", 0.8, 9000, 9, 0.95, gpu=True, env=on_gpu)
+    d = decide(PRESETS["gpu-server"], [ref, gpu], ref, IMAGES)
+    assert d.status == "pass" and d.recommended == "ort-cuda-fp32"
+
+
+def test_a_richer_instruction_set_than_the_target_is_said():
+    """cpu-server is an AVX2 EPYC 7763: figures from an AVX-512 VNNI machine carry that in the verdict."""
+    vnni = Environment(cpu="AMD EPYC 9R14", cpu_flags=["avx2", "avx512f", "avx512_vnni", "avx512_bf16"], cores=2)
+    ref = _rec("ref", 10, 100, 9, 0.95, env=vnni)
+    d = decide(PRESETS["cpu-server"], [ref, _rec("fast", 2, 1200, 9, 0.95, env=vnni)], ref, IMAGES)
+    assert d.status == "pass" and "richer instruction set (avx512_vnni) than the target's (avx2)" in d.reason
+    capped = vnni.model_copy(update={"isa_cap": "AVX2"})
+    d = decide(PRESETS["cpu-server"], [ref, _rec("fast", 2, 1200, 9, 0.95, env=capped)], ref, IMAGES)
+    assert "capped at AVX2" in d.reason
 
 
 QUICK_VARIANTS = ["ort-fp32", "ort-offline-all", "ort-int8-static-qop-u8s8", "ov-fp32-latency", "ort-cuda-fp32", "ort-tensorrt-fp16"]
@@ -257,6 +296,7 @@ def quick_run(tmp_path_factory, trained, digits):
     return out
 
 
+@pytest.mark.slow
 def test_optimize_records_every_variant(quick_run):
     records = [json.loads(line) for line in (quick_run / "results.jsonl").read_text().splitlines()]
     by = {r["name"]: r for r in records}
@@ -266,7 +306,9 @@ def test_optimize_records_every_variant(quick_run):
     for name in ("ort-fp32", "ort-offline-all", "ov-fp32-latency"):
         r = by[name]
         assert r["status"] == "ok", r.get("error")
-        assert r["accuracy"]["total"] == 120 and Path(r["artifact"]).exists()
+        assert r["accuracy"]["total"] == 120 and Path(r["artifact"]["path"]).exists()
+        assert r["environment"]["session"]["precision_actual"] == "fp32"  # read back from the runtime, not assumed
+        assert Path(quick_run / "work" / name / "measure" / "replay.sh").exists()  # each job replays alone
         assert r["latency_ms"]["p50"] > 0 and r["throughput_ips"]["batch"] > 0
     assert by["ort-offline-all"]["options"] == {"graph_optimization_level": "disable"}
     # The outlier channel wrecks full INT8: it fails verification, is shown with its figures, and is never timed.
@@ -275,6 +317,7 @@ def test_optimize_records_every_variant(quick_run):
     assert int8["agreement"]["top1_agreement"] < 0.9 and int8["accuracy"]["total"] == 120 and int8["latency_ms"] is None
 
 
+@pytest.mark.slow
 def test_summary_and_report(quick_run):
     summary = json.loads((quick_run / "summary.json").read_text())
     assert [t["target"]["name"] for t in summary["targets"]] == ["cpu-server", "gpu-server", "edge"]
@@ -291,9 +334,29 @@ def test_summary_and_report(quick_run):
     assert "cdn" not in html.lower() and "<script" not in html
     md = (quick_run / "report.md").read_text()
     assert "| cpu-server |" in md and "| ort-int8-static-qop-u8s8 | failed: verification failed" in md
-    assert list((quick_run / "profiles").glob("*.json"))
+    assert list((quick_run / "profiles").glob("*.json"))  # profiled by the run, in its own process
 
 
+@pytest.mark.slow
+def test_report_only_reads(quick_run, monkeypatch):
+    """`servopt report` renders from the stored figures and profiles: it opens no session and starts no job."""
+    import servopt.bench.launcher
+    import servopt.runtimes.base
+
+    def refuse(*a, **k):
+        raise AssertionError("the report measured something")
+
+    monkeypatch.setattr(servopt.runtimes.base, "open_session", refuse)
+    monkeypatch.setattr(servopt.bench.launcher, "launch", refuse)
+    import shutil
+
+    shutil.rmtree(quick_run / "profiles_backup", ignore_errors=True)
+    result = runner.invoke(app, ["report", str(quick_run)])
+    assert result.exit_code == 0, result.output
+    assert "Where the time goes" in (quick_run / "report.html").read_text()
+
+
+@pytest.mark.slow
 def test_load_run_shows_the_latest_record_of_each_variant(quick_run, tmp_path):
     import shutil
 
@@ -305,10 +368,11 @@ def test_load_run_shows_the_latest_record_of_each_variant(quick_run, tmp_path):
     stale = json.loads(lines[0])
     (run / "results.jsonl").write_text("\n".join([json.dumps({**stale, "key": "old", "size_mb": -1.0}), *lines]) + "\n")
     _, records = load_run(run)
-    assert [r["name"] for r in records] == json.loads((run / "config.json").read_text())["variants"]
-    assert all(r.get("size_mb") != -1.0 for r in records)
+    assert [r.name for r in records] == json.loads((run / "config.json").read_text())["variants"]
+    assert all(r.size_mb != -1.0 for r in records)
 
 
+@pytest.mark.slow
 def test_report_and_profile_commands(quick_run):
     (quick_run / "report.html").unlink()
     result = runner.invoke(app, ["report", str(quick_run)])
@@ -321,6 +385,7 @@ def test_report_and_profile_commands(quick_run):
     assert result.exit_code == 2 and "no variant 'nope'" in result.output
 
 
+@pytest.mark.slow
 def test_resume_after_kill(tmp_path, trained, digits):
     """Kill a run mid-sweep; the rerun measures only what was not finished and keeps what was."""
     out = tmp_path / "run"
@@ -348,13 +413,14 @@ def test_resume_after_kill(tmp_path, trained, digits):
     assert json.loads((out / "summary.json").read_text())["counts"]["ok"] == len(variants)
 
 
+@pytest.mark.slow
 def test_serve_from_run_directory(quick_run):
     from servopt.serve.model import from_run
 
     model = from_run(quick_run, "edge", None)
     summary = json.loads((quick_run / "summary.json").read_text())
     assert model.runtime in ("onnxruntime", "openvino") and model.spec.class_names == [str(i) for i in range(10)]
-    assert Path(model.artifact["path"]).name in {"model.onnx", "model.xml", "digitnet.onnx"}
+    assert Path(model.artifact.path).name in {"model.onnx", "model.xml", "digitnet.onnx"}
     model.load()
     assert model.sessions[0].run({"input": np.zeros((2, 3, 16, 16), np.float32)}).shape == (2, 10)
     assert summary["targets"][2]["recommended"] is not None
@@ -364,6 +430,7 @@ def test_serve_from_run_directory(quick_run):
         from_run(quick_run, "tpu", None)
 
 
+@pytest.mark.slow
 def test_a_variant_that_cannot_be_built_is_recorded_and_the_sweep_goes_on(tmp_path, trained):
     """No --data: inputs from the signature, no labels. NNCF accuracy control cannot run without labels; it is
     recorded as a failed build with its reason, and the variants after it are still measured."""

@@ -25,8 +25,9 @@ from typer.testing import CliRunner
 
 from conftest import TinyNet
 from servopt.cli import app as cli_app
-from servopt.serve.app import ServeSettings, create_app
 from servopt.serve.model import from_file
+from servopt.serve.rest import create_app
+from servopt.settings import ServeSettings
 
 LABELS = ["cat", "dog", "fish"]
 
@@ -237,6 +238,7 @@ def test_bearer_token(onnx_model):
         assert httpx.get(f"{s.url}/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
 
+@pytest.mark.slow
 def test_openapi_fuzz_finds_no_5xx(server):
     """Property-based fuzz of every operation in the server's OpenAPI schema (schemathesis strategies).
 
@@ -259,6 +261,7 @@ def test_openapi_fuzz_finds_no_5xx(server):
     assert healthy(server.url)
 
 
+@pytest.mark.slow
 def test_loadtest_cli(server, tmp_path):
     out = tmp_path / "lt.json"
     r = CliRunner().invoke(cli_app, ["loadtest", server.url, "--model", "tiny", "--concurrency", "1,4", "--rate", "30",
@@ -274,13 +277,15 @@ def test_loadtest_cli(server, tmp_path):
     assert bad.exit_code == 2 and "no model 'nope'" in bad.output
 
 
+@pytest.mark.slow
 def test_package_cli(onnx_model, tmp_path):
     out = tmp_path / "pkg"
     r = CliRunner().invoke(cli_app, ["package", str(onnx_model), "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert {p.name for p in out.iterdir()} >= {"model", "manifest.json", "requirements.txt", "Dockerfile", "footprint.json"}
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["labels"] == LABELS and manifest["batching"]["max_batch"] == 32
+    assert manifest["spec"]["class_names"] == LABELS and manifest["serve"]["max_batch"] == 32
+    assert manifest["runtime"] == "onnxruntime" and "onnxruntime==" in " ".join(manifest["requirements"])
     reqs = (out / "requirements.txt").read_text()
     assert "onnxruntime==" in reqs and "torch" not in reqs.replace("no torch", "")
     wheel = next((out / "wheels").glob("servopt-*.whl"))  # servopt is not on an index: its wheel travels along
@@ -299,8 +304,9 @@ class Block:
             raise ImportError("torch is blocked in this test")
 sys.meta_path.insert(0, Block())
 from starlette.testclient import TestClient
-from servopt.serve.app import create_app
+from servopt.serve.rest import create_app
 from servopt.serve.model import from_file
+from servopt.settings import ServeSettings
 app = create_app({{"tiny": from_file(__import__("pathlib").Path({str(onnx_model)!r}), "tiny")}})
 with TestClient(app) as c:
     body = {{"inputs": [{{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.0] * 3072}}]}}
@@ -323,7 +329,7 @@ def test_serve_cli_refuses_non_servable(tmp_path):
 def test_graceful_shutdown_finishes_in_flight_requests(onnx_model):
     s = LiveServer(onnx_model, ServeSettings(max_batch=4, max_delay_us=0))
     s.__enter__()
-    session = s.app.state.models["tiny"].sessions[0]
+    session = s.app.state.plane.models["tiny"].sessions[0]
     fast_run = session.run
 
     def slow_run(feed):
@@ -348,21 +354,19 @@ def test_graceful_shutdown_finishes_in_flight_requests(onnx_model):
 def test_instance_defaults_follow_the_target_objective(onnx_model):
     import os
 
-    from servopt.serve.model import apply_instance_defaults
-
     throughput = from_file(onnx_model, "t")
     throughput.objective = "throughput"
-    apply_instance_defaults(throughput, None, None)
+    throughput.apply_instances(None, None)
     cores = os.cpu_count() or 1
     assert throughput.instances == (2 if cores >= 2 else 1)
     if cores >= 2:
         assert throughput.options["intra_op_threads"] == cores // 2
     latency = from_file(onnx_model, "l")
     latency.objective = "latency"
-    apply_instance_defaults(latency, None, None)
+    latency.apply_instances(None, None)
     assert latency.instances == 1 and "intra_op_threads" not in latency.options
     explicit = from_file(onnx_model, "e")
-    apply_instance_defaults(explicit, 3, 1)
+    explicit.apply_instances(3, 1)
     assert explicit.instances == 3 and explicit.options["intra_op_threads"] == 1
 
 
@@ -380,7 +384,7 @@ def test_binary_tensors_with_nan_or_infinity_are_refused(server, bad):
 def test_queue_depth_gauge_counts_waiting_samples(onnx_model):
     s = LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0))
     with s:
-        session = s.app.state.models["tiny"].sessions[0]
+        session = s.app.state.plane.models["tiny"].sessions[0]
         fast_run, release = session.run, threading.Event()
         session.run = lambda feed: (release.wait(10), fast_run(feed))[1]  # hold the model until released
         body = {"inputs": [{"name": "input", "shape": [2, 3, 32, 32], "datatype": "FP32", "data": [0.0] * 6144}]}

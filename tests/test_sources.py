@@ -9,6 +9,7 @@ import onnx
 import pytest
 import torch
 
+from servopt.contracts import Artifact, ModelRef
 from servopt.errors import UserError
 from servopt.models.sources import artifact_files, artifact_size_mb, load_model, model_files
 from servopt.models.zoo import MobileNetV2, build
@@ -37,7 +38,7 @@ def test_onnx_with_external_data(tmp_path, tiny_module):
     loaded = load_model(path)
     assert loaded.kind == "onnx"
     assert [f.name for f in model_files(path)] == ["m.onnx", "m.onnx.data"]
-    assert artifact_files({"format": "onnx", "path": str(path)}) == model_files(path)
+    assert artifact_files(Artifact(format="onnx", path=str(path))) == model_files(path)
     assert loaded.size_mb() > (path.stat().st_size / 1e6)
     assert loaded.spec.inputs[0].shape == ["batch", 3, 32, 32]
     out = open_session({"format": "onnx", "path": str(path)}, "onnxruntime").run({"input": _x().numpy()})
@@ -188,11 +189,13 @@ def test_wrong_input_shape_is_explained(tmp_path, tiny_module):
 def test_artifact_files_of_each_format(tmp_path):
     (tmp_path / "m.xml").write_text("<net/>")
     (tmp_path / "m.bin").write_bytes(b"0" * 1000)
-    ir = {"format": "openvino", "path": str(tmp_path / "m.xml")}
+    ir = Artifact(format="openvino", path=str(tmp_path / "m.xml"))
     assert [f.name for f in artifact_files(ir)] == ["m.xml", "m.bin"]
     assert artifact_size_mb(ir) == pytest.approx((1000 + 6) / 1e6)
     (tmp_path / "state.pt").write_bytes(b"1" * 50)
     (tmp_path / "q.pt").write_bytes(b"2" * 20)
-    torch_ref = {"format": "torch", "ref": {"path": str(tmp_path / "state.pt")}}
+    from servopt.spec import image_classifier_spec
+
+    torch_ref = Artifact(format="torch", ref=ModelRef(kind="state_dict", path=str(tmp_path / "state.pt"), spec=image_classifier_spec(3)))
     assert artifact_files(torch_ref) == [tmp_path / "state.pt"]
-    assert artifact_files({**torch_ref, "size_file": str(tmp_path / "q.pt")}) == [tmp_path / "q.pt"]
+    assert artifact_files(torch_ref.model_copy(update={"size_file": str(tmp_path / "q.pt")})) == [tmp_path / "q.pt"]

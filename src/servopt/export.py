@@ -87,7 +87,7 @@ def export_onnx(
     report["exporter"] = used
     report["fallback_reasons"] = errors
     proto = onnx.load(str(out_path))
-    meta = {"task": spec.task, "class_names": spec.class_names, "preprocessing": spec.preprocessing}
+    meta = {"task": spec.task, "family": spec.family, "class_names": spec.class_names, "preprocessing": spec.preprocessing}
     onnx.helper.set_model_props(proto, {ONNX_META_SPEC: json.dumps(meta)})
     if inline:
         onnx.save(proto, str(out_path))
@@ -103,16 +103,18 @@ def export_onnx(
 
 def verify_export(model: LoadedModel, onnx_path: Path, data: Dataset, tolerance: float) -> dict:
     """Compare ONNX Runtime against torch on the same inputs; raise past ``tolerance``."""
-    import onnxruntime as ort
     import torch
+
+    from servopt.contracts import Artifact
+    from servopt.runtimes import open_session
 
     module = model.torch_module()
     sub = data.subset(np.arange(min(len(data), 16)))
     with torch.inference_mode():
         out = module(*[torch.from_numpy(sub.inputs[n]) for n in model.spec.input_names])
     ref = (out[0] if isinstance(out, (tuple, list)) else out).float().numpy()
-    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    got = sess.run(None, {n: sub.inputs[n] for n in model.spec.input_names})[0]
+    got = open_session(Artifact(format="onnx", path=str(onnx_path)), "onnxruntime").run(
+        {n: sub.inputs[n] for n in model.spec.input_names})
     diff = float(np.abs(got - ref).max())
     scale = max(1.0, float(np.abs(ref).max()))
     verification = {"verify_samples": len(sub), "max_abs_diff": diff}

@@ -1,4 +1,4 @@
-"""Classes registered by name, so a new pass or runtime is one file that registers itself."""
+"""Classes registered by name, so a new pass, runtime or model family is one file that registers itself."""
 
 from __future__ import annotations
 
@@ -24,8 +24,15 @@ class Registry(Generic[T]):
         self.classes[cls.name] = cls  # type: ignore[attr-defined]
         return cls
 
-    def get(self, name: str) -> T:
+    def load(self) -> None:
         importlib.import_module(self.builtins)
+
+    def names(self) -> list[str]:
+        self.load()
+        return sorted(self.classes)
+
+    def get(self, name: str) -> T:
+        self.load()
         if name not in self.classes:
             raise UserError(f"unknown {self.kind} {name!r}", fix=f"use one of: {', '.join(sorted(self.classes))}")
         return self.classes[name]()

@@ -1,31 +1,42 @@
-"""The result schema (versioned) and atomic file writes.
+"""Writing and reading results: atomic files, the append-only JSONL of records, and the versioned schema.
 
-Every figure servopt reports goes through ``make_result`` so ``bench``,
-``optimize`` and the report share one shape, documented in
-docs/results-schema.md and checked by ``schema/result.schema.json``.
+``schema/result.schema.json`` is generated from ``contracts.Record``
+(``python -m servopt.results`` rewrites it; a test fails if it is stale).
+Version-1 records (servopt 0.1's dicts) are read by ``migrate_v1``, so run
+directories made before the typed records still report and serve.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-RESULT_SCHEMA = "servopt.result/1"
-BENCH_SCHEMA = "servopt.bench/1"
+from pydantic import BaseModel
+
+from servopt.contracts import RESULT_SCHEMA, Artifact, ChainStep, ModelRef, Record, SessionInfo
+
 SCHEMA_FILE = Path(__file__).parent / "schema" / "result.schema.json"
+V1 = "servopt.result/1"
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def _text_of(obj: Any) -> str:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump_json(indent=2, by_alias=True)
+    return json.dumps(obj, indent=2, default=_jsonable)
+
+
+def _write_atomic(path: Path, text: str) -> None:
     """Write to a temporary file in the same folder, fsync, then rename: never a half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, default=_jsonable)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -34,20 +45,18 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         raise
 
 
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """A pydantic model or plain JSON data, written atomically."""
+    _write_atomic(path, _text_of(obj))
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _write_atomic(path, text)
 
 
-def append_jsonl(path: Path, record: dict) -> None:
+def append_jsonl(path: Path, record: Record | dict) -> None:
     """Append one record as one write of one line; a reader skips a torn last line (see ``read_jsonl``)."""
-    line = json.dumps(record, default=_jsonable) + "\n"
+    line = (record.model_dump_json(by_alias=True) if isinstance(record, BaseModel) else json.dumps(record, default=_jsonable)) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -68,7 +77,20 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def read_records(path: Path, run_dir: Path | None = None) -> list[Record]:
+    """Every record of a ``results.jsonl``, version 1 or 2, as typed records (torn lines skipped)."""
+    return [parse_record(d, run_dir) for d in read_jsonl(path)]
+
+
+def parse_record(data: dict, run_dir: Path | None = None) -> Record:
+    if data.get("schema") == V1:
+        data = migrate_v1(data, run_dir)
+    return Record.model_validate(data)
+
+
 def _jsonable(o: Any) -> Any:
+    if isinstance(o, BaseModel):
+        return o.model_dump(mode="json", by_alias=True)
     if hasattr(o, "item"):
         return o.item()
     if isinstance(o, Path):
@@ -76,35 +98,57 @@ def _jsonable(o: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-def make_result(*, name: str, runtime: str, measured: dict, size_mb: float, batch_size: int,
-                cold: dict | None, extra: dict | None = None) -> dict:
-    """One measured model in the result schema."""
-    cold = cold or {}
-    result = {
-        "schema": RESULT_SCHEMA,
-        "name": name,
-        "runtime": runtime,
-        "status": measured.get("status", "ok"),
-        "error": measured.get("error"),
-        "size_mb": round(size_mb, 4),
-        "batch_size": batch_size,
-        "accuracy": measured.get("accuracy"),
-        "agreement": measured.get("agreement"),
-        "latency_ms": measured.get("latency_ms"),
-        "batch_latency_ms": measured.get("batch_latency_ms"),
-        "latency_samples_ms": measured.get("latency_samples_ms"),
-        "throughput_ips": measured.get("throughput_ips"),
-        "cold_start_s": cold.get("total_s"),
-        "cold_start": cold or None,
-        "peak_rss_mb": cold.get("peak_rss_mb"),
-        "interference": measured.get("interference"),
-        "environment": measured.get("environment"),
-        "load_s": measured.get("load_s"),
-        "compile_s": measured.get("compile_s"),
-    }
-    if extra:
-        result.update(extra)
-    return result
+# Version-1 session fields that became SessionInfo fields; the rest move into ``details``.
+_SESSION_FIELDS = {"runtime", "provider_requested", "provider_actual", "provider_fallback", "threads"}
+_V1_DROPPED = {"variant", "cold_start_s", "peak_rss_mb", "artifact_format", "build_report", "stopped_by"}
+
+
+def migrate_v1(old: dict, run_dir: Path | None = None) -> dict:
+    """A servopt 0.1 record (``servopt.result/1``) in the version-2 shape."""
+    new = {k: v for k, v in old.items() if k not in _V1_DROPPED}
+    new["schema"] = RESULT_SCHEMA
+    new["chain"] = [ChainStep(pass_name=step[0], params=step[1]).model_dump() for step in old.get("chain") or []]
+    env = dict(old.get("environment") or {})
+    if env:
+        session = dict(env.get("session") or {})
+        if session:
+            info = {k: v for k, v in session.items() if k in _SESSION_FIELDS}
+            if "intra_op_threads" in session:
+                info.setdefault("threads", session["intra_op_threads"])
+            info["details"] = {k: v for k, v in session.items() if k not in _SESSION_FIELDS}
+            info.setdefault("runtime", old.get("runtime", "?"))
+            info.setdefault("provider_requested", info.get("provider_actual", "?"))
+            info.setdefault("provider_actual", info["provider_requested"])
+            env["session"] = SessionInfo.model_validate(info).model_dump()
+        env.setdefault("cpu", "?")
+        new["environment"] = env
+    new["artifact"] = _v1_artifact(old, run_dir)
+    if new.get("cold_start") is not None:
+        new["cold_start"] = {k: v for k, v in new["cold_start"].items() if k in
+                             ("total_s", "imports_s", "load_s", "first_inference_s", "peak_rss_mb", "compile_s", "error")}
+    return new
+
+
+def _v1_artifact(old: dict, run_dir: Path | None) -> dict | None:
+    fmt, path = old.get("artifact_format"), old.get("artifact")
+    if not fmt:
+        return None
+    if fmt == "torch":
+        # Version 1 kept a torch variant's model reference only in its worker's job file.
+        job = (run_dir / "work" / old["name"] / "job.json") if run_dir else None
+        if job is None or not job.exists():
+            return None
+        ref = json.loads(job.read_text())["artifact"]["ref"]
+        return Artifact(format="torch", ref=ModelRef.model_validate(ref)).model_dump()
+    return Artifact(format=fmt, path=path, report=old.get("build_report")).model_dump()
+
+
+def result_schema() -> dict:
+    schema = Record.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = RESULT_SCHEMA
+    schema["title"] = f"One measured model ({RESULT_SCHEMA})"
+    return schema
 
 
 def validate_result(result: dict) -> None:
@@ -112,3 +156,8 @@ def validate_result(result: dict) -> None:
     import jsonschema
 
     jsonschema.validate(result, json.loads(SCHEMA_FILE.read_text()))
+
+
+if __name__ == "__main__":  # regenerate the schema file from the contracts
+    SCHEMA_FILE.write_text(json.dumps(result_schema(), indent=1) + "\n")
+    print(f"wrote {SCHEMA_FILE}", file=sys.stderr)

@@ -1,23 +1,27 @@
-"""What a model takes and gives: names, dtypes, shapes, and the kind of task.
+"""What a model takes and gives: names, dtypes, shapes, its family and how its inputs are prepared.
 
 One ``ModelSpec`` describes every source and runtime so the data, metric and
-serving layers never look inside a framework. ``task`` decides how outputs are
-compared: ``classification`` (logits → top-k against labels) or ``embedding``
-(vectors → cosine similarity against a reference), which is how a text encoder
-fits without a redesign.
+serving layers never look inside a framework. ``family`` names the plug-in
+(``servopt.families``) that reads the model's data, prepares and batches its
+inputs, judges a variant against the original and gives the server its
+convenience endpoint; ``task`` says what the output means (``classification``:
+logits, ``embedding``: vectors compared by cosine similarity).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 Dim = int | str | None  # int = fixed, str = named dynamic axis, None = unknown
 Task = Literal["classification", "embedding"]
+FAMILY_OF_TASK = {"classification": "image-classification", "embedding": "embedding"}
 
 
-@dataclass
-class TensorSpec:
+class TensorSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     name: str
     dtype: str  # numpy dtype name: float32, float16, int64, uint8, bool
     shape: list[Dim]
@@ -41,39 +45,39 @@ class TensorSpec:
                 )
         return out
 
+    @property
+    def named_dims(self) -> list[str]:
+        """Named dynamic axes after the batch axis (a text encoder's ``sequence``)."""
+        return [d for d in self.shape[1:] if isinstance(d, str)]
 
-@dataclass
-class ModelSpec:
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     task: Task = "classification"
+    family: str = ""  # filled from ``task`` when empty (see ``family_name``)
     class_names: list[str] | None = None
-    preprocessing: dict | None = None  # image preprocessing the model expects (see data.images.Preprocess)
-    extra: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ModelSpec:
-        return cls(
-            inputs=[TensorSpec(**t) for t in d["inputs"]],
-            outputs=[TensorSpec(**t) for t in d["outputs"]],
-            task=d.get("task", "classification"),
-            class_names=d.get("class_names"),
-            preprocessing=d.get("preprocessing"),
-            extra=d.get("extra", {}),
-        )
+    # The family's input preparation (image resize/crop/normalize; a text encoder's tokenizer), validated by the
+    # family's own ``Preprocessing`` model: the spec layer does not know any family's fields.
+    preprocessing: dict[str, Any] | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def input_names(self) -> list[str]:
         return [t.name for t in self.inputs]
 
+    @property
+    def family_name(self) -> str:
+        return self.family or FAMILY_OF_TASK[self.task]
+
 
 def image_classifier_spec(num_classes: int | None, size: int = 224) -> ModelSpec:
     """The spec every image classifier in servopt shares (NCHW float32, dynamic batch)."""
     return ModelSpec(
-        inputs=[TensorSpec("input", "float32", ["batch", 3, size, size])],
-        outputs=[TensorSpec("logits", "float32", ["batch", num_classes])],
+        inputs=[TensorSpec(name="input", dtype="float32", shape=["batch", 3, size, size])],
+        outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", num_classes])],
         task="classification",
+        family="image-classification",
     )

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from servopt.contracts import CpuReport
 
 # Past this share of the machine used by others during a timed phase, the figure is flagged.
 DEFAULT_THRESHOLD = 0.10
@@ -38,7 +40,7 @@ class CpuMonitor:
     """Context manager: ``with CpuMonitor() as m: ...; m.report``."""
 
     threshold: float = DEFAULT_THRESHOLD
-    report: dict = field(default_factory=dict)
+    report: CpuReport | None = None
 
     def __enter__(self) -> CpuMonitor:
         self._busy0, self._steal0 = _machine_busy_s()
@@ -53,11 +55,8 @@ class CpuMonitor:
         ncpu = os.cpu_count() or 1
         other = max(0.0, (busy1 - self._busy0) - own)
         share = other / (wall * ncpu) if wall > 0 else 0.0
-        self.report = {
-            "wall_s": round(wall, 3),
-            "own_cpu_s": round(own, 3),
-            "other_cpu_s": round(other, 3),
-            "steal_s": round(steal1 - self._steal0, 3),
-            "other_share": round(share, 4),  # fraction of the whole machine used by others
-            "flagged": bool(share > self.threshold),
-        }
+        self.report = CpuReport(
+            wall_s=round(wall, 3), own_cpu_s=round(own, 3), other_cpu_s=round(other, 3), steal_s=round(steal1 - self._steal0, 3),
+            other_share=round(share, 4),  # fraction of the whole machine used by others
+            flagged=bool(share > self.threshold),
+        )

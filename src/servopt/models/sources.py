@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servopt.contracts import Artifact, ModelRef
 from servopt.errors import UserError
 from servopt.spec import ModelSpec, TensorSpec, image_classifier_spec
 
@@ -49,27 +50,15 @@ class LoadedModel:
             self._module = _load_torch_module(self.path, self.kind, self.arch, self.num_classes, self.trust_pickle)
         return self._module
 
-    def ref(self) -> dict:
+    def ref(self) -> ModelRef:
         """Everything another process needs to load this model again."""
-        return {
-            "kind": self.kind,
-            "path": str(self.path),
-            "arch": self.arch,
-            "num_classes": self.num_classes,
-            "trust_pickle": self.trust_pickle,
-            "spec": self.spec.to_dict(),
-        }
+        return ModelRef(kind=self.kind, path=str(self.path), arch=self.arch, num_classes=self.num_classes,
+                        trust_pickle=self.trust_pickle, spec=self.spec)
 
     @classmethod
-    def from_ref(cls, ref: dict) -> LoadedModel:
-        return cls(
-            kind=ref["kind"],
-            path=Path(ref["path"]),
-            spec=ModelSpec.from_dict(ref["spec"]),
-            arch=ref.get("arch"),
-            num_classes=ref.get("num_classes"),
-            trust_pickle=ref.get("trust_pickle", False),
-        )
+    def from_ref(cls, ref: ModelRef) -> LoadedModel:
+        return cls(kind=ref.kind, path=Path(ref.path), spec=ref.spec.model_copy(deep=True), arch=ref.arch,
+                   num_classes=ref.num_classes, trust_pickle=ref.trust_pickle)
 
 
 def model_files(onnx_path: Path) -> list[Path]:
@@ -90,20 +79,21 @@ def model_files(onnx_path: Path) -> list[Path]:
     return [f for f in files if f.exists()]
 
 
-def artifact_files(artifact: dict) -> list[Path]:
+def artifact_files(artifact: Artifact) -> list[Path]:
     """Every file a built artifact occupies: an ONNX file and its external data, an OpenVINO IR's .xml and .bin,
     a torch reference's source file (or the file saved to measure its size)."""
-    if artifact.get("size_file"):
-        return [Path(artifact["size_file"])]
-    if artifact["format"] == "torch":
-        return [Path(artifact["ref"]["path"])]
-    path = Path(artifact["path"])
-    if artifact["format"] == "openvino":
+    if artifact.size_file:
+        return [Path(artifact.size_file)]
+    if artifact.format == "torch":
+        assert artifact.ref is not None
+        return [Path(artifact.ref.path)]
+    path = Path(str(artifact.path))
+    if artifact.format == "openvino":
         return [path, path.with_suffix(".bin")]
     return model_files(path)
 
 
-def artifact_size_mb(artifact: dict) -> float:
+def artifact_size_mb(artifact: Artifact) -> float:
     return sum(f.stat().st_size for f in artifact_files(artifact)) / 1e6
 
 
@@ -144,6 +134,7 @@ def load_model(
                 t.shape = list(input_shape[t.name])
     if task:
         model.spec.task = task  # type: ignore[assignment]
+        model.spec.family = ""
     return model
 
 
@@ -160,7 +151,7 @@ def _load_onnx(path: Path) -> LoadedModel:
         tt = vi.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "float32"
-        return TensorSpec(vi.name, dtype, dims)
+        return TensorSpec(name=vi.name, dtype=dtype, shape=dims)
 
     inputs = [tensor_spec(v) for v in proto.graph.input if v.name not in init_names]
     outputs = [tensor_spec(v) for v in proto.graph.output]
@@ -169,10 +160,11 @@ def _load_onnx(path: Path) -> LoadedModel:
     if ONNX_META_SPEC in meta:
         stored = json.loads(meta[ONNX_META_SPEC])
         spec.task = stored.get("task", spec.task)
+        spec.family = stored.get("family", "")
         spec.class_names = stored.get("class_names")
         spec.preprocessing = stored.get("preprocessing")
     elif outputs and len(outputs[0].shape) != 2:
-        spec.task = "embedding"
+        spec.task, spec.family = "embedding", "embedding"
     return LoadedModel("onnx", path, spec)
 
 
@@ -194,7 +186,8 @@ def _load_exported_program(path: Path) -> LoadedModel:
                 fix="export with dynamic_shapes, e.g. torch.export.export(m, (x,), dynamic_shapes=({0: torch.export.Dim('batch')},))",
             )
     inputs = [
-        TensorSpec(names[i] if i < len(names) else f"input_{i}", str(a.dtype).removeprefix("torch."), ["batch", *a.shape[1:]])
+        TensorSpec(name=names[i] if i < len(names) else f"input_{i}", dtype=str(a.dtype).removeprefix("torch."),
+                   shape=["batch", *a.shape[1:]])
         for i, a in enumerate(args)
     ]
     model = LoadedModel("exported_program", path, ModelSpec(inputs=inputs or image_classifier_spec(None).inputs, outputs=[]))
@@ -324,7 +317,7 @@ def _finish_torch_spec(model: LoadedModel, input_shape: dict[str, list[int]] | N
 
     spec = model.spec
     if input_shape:
-        spec.inputs = [TensorSpec(n, "float32", ["batch", *s[1:]]) for n, s in input_shape.items()]
+        spec.inputs = [TensorSpec(name=n, dtype="float32", shape=["batch", *s[1:]]) for n, s in input_shape.items()]
     module = model.torch_module()
     example = [torch.zeros(t.concrete_shape(1), dtype=getattr(torch, t.dtype)) for t in spec.inputs]
     try:
@@ -340,8 +333,8 @@ def _finish_torch_spec(model: LoadedModel, input_shape: dict[str, list[int]] | N
         out = out[0]
     if isinstance(out, dict):
         out = next(iter(out.values()))
-    spec.outputs = [TensorSpec("logits", "float32", ["batch", *out.shape[1:]])]
+    spec.outputs = [TensorSpec(name="logits", dtype="float32", shape=["batch", *out.shape[1:]])]
     if out.dim() == 2 and model.num_classes is None:
         model.num_classes = int(out.shape[1])
     if out.dim() != 2:
-        spec.task = "embedding"
+        spec.task, spec.family = "embedding", "embedding"

@@ -1,139 +1,184 @@
 """Check every variant against every target, pick the best per target, and say why.
 
-A bound is ``pass``, ``fail`` or ``not measured`` (edge latency must be measured
-on the device; a GPU target without a GPU here). Figures re-measured in the
+A pure function of the records and the targets: every figure says where it was
+measured (its record's ``environment``), so a report re-rendered on a laptop
+decides a server's run exactly as the server did. A bound is ``pass``,
+``fail`` or ``not measured`` (edge latency must be measured on the device; a
+GPU target whose variants never ran on a GPU). Figures re-measured in the
 interleaved run (A B A B with the reference) replace the sweep's figures for
 the decision, so close calls are decided on same-run numbers.
 """
 
 from __future__ import annotations
 
-from servopt.bench.environment import gpu_present, machine_label
+from typing import Literal
+
+from pydantic import Field
+
+from servopt.contracts import Contract, Interleaved, Record
+from servopt.families.base import Family
+from servopt.machine import isa_rank, machine_label
 from servopt.optimize.targets import Target
 
 
-def accuracy_drop(rec: dict, ref: dict | None) -> float | None:
-    """Points of top-1 lost against the original; from agreement when there are no labels."""
-    acc, ref_acc = rec.get("accuracy"), (ref or {}).get("accuracy")
-    if acc and ref_acc:
-        return (ref_acc["top1"] - acc["top1"]) * 100
-    agr = rec.get("agreement") or {}
-    if "top1_agreement" in agr:
-        return (1 - agr["top1_agreement"]) * 100
-    return 0.0 if ref is not None and rec.get("name") == ref.get("name") else None
+class Bound(Contract):
+    bound: str
+    limit: float
+    value: float | None
+    status: Literal["pass", "fail", "not measured"]
+    miss: float | None = None  # over the bound / short of it, as a share of it
+    note: str = ""
 
 
-def figures(rec: dict, interleaved: dict | None) -> dict:
+class Figures(Contract):
+    p50_ms: float | None
+    throughput_ips: float | None
+    source: Literal["interleaved", "sweep"]
+
+
+class Verdict(Contract):
+    variant: str
+    passes: bool
+    bounds: list[Bound]
+    figures: Figures
+    total_miss: float
+    notes: list[str] = Field(default_factory=list)
+
+
+class Decision(Contract):
+    target: Target
+    status: str  # pass | pass (pending device) | fail | not measured | no candidate
+    recommended: str | None = None
+    nearest: str | None = None
+    shortfall: str | None = None  # the nearest miss's failed bounds, in words
+    verdict: Verdict | None = None
+    verdicts: list[Verdict] = Field(default_factory=list)
+    reason: str
+    result: Record | None = None  # the recommended (or nearest) variant's record
+
+
+def figures(rec: Record, interleaved: Interleaved | None) -> Figures:
     """p50 and batch throughput, from the interleaved run where it re-measured this variant."""
-    il = (interleaved or {}).get("variants", {}).get(rec["name"])
+    il = interleaved.variants.get(rec.name) if interleaved else None
     if il:
-        return {"p50_ms": il["p50_ms"], "throughput_ips": il["throughput_ips"], "source": "interleaved"}
-    return {"p50_ms": (rec.get("latency_ms") or {}).get("p50"), "throughput_ips": (rec.get("throughput_ips") or {}).get("batch"),
-            "source": "sweep"}
+        return Figures(p50_ms=il.p50_ms, throughput_ips=il.throughput_ips, source="interleaved")
+    return Figures(p50_ms=rec.p50_ms, throughput_ips=rec.batch_ips, source="sweep")
 
 
-def eligible(target: Target, rec: dict) -> bool:
-    if rec.get("status") != "ok":
-        return False
-    return bool(rec.get("needs_gpu")) == (target.device == "gpu")
+def eligible(target: Target, rec: Record) -> bool:
+    return rec.status == "ok" and rec.needs_gpu == (target.device == "gpu")
 
 
-def judge(target: Target, rec: dict, ref: dict | None, interleaved: dict | None = None) -> dict:
+def isa_note(target: Target, rec: Record) -> str | None:
+    """Whether the machine that measured had a richer instruction set than the target's, and no cap held it."""
+    env = rec.environment
+    if target.isa is None or env is None:
+        return None
+    from servopt.machine import CpuFeatures
+
+    measured = CpuFeatures(frozenset(env.cpu_flags)).level
+    if env.isa_cap:
+        return f"measured with the instruction set capped at {env.isa_cap} (target: {target.isa})"
+    if isa_rank(measured) > isa_rank(target.isa):
+        return f"measured with a richer instruction set ({measured}) than the target's ({target.isa})"
+    return None
+
+
+def judge(target: Target, rec: Record, ref: Record | None, family: Family, interleaved: Interleaved | None = None) -> Verdict:
     """The verdict of one variant against one target, bound by bound."""
     fig = figures(rec, interleaved)
-    machine = machine_label()
-    bounds = []
+    env = rec.environment
+    bounds: list[Bound] = []
 
     def add(bound: str, limit: float, value: float | None, upper: bool, measurable: bool, note: str) -> None:
         if not measurable or value is None:
-            status = "not measured"
+            status: Literal["pass", "fail", "not measured"] = "not measured"
         else:
             status = "pass" if (value <= limit if upper else value >= limit) else "fail"
         miss = None
         if status == "fail" and value is not None:
-            miss = value / limit - 1 if upper else 1 - value / limit  # over the bound / short of it, as a share of it
-        bounds.append({"bound": bound, "limit": limit, "value": value, "status": status, "miss": miss, "note": note})
+            miss = value / limit - 1 if upper else 1 - value / limit
+        bounds.append(Bound(bound=bound, limit=limit, value=value, status=status, miss=miss, note=note))
 
-    drop = accuracy_drop(rec, ref)
+    drop = family.quality_drop(rec, ref)
     add("accuracy_drop_points", target.max_accuracy_drop, drop, True, drop is not None, "against the original model")
     if target.max_size_mb is not None:
-        add("size_mb", target.max_size_mb, rec.get("size_mb"), True, True, "size on disk holds everywhere")
-    speed_here = target.device == "cpu" or (target.device == "gpu" and gpu_present())
-    speed_note = (f"measured on {machine}, not on {target.hardware}" if speed_here
+        add("size_mb", target.max_size_mb, rec.size_mb, True, True, "size on disk holds everywhere")
+    on_gpu = bool(env and env.gpu)
+    speed_here = target.device == "cpu" or (target.device == "gpu" and on_gpu)
+    speed_note = (f"measured on {machine_label(env)}, not on {target.hardware}" if speed_here
                   else "measure on the device with `servopt bench`" if target.device == "edge"
-                  else "not measured: no GPU on this machine")
+                  else "not measured: these figures come from a machine without a GPU")
     if target.max_p50_ms is not None:
-        add("p50_ms", target.max_p50_ms, fig["p50_ms"], True, speed_here, speed_note)
+        add("p50_ms", target.max_p50_ms, fig.p50_ms, True, speed_here, speed_note)
     if target.min_throughput_ips is not None:
-        add("throughput_ips", target.min_throughput_ips, fig["throughput_ips"], False, speed_here, speed_note)
-    statuses = {b["status"] for b in bounds}
-    return {
-        "variant": rec["name"],
-        "passes": "fail" not in statuses,
-        "bounds": bounds,
-        "figures": fig,
-        "total_miss": sum(b["miss"] or 0 for b in bounds if b["status"] == "fail"),
-    }
+        add("throughput_ips", target.min_throughput_ips, fig.throughput_ips, False, speed_here, speed_note)
+    notes = [n for n in [isa_note(target, rec)] if n]
+    return Verdict(variant=rec.name, passes=all(b.status != "fail" for b in bounds), bounds=bounds, figures=fig,
+                   total_miss=sum(b.miss or 0 for b in bounds if b.status == "fail"), notes=notes)
 
 
-def _objective_key(target: Target, verdict: dict) -> float:
-    f = verdict["figures"]
+def _objective_key(target: Target, verdict: Verdict) -> float:
+    f = verdict.figures
     if target.objective == "throughput":
-        return -(f["throughput_ips"] or 0.0)
-    return f["p50_ms"] if f["p50_ms"] is not None else float("inf")
+        return -(f.throughput_ips or 0.0)
+    return f.p50_ms if f.p50_ms is not None else float("inf")
 
 
-def decide(target: Target, records: list[dict], ref: dict | None, interleaved: dict | None = None) -> dict:
+def shortfall(verdict: Verdict) -> str:
+    return ", ".join(
+        f"{b.bound} {b.value:.3g} vs {'≤' if b.bound != 'throughput_ips' else '≥'} {b.limit:g} "
+        f"({'short' if b.bound == 'throughput_ips' else 'over'} by {b.miss:.0%})"
+        for b in verdict.bounds if b.status == "fail" and b.value is not None and b.miss is not None)
+
+
+def decide(target: Target, records: list[Record], ref: Record | None, family: Family,
+           interleaved: Interleaved | None = None) -> Decision:
     """Best passing variant under the target's objective, or the nearest miss and by how much."""
     candidates = [r for r in records if eligible(target, r)]
-    skipped = [r["name"] for r in records if r.get("status") == "skipped" and bool(r.get("needs_gpu")) == (target.device == "gpu")]
-    if target.device == "gpu" and not gpu_present():
-        return {"target": target.model_dump(), "status": "not measured", "recommended": None, "verdicts": [],
-                "reason": f"no GPU on this machine; GPU variants skipped: {', '.join(skipped) or 'none'}"}
-    verdicts = [judge(target, r, ref, interleaved) for r in candidates]
+    skipped = [r.name for r in records if r.status == "skipped" and r.needs_gpu == (target.device == "gpu")]
+    by_name = {r.name: r for r in records}
+    if target.device == "gpu" and not candidates:
+        return Decision(target=target, status="not measured",
+                        reason=f"no GPU variant was measured on a GPU; skipped: {', '.join(skipped) or 'none'}")
+    verdicts = [judge(target, r, ref, family, interleaved) for r in candidates]
     # Decide on one source of figures: when the top candidates were re-measured side by side, pick among them
     # (comparing a sweep figure with an interleaved one would compare two different moments of a noisy machine).
-    side_by_side = [v for v in verdicts if v["figures"]["source"] == "interleaved"]
+    side_by_side = [v for v in verdicts if v.figures.source == "interleaved"]
     pool = side_by_side if target.device == "cpu" and side_by_side else verdicts
-    passing = sorted((v for v in pool if v["passes"]), key=lambda v: _objective_key(target, v))
+    passing = sorted((v for v in pool if v.passes), key=lambda v: _objective_key(target, v))
     objective = "highest batch throughput" if target.objective == "throughput" else "lowest p50 latency"
     if passing:
         best = passing[0]
-        runner_up = passing[1]["variant"] if len(passing) > 1 else None
-        pending = [b["bound"] for b in best["bounds"] if b["status"] == "not measured"]
-        reason = f"{best['variant']}: meets every bound here with the {objective}"
-        if runner_up:
-            reason += f" (next: {runner_up})"
+        pending = [b.bound for b in best.bounds if b.status == "not measured"]
+        reason = f"{best.variant}: meets every bound here with the {objective}"
+        if len(passing) > 1:
+            reason += f" (next: {passing[1].variant})"
         if pending:
             reason += f"; still to measure on {target.hardware}: {', '.join(pending)}"
         elif target.device == "cpu":
-            reason += f" (figures from {machine_label()}, not from {target.hardware})"
-        return {"target": target.model_dump(), "status": "pass" if not pending else "pass (pending device)",
-                "recommended": best["variant"], "verdict": best, "verdicts": verdicts, "reason": reason}
+            reason += f" (figures from {machine_label(by_name[best.variant].environment)}, not from {target.hardware})"
+        reason += "".join(f"; {n}" for n in best.notes)
+        return Decision(target=target, status="pass" if not pending else "pass (pending device)", recommended=best.variant,
+                        verdict=best, verdicts=verdicts, reason=reason, result=by_name[best.variant])
     if not verdicts:
-        return {"target": target.model_dump(), "status": "no candidate", "recommended": None, "verdicts": [],
-                "reason": "no variant ran successfully for this target"}
-    nearest = min(pool, key=lambda v: (v["total_miss"], _objective_key(target, v)))
-    misses = ", ".join(
-        f"{b['bound']} {b['value']:.3g} vs {'≤' if b['bound'] != 'throughput_ips' else '≥'} {b['limit']:g} "
-        f"({'short' if b['bound'] == 'throughput_ips' else 'over'} by {b['miss']:.0%})"
-        for b in nearest["bounds"] if b["status"] == "fail"
-    )
-    return {"target": target.model_dump(), "status": "fail", "recommended": None, "nearest": nearest["variant"],
-            "verdict": nearest, "verdicts": verdicts, "reason": f"no variant passes; nearest is {nearest['variant']}: {misses}"}
+        return Decision(target=target, status="no candidate", reason="no variant ran successfully for this target")
+    nearest = min(pool, key=lambda v: (v.total_miss, _objective_key(target, v)))
+    misses = shortfall(nearest)
+    return Decision(target=target, status="fail", nearest=nearest.variant, shortfall=misses, verdict=nearest, verdicts=verdicts,
+                    reason=f"no variant passes; nearest is {nearest.variant}: {misses}", result=by_name[nearest.variant])
 
 
-def pareto_front(records: list[dict], ref: dict | None) -> list[str]:
+def pareto_front(records: list[Record], ref: Record | None, family: Family) -> list[str]:
     """Variants no other variant beats on all of p50, batch throughput, size and accuracy."""
     pts = []
     for r in records:
-        if r.get("status") != "ok" or r.get("needs_gpu"):
+        if r.status != "ok" or r.needs_gpu:
             continue
-        drop = accuracy_drop(r, ref)
-        lat, tp = (r.get("latency_ms") or {}).get("p50"), (r.get("throughput_ips") or {}).get("batch")
-        if None in (drop, lat, tp):
+        drop = family.quality_drop(r, ref)
+        if drop is None or r.p50_ms is None or r.batch_ips is None or r.size_mb is None:
             continue
-        pts.append((r["name"], (lat, -tp, r["size_mb"], drop)))
+        pts.append((r.name, (r.p50_ms, -r.batch_ips, r.size_mb, drop)))
 
     def dominates(a: tuple, b: tuple) -> bool:
         return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
@@ -141,16 +186,17 @@ def pareto_front(records: list[dict], ref: dict | None) -> list[str]:
     return [n for n, p in pts if not any(dominates(q, p) for _, q in pts)]
 
 
-def interleave_candidates(targets: list[Target], records: list[dict], ref: dict | None, per_target: int = 3) -> list[str]:
+def interleave_candidates(targets: list[Target], records: list[Record], ref: Record | None, family: Family,
+                          per_target: int = 3) -> list[str]:
     """The top few variants per CPU target (passing first), to be re-measured side by side."""
     chosen: list[str] = []
     for t in targets:
         if t.device != "cpu":
             continue
-        verdicts = [judge(t, r, ref) for r in records if eligible(t, r)]
-        acc_ok = [v for v in verdicts if all(b["status"] != "fail" for b in v["bounds"] if b["bound"] == "accuracy_drop_points")]
-        ranked = sorted(acc_ok, key=lambda v: (not v["passes"], _objective_key(t, v)))
+        verdicts = [judge(t, r, ref, family) for r in records if eligible(t, r)]
+        acc_ok = [v for v in verdicts if all(b.status != "fail" for b in v.bounds if b.bound == "accuracy_drop_points")]
+        ranked = sorted(acc_ok, key=lambda v: (not v.passes, _objective_key(t, v)))
         for v in ranked[:per_target]:
-            if v["variant"] not in chosen:
-                chosen.append(v["variant"])
+            if v.variant not in chosen:
+                chosen.append(v.variant)
     return chosen

@@ -1,5 +1,7 @@
 """report.md (tables, for pull requests) and report.html (one self-contained file, opens offline).
 
+Rendering only reads the run directory: every figure, profile and decision was
+measured or made by the run (``servopt report`` re-renders without measuring).
 Charts are drawn with matplotlib into inline SVG: no CDN, no JavaScript, so the
 report opens anywhere and prints. Without matplotlib (a lean install) the
 charts are left out and the report says so.
@@ -8,69 +10,136 @@ charts are left out and the report says so.
 from __future__ import annotations
 
 import io
-import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from jinja2 import Environment
 from markupsafe import Markup
 
-from servopt.bench.metrics import format_accuracy
-from servopt.optimize.decide import accuracy_drop
-from servopt.results import write_json_atomic, write_text_atomic
+from servopt.contracts import Accuracy, Record
+from servopt.families.base import Family, family_of
+from servopt.machine import CpuFeatures
+from servopt.optimize.rundir import Summary, load_config, load_profile
+from servopt.results import write_text_atomic
 
 
 def _n(v: float | None, fmt: str = "{:.2f}") -> str:
     return "—" if v is None else fmt.format(v)
 
 
-def variant_rows(records: list[dict], reference: dict | None, pareto: list[str]) -> list[dict]:
+def format_accuracy(acc: Accuracy | None) -> str:
+    if not acc:
+        return "n/a"
+    ties = f", {acc.ties} tied" if acc.ties else ""
+    return f"{acc.top1 * 100:.2f}% ({acc.correct}/{acc.total} correct{ties})"
+
+
+@dataclass
+class VariantRow:
+    name: str
+    group: str
+    status: str
+    error: str
+    size: str
+    accuracy: str
+    drop: str
+    agree: str
+    p50: str
+    p95: str
+    p99: str
+    batch: str
+    cold: str
+    rss: str
+    precision: str
+    notes: str
+    description: str
+
+
+@dataclass
+class BoundRow:
+    bound: str
+    limit: float
+    value: str
+    status: str
+    note: str
+
+
+@dataclass
+class VerdictRow:
+    name: str
+    hardware: str
+    device: str
+    status: str
+    recommended: str
+    reason: str
+    bounds: list[BoundRow] = field(default_factory=list)
+
+
+@dataclass
+class RatioRow:
+    name: str
+    p50: str
+    tp: str
+    p50_ratio: str
+    tp_ratio: str
+    flagged: int
+
+
+def precision_of(r: Record) -> str:
+    session = r.environment.session if r.environment else None
+    if session is None or session.precision_actual is None:
+        return "—"
+    return session.precision_actual
+
+
+def variant_rows(records: list[Record], reference: Record | None, pareto: list[str], family: Family) -> list[VariantRow]:
     rows = []
     for r in records:
-        lat, tp = r.get("latency_ms") or {}, r.get("throughput_ips") or {}
-        agr = (r.get("agreement") or {}).get("top1_agreement")
-        drop = accuracy_drop(r, reference) if r.get("status") == "ok" or r.get("accuracy") else None
+        lat, tp = r.latency_ms, r.throughput_ips
+        agr = r.agreement.top1_agreement if r.agreement else None
+        drop = family.quality_drop(r, reference) if r.status == "ok" or r.accuracy else None
         notes = []
-        if (r.get("interference") or {}).get("flagged"):
+        if r.interference and r.interference.flagged:
             notes.append("noisy")
-        if ((r.get("environment") or {}).get("session") or {}).get("provider_fallback"):
-            notes.append("provider fell back to CPU")
-        if r["name"] in pareto:
+        session = r.environment.session if r.environment else None
+        if session and session.provider_fallback:
+            notes.append(f"provider fell back to {session.provider_actual}")
+        if r.name in pareto:
             notes.append("Pareto")
-        rows.append({
-            "name": r["name"], "group": r.get("group", ""), "status": r["status"], "error": r.get("error") or "",
-            "size": _n(r.get("size_mb")), "accuracy": format_accuracy(r.get("accuracy")),
-            "drop": _n(drop, "{:+.2f}") if drop is not None else "—", "agree": _n(agr * 100 if agr is not None else None, "{:.1f}%"),
-            "p50": _n(lat.get("p50")), "p95": _n(lat.get("p95")), "p99": _n(lat.get("p99")),
-            "batch": _n(tp.get("batch"), "{:.0f}"), "cold": _n(r.get("cold_start_s")), "rss": _n(r.get("peak_rss_mb"), "{:.0f}"),
-            "notes": ", ".join(notes), "description": r.get("description", ""),
-        })
+        rows.append(VariantRow(
+            name=r.name, group=r.group or "", status=r.status, error=r.error or "", size=_n(r.size_mb),
+            accuracy=format_accuracy(r.accuracy), drop=_n(drop, "{:+.2f}") if drop is not None else "—",
+            agree=_n(agr * 100 if agr is not None else None, "{:.1f}%"), p50=_n(lat.p50 if lat else None),
+            p95=_n(lat.p95 if lat else None), p99=_n(lat.p99 if lat else None), batch=_n(tp.batch if tp else None, "{:.0f}"),
+            cold=_n(r.cold_start_s), rss=_n(r.peak_rss_mb, "{:.0f}"), precision=precision_of(r), notes=", ".join(notes),
+            description=r.description))
     return rows
 
 
-def verdict_rows(summary: dict) -> list[dict]:
+def verdict_rows(summary: Summary) -> list[VerdictRow]:
     rows = []
-    for t in summary["targets"]:
-        target = t["target"]
-        bounds = (t.get("verdict") or {}).get("bounds", [])
-        rows.append({
-            "name": target["name"], "hardware": target["hardware"], "device": target["device"], "status": t["status"],
-            "recommended": t.get("recommended") or (f"none (nearest: {t['nearest']})" if t.get("nearest") else "none"),
-            "reason": t["reason"],
-            "bounds": [{"bound": b["bound"], "limit": b["limit"], "value": _n(b["value"], "{:.3g}"), "status": b["status"],
-                        "note": b["note"]} for b in bounds],
-        })
+    for d in summary.targets:
+        target = d.target
+        recommended = d.recommended or (f"none (nearest: {d.nearest})" if d.nearest else "none")
+        rows.append(VerdictRow(
+            name=target.name, hardware=target.hardware + (f" ({target.isa})" if target.isa else ""), device=target.device,
+            status=d.status, recommended=recommended, reason=d.reason,
+            bounds=[BoundRow(bound=b.bound, limit=b.limit, value=_n(b.value, "{:.3g}"), status=b.status, note=b.note)
+                    for b in (d.verdict.bounds if d.verdict else [])]))
     return rows
 
 
-def interleave_rows(summary: dict) -> list[dict]:
-    il = summary.get("interleaved") or {}
-    return [{"name": n, "p50": _n(v["p50_ms"]), "tp": _n(v["throughput_ips"], "{:.0f}"),
-             "p50_ratio": _n(v["p50_ratio_vs_reference"], "{:.2f}×"), "tp_ratio": _n(v["throughput_ratio_vs_reference"], "{:.2f}×"),
-             "flagged": v["flagged_rounds"]} for n, v in il.get("variants", {}).items()]
+def interleave_rows(summary: Summary) -> list[RatioRow]:
+    il = summary.interleaved
+    if il is None:
+        return []
+    return [RatioRow(name=n, p50=_n(v.p50_ms), tp=_n(v.throughput_ips, "{:.0f}"), p50_ratio=_n(v.p50_ratio_vs_reference, "{:.2f}×"),
+                     tp_ratio=_n(v.throughput_ratio_vs_reference, "{:.2f}×"), flagged=v.flagged_rounds) for n, v in il.variants.items()]
 
 
-def charts(records: list[dict], reference: dict | None, pareto: list[str], highlight: list[str] = ()) -> dict[str, str]:
+def charts(records: list[Record], reference: Record | None, pareto: list[str], family: Family,
+           highlight: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
     """Inline SVG charts; empty when matplotlib is not installed."""
     try:
         import matplotlib
@@ -80,7 +149,7 @@ def charts(records: list[dict], reference: dict | None, pareto: list[str], highl
         import matplotlib.pyplot as plt
     except ImportError:
         return {}
-    ok = [r for r in records if r.get("status") == "ok" and r.get("latency_ms")]
+    ok = [r for r in records if r.status == "ok" and r.latency_ms]
     if not ok:
         return {}
 
@@ -91,35 +160,39 @@ def charts(records: list[dict], reference: dict | None, pareto: list[str], highl
         text = buf.getvalue()
         return text[text.index("<svg"):]
 
+    def p50(r: Record) -> float:
+        assert r.latency_ms is not None
+        return r.latency_ms.p50
+
     out = {}
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    labelled = set(pareto) | set(highlight) | ({reference["name"]} if reference else set())
+    labelled = set(pareto) | set(highlight) | ({reference.name} if reference else set())
     placed: list[tuple[float, float]] = []
     for r in ok:
-        drop = accuracy_drop(r, reference) or 0.0
-        x, y = r["latency_ms"]["p50"], -drop
-        on_front = r["name"] in pareto
+        drop = family.quality_drop(r, reference) or 0.0
+        x, y = p50(r), -drop
+        on_front = r.name in pareto
         ax.scatter(x, y, s=60 if on_front else 22, c="#d62728" if on_front else "#1f77b4", alpha=0.9 if on_front else 0.6, zorder=3)
-        if r["name"] in labelled:  # only the points that matter are named; the table lists every variant
+        if r.name in labelled:  # only the points that matter are named; the table lists every variant
             dy = 6 + 9 * sum(1 for px, py in placed if abs(np.log(px / x)) < 0.25 and abs(py - y) < 0.05)
-            ax.annotate(r["name"], (x, y), fontsize=7.5, xytext=(4, dy), textcoords="offset points")
+            ax.annotate(r.name, (x, y), fontsize=7.5, xytext=(4, dy), textcoords="offset points")
             placed.append((x, y))
-    front = sorted((r for r in ok if r["name"] in pareto), key=lambda r: r["latency_ms"]["p50"])
+    front = sorted((r for r in ok if r.name in pareto), key=p50)
     if front:
-        ax.step([r["latency_ms"]["p50"] for r in front], [-(accuracy_drop(r, reference) or 0) for r in front], where="post",
+        ax.step([p50(r) for r in front], [-(family.quality_drop(r, reference) or 0) for r in front], where="post",
                 color="#d62728", alpha=0.5, label="Pareto frontier")
         ax.legend()
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _p: f"{v:g}"))
     ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _p: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
     ax.set_xlabel("p50 single-sample latency, ms (log)")
-    ax.set_ylabel("accuracy change vs original, points")
+    ax.set_ylabel("quality change vs original, points")
     ax.grid(alpha=0.3)
     out["scatter"] = svg(fig)
-    names = [r["name"] for r in ok]
+    names = [r.name for r in ok]
     for key, label, values in [
-        ("throughput", "batch throughput, samples/s", [(r.get("throughput_ips") or {}).get("batch") or 0 for r in ok]),
-        ("size", "size on disk, MB", [r.get("size_mb") or 0 for r in ok]),
+        ("throughput", "batch throughput, samples/s", [r.batch_ips or 0 for r in ok]),
+        ("size", "size on disk, MB", [r.size_mb or 0 for r in ok]),
     ]:
         fig, ax = plt.subplots(figsize=(8, 0.28 * len(ok) + 1))
         ax.barh(names, values, color="#2ca02c" if key == "throughput" else "#9467bd")
@@ -128,10 +201,10 @@ def charts(records: list[dict], reference: dict | None, pareto: list[str], highl
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="y", labelsize=7)
         out[key] = svg(fig)
-    with_samples = [r for r in ok if r.get("latency_samples_ms")]
+    with_samples = [r for r in ok if r.latency_samples_ms]
     if with_samples:
         fig, ax = plt.subplots(figsize=(8, 0.28 * len(with_samples) + 1))
-        ax.boxplot([r["latency_samples_ms"] for r in with_samples], vert=False, showfliers=False, tick_labels=[r["name"] for r in with_samples])
+        ax.boxplot([r.latency_samples_ms for r in with_samples], vert=False, showfliers=False, tick_labels=[r.name for r in with_samples])
         ax.set_xscale("log")
         ax.set_xlabel("single-sample latency, ms (box: quartiles, whiskers: 1.5 IQR)")
         ax.tick_params(axis="y", labelsize=7)
@@ -163,9 +236,9 @@ Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
 {% for r in interleaved %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.flagged }} |
 {% endfor %}{% endif %}
 ## Every variant
-| variant | status | size MB | accuracy | Δ points | agree | p50 | p95 | p99 | batch/s | cold s | RSS MB | notes |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|
-{% for r in rows %}| {{ r.name }} | {{ r.status }}{% if r.error %}: {{ r.error }}{% endif %} | {{ r.size }} | {{ r.accuracy }} | {{ r.drop }} | {{ r.agree }} | {{ r.p50 }} | {{ r.p95 }} | {{ r.p99 }} | {{ r.batch }} | {{ r.cold }} | {{ r.rss }} | {{ r.notes }} |
+| variant | status | size MB | accuracy | Δ points | agree | precision ran | p50 | p95 | p99 | batch/s | cold s | RSS MB | notes |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+{% for r in rows %}| {{ r.name }} | {{ r.status }}{% if r.error %}: {{ r.error }}{% endif %} | {{ r.size }} | {{ r.accuracy }} | {{ r.drop }} | {{ r.agree }} | {{ r.precision }} | {{ r.p50 }} | {{ r.p95 }} | {{ r.p99 }} | {{ r.batch }} | {{ r.cold }} | {{ r.rss }} | {{ r.notes }} |
 {% endfor %}
 Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}
 {% for p in profiles %}
@@ -214,9 +287,9 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 {% for r in interleaved %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.flagged }}</td></tr>{% endfor %}</table>{% endif %}
 <h2>Latency against accuracy</h2>{% if charts.scatter %}{{ charts.scatter }}{% else %}<p class="muted">charts need matplotlib (pip install servopt[report])</p>{% endif %}
 <h2>Every variant</h2>
-<table><tr><th>variant</th><th>status</th><th>size MB</th><th>accuracy</th><th>Δ pts</th><th>agree</th><th>p50</th><th>p95</th><th>p99</th><th>batch/s</th><th>cold s</th><th>RSS MB</th><th>notes</th></tr>
+<table><tr><th>variant</th><th>status</th><th>size MB</th><th>accuracy</th><th>Δ pts</th><th>agree</th><th>precision ran</th><th>p50</th><th>p95</th><th>p99</th><th>batch/s</th><th>cold s</th><th>RSS MB</th><th>notes</th></tr>
 {% for r in rows %}<tr><td title="{{ r.description }}">{{ r.name }}</td><td class="l {{ 'pass' if r.status == 'ok' else 'fail' if r.status == 'failed' else 'nm' }}" title="{{ r.error }}">{{ r.status }}{% if r.error %}<br><span class="muted">{{ r.error[:140] }}</span>{% endif %}</td>
-<td>{{ r.size }}</td><td class="l">{{ r.accuracy }}</td><td>{{ r.drop }}</td><td>{{ r.agree }}</td><td>{{ r.p50 }}</td><td>{{ r.p95 }}</td><td>{{ r.p99 }}</td><td>{{ r.batch }}</td><td>{{ r.cold }}</td><td>{{ r.rss }}</td><td class="l">{{ r.notes }}</td></tr>{% endfor %}</table>
+<td>{{ r.size }}</td><td class="l">{{ r.accuracy }}</td><td>{{ r.drop }}</td><td>{{ r.agree }}</td><td class="l">{{ r.precision }}</td><td>{{ r.p50 }}</td><td>{{ r.p95 }}</td><td>{{ r.p99 }}</td><td>{{ r.batch }}</td><td>{{ r.cold }}</td><td>{{ r.rss }}</td><td class="l">{{ r.notes }}</td></tr>{% endfor %}</table>
 <p class="muted">Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}</p>
 <h2>Throughput</h2>{{ charts.throughput|default('') }}
 <h2>Size on disk</h2>{{ charts.size|default('') }}
@@ -236,40 +309,37 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 </body></html>"""
 
 
-def write_reports(out: Path, summary: dict, records: list[dict], profile: bool = True) -> None:
-    from servopt.optimize.profile import profile_record
+def machine_line(summary: Summary) -> str:
+    env = summary.environment
+    if env is None:
+        return "an unrecorded machine"
+    gpu = f", GPU {env.gpu_name}" if env.gpu_name else ", no GPU"
+    return f"{env.cpu} ({env.cores} cores; {CpuFeatures(frozenset(env.cpu_flags)).describe()}{gpu})"
 
-    reference = next((r for r in records if r["name"] == summary.get("reference")), None)
-    profiles = []
-    by_name = {r["name"]: r for r in records}
-    for t in summary["targets"]:
-        name = t.get("recommended")
-        if not name or any(p["variant"] == name for p in profiles):
-            continue
-        cache = out / "profiles" / f"{name}.json"
-        if cache.exists():
-            profiles.append(json.loads(cache.read_text()))
-        elif profile:
-            try:
-                prof = {"variant": name, **profile_record(by_name[name], out)}
-            except Exception as e:  # noqa: BLE001 - a profile is a bonus; the report still renders
-                prof = {"variant": name, "profiler": f"failed: {e}", "total_ms_per_run": 0.0, "ops": []}
-            write_json_atomic(cache, prof)
-            profiles.append(prof)
-    search = next((r.get("build_report") for r in records
-                   if r.get("status") in ("ok", "failed") and r.get("build_report") and "steps" in (r.get("build_report") or {})), None)
-    config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
-    env = summary.get("environment") or {}
+
+def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
+    """Render both reports from what the run stored; nothing is measured here."""
+    config = load_config(out)
+    reference = next((r for r in records if r.name == summary.reference), None)
+    family = family_of(config.spec) if config else _default_family()
+    picks = list(dict.fromkeys(d.recommended or d.nearest for d in summary.targets if d.recommended or d.nearest))
+    profiles = [p for p in (load_profile(out, n) for n in picks) if p is not None]
+    search = next((r.build_report for r in records if r.status in ("ok", "failed") and r.build_report and "steps" in r.build_report), None)
+    env_json = summary.environment.model_dump_json(indent=2) if summary.environment else "{}"
     ctx = {
-        "model": Path(config.get("model", "?")).name, "run_dir": str(out), "created": summary.get("created", ""),
-        "machine": f"{env.get('cpu', '?')} ({env.get('cores', '?')} cores)", "verdicts": verdict_rows(summary),
-        "interleaved": interleave_rows(summary), "rounds": (summary.get("interleaved") or {}).get("rounds"),
-        "rows": variant_rows(records, reference, summary.get("pareto_front", [])), "pareto": summary.get("pareto_front", []),
-        "profiles": profiles, "search": search, "left_out": config.get("left_out", []),
-        "environment": json.dumps(env, indent=2), "note": config.get("note", ""),
+        "model": Path(config.model).name if config else "?", "run_dir": str(out), "created": summary.created,
+        "machine": machine_line(summary), "verdicts": verdict_rows(summary),
+        "interleaved": interleave_rows(summary), "rounds": summary.interleaved.rounds if summary.interleaved else None,
+        "rows": variant_rows(records, reference, summary.pareto_front, family), "pareto": summary.pareto_front,
+        "profiles": profiles, "search": search, "left_out": config.left_out if config else [],
+        "environment": env_json, "note": config.note if config else "",
     }
     write_text_atomic(out / "report.md", Environment(autoescape=False).from_string(MD).render(**ctx))
-    recommended = [t.get("recommended") or t.get("nearest") for t in summary["targets"] if t.get("recommended") or t.get("nearest")]
-    svgs = {k: Markup(v) for k, v in charts(records, reference, ctx["pareto"], recommended).items()}  # our own SVG, not user text
-    ctx["environment"] = json.dumps(env, indent=2)
+    svgs = {k: Markup(v) for k, v in charts(records, reference, summary.pareto_front, family, picks).items()}  # our own SVG
     write_text_atomic(out / "report.html", Environment(autoescape=True).from_string(HTML).render(**ctx, charts=svgs))
+
+
+def _default_family() -> Family:
+    from servopt.families import FAMILIES
+
+    return FAMILIES.get("image-classification")

@@ -1,39 +1,118 @@
-"""Reading a run directory of ``servopt optimize``: the one place that knows its layout on the way in.
+"""A run directory of ``servopt optimize``: its typed files, and the one place that reads them back.
 
-Kept free of heavy imports: the server reads run directories too.
+Kept free of heavy imports: the server reads run directories too. Run
+directories written by servopt 0.1 (``servopt.result/1`` records and
+``servopt.summary/1``) are read through ``results.migrate_v1``.
+
+    config.json            RunConfig: the settings of the run
+    data/eval.npz          evaluation inputs + labels
+    reference_outputs.npy  the original model's outputs on eval.npz
+    artifacts/<pass>-<hash>/   built models, cached by content hash of (source, pass chain, parameters)
+    work/<variant>/<job>/  each job's job.json, job.log and replay.sh
+    results.jsonl          one Record per variant, appended atomically (append-only)
+    interleave.json        the side-by-side re-measure of the top candidates with the reference
+    profiles/<variant>.json    op-level profiles of the recommended variants
+    summary.json, report.md, report.html
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+from pydantic import Field
+
+from servopt.contracts import SUMMARY_SCHEMA, Contract, Environment, Interleaved, OpProfile, Record
 from servopt.errors import UserError
-from servopt.results import read_jsonl
+from servopt.optimize.decide import Decision
+from servopt.optimize.targets import Target
+from servopt.results import parse_record, read_jsonl
+from servopt.spec import ModelSpec
 
 
-def load_run(out: Path) -> tuple[dict, list[dict]]:
-    """(summary, records) of an existing run directory."""
+class LeftOut(Contract):
+    name: str
+    why: str
+
+
+class RunConfig(Contract):
+    model: str
+    model_kind: str
+    source_hash: str
+    spec: ModelSpec
+    targets: list[Target]
+    variants: list[str]
+    protocol: dict[str, Any]
+    data: dict[str, Any]
+    left_out: list[LeftOut] = Field(default_factory=list)
+    note: str = ""
+
+
+class Summary(Contract):
+    schema_: str = Field(SUMMARY_SCHEMA, alias="schema")
+    created: str
+    run_dir: str
+    reference: str | None
+    reference_ort: str | None
+    targets: list[Decision]
+    pareto_front: list[str]
+    interleaved: Interleaved | None = None
+    counts: dict[str, int]
+    environment: Environment | None = None
+
+    def decision(self, target: str) -> Decision | None:
+        return next((d for d in self.targets if d.target.name == target), None)
+
+
+def load_config(out: Path) -> RunConfig | None:
+    path = out / "config.json"
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text())
+    raw["left_out"] = raw.get("left_out") or []
+    return RunConfig.model_validate({k: v for k, v in raw.items() if k in RunConfig.model_fields})
+
+
+def load_run(out: Path) -> tuple[Summary | None, list[Record]]:
+    """(summary, records) of an existing run directory: the latest record of each configured variant."""
+    out = Path(out)
     if not (out / "results.jsonl").exists():
         raise UserError(f"{out} is not a servopt run directory (no results.jsonl)", fix="run `servopt optimize … --out DIR` first")
     summary_path = out / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = _summary(json.loads(summary_path.read_text()), out) if summary_path.exists() else None
     # results.jsonl is append-only: a re-measured variant (changed settings) appears again. The run's view is the
     # latest record of each variant of the current configuration.
     latest = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
-    config_path = out / "config.json"
-    names = json.loads(config_path.read_text()).get("variants", list(latest)) if config_path.exists() else list(latest)
-    return summary, [latest[n] for n in names if n in latest]
+    config = load_config(out)
+    names = config.variants if config else list(latest)
+    return summary, [parse_record(latest[n], out) for n in names if n in latest]
 
 
-def artifact_of(record: dict, out: Path) -> dict:
-    """The artifact to open a measured variant again (a torch variant's model reference is in its job file)."""
-    if record["artifact_format"] == "torch":
-        return {"format": "torch", "ref": json.loads((out / "work" / record["name"] / "job.json").read_text())["artifact"]["ref"]}
-    return {"format": record["artifact_format"], "path": record["artifact"]}
+def load_profile(out: Path, variant: str) -> OpProfile | None:
+    path = out / "profiles" / f"{variant}.json"
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text())
+    if "profiler" in raw and raw["profiler"].startswith("failed"):  # a version-1 failed profile
+        raw = {"variant": variant, "profiler": "none", "total_ms_per_run": 0.0, "error": raw["profiler"]}
+    return OpProfile.model_validate(raw)
 
 
-def session_of(record: dict, out: Path) -> dict:
-    """What a process needs to open the variant: name, artifact, runtime, options."""
-    return {"name": record["name"], "artifact": artifact_of(record, out), "runtime": record["runtime"],
-            "options": record.get("options") or {}}
+def _summary(raw: dict, out: Path) -> Summary:
+    if raw.get("schema") == SUMMARY_SCHEMA:
+        return Summary.model_validate(raw)
+    # Version 1: the same shape with dict records; the interleaved figures carried their protocol.
+    for t in raw.get("targets", []):
+        if t.get("result"):
+            t["result"] = parse_record(t["result"], out).model_dump(by_alias=True)
+        for v in [t.get("verdict"), *t.get("verdicts", [])]:
+            if v:
+                v.setdefault("notes", [])
+    if raw.get("interleaved"):
+        raw["interleaved"].pop("protocol", None)
+    env = raw.get("environment")
+    if env:
+        raw["environment"] = {k: v for k, v in env.items() if k in Environment.model_fields}
+    raw["schema"] = SUMMARY_SCHEMA
+    return Summary.model_validate(raw)

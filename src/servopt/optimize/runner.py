@@ -1,16 +1,8 @@
-"""``servopt optimize``: build every variant, verify it, benchmark it, decide per target.
+"""``servopt optimize``: build every variant, verify it, benchmark it, decide per target, profile, report.
 
-Run directory (everything a rerun needs to resume):
-
-    config.json            the settings of the run
-    data/eval.npz          evaluation inputs + labels; data/calib.npz, data/tune.npz from the validation split
-    reference_outputs.npy  the original model's outputs on eval.npz
-    artifacts/<pass>-<hash>/   built models, cached by content hash of (source, pass chain, parameters)
-    work/<variant>/        worker logs and job files
-    results.jsonl          one record per variant, appended atomically
-    interleave.json        the side-by-side re-measure of the top candidates with the reference
-    summary.json, report.md, report.html, profiles/
-
+Every measurement (each variant, the side-by-side re-measure, each profile) is
+a typed job run by ``bench.launcher`` in its own process; this module only
+orchestrates and writes the run directory (its layout: ``optimize/rundir``).
 A killed run leaves at most a temporary folder or a torn last line; both are
 ignored, so running the same command again skips everything finished.
 """
@@ -21,25 +13,28 @@ import json
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from servopt.bench.environment import environment, gpu_present
+from servopt.bench.jobs import InterleaveJob, MeasureJob, OpenSpec, ProfileJob
+from servopt.bench.launcher import launch
 from servopt.bench.protocol import Protocol
 from servopt.bench.run import measure
+from servopt.contracts import ChainStep, Gate, Interleaved, OpProfile, Record
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
-from servopt.models.sources import LoadedModel, artifact_size_mb
+from servopt.families.base import Family, family_of
+from servopt.machine import environment, gpu_present
+from servopt.models.sources import LoadedModel
 from servopt.optimize.decide import decide, interleave_candidates, pareto_front
-from servopt.optimize.interleave import measure_side_by_side
-from servopt.optimize.rundir import session_of
+from servopt.optimize.rundir import LeftOut, RunConfig, Summary, load_profile
 from servopt.optimize.targets import Target
 from servopt.optimize.variants import Variant, catalogue, is_linear_heavy, select
 from servopt.passes.base import BuildContext, build_chain, file_hash, source_artifact
-from servopt.results import RESULT_SCHEMA, append_jsonl, read_jsonl, write_json_atomic
-from servopt.runtimes.base import get_runtime
+from servopt.results import append_jsonl, parse_record, read_jsonl, write_json_atomic
+from servopt.runtimes.base import all_libraries, get_runtime
+from servopt.settings import OptimizeSettings
 
-SUMMARY_SCHEMA = "servopt.summary/1"
 REFERENCE_ORT = "ort-fp32"
 
 
@@ -47,6 +42,10 @@ def sweep_protocol() -> Protocol:
     """Shorter phases than `servopt bench` so a 25-variant sweep fits in minutes; the close calls are
     re-measured interleaved with longer phases before deciding."""
     return Protocol(min_runs=50, min_seconds=1.0, batch_min_runs=8, batch_min_seconds=1.0, warmup=10)
+
+
+def interleave_protocol() -> Protocol:
+    return Protocol(min_runs=50, min_seconds=1.5, batch_min_runs=8, batch_min_seconds=1.5)
 
 
 @dataclass
@@ -60,19 +59,35 @@ class Progress:
 
 
 @dataclass
-class OptimizeConfig:
-    out: Path
+class Run:
+    """What one run needs besides its settings: the model, its data, and where things go."""
+
+    model: LoadedModel
+    eval_data: Dataset
+    calibration: Dataset | None
+    tuning: Dataset | None
+    settings: OptimizeSettings
     targets: list[Target]
-    variants: list[str] | None = None
-    include_all: bool = False
-    protocol: Protocol = field(default_factory=sweep_protocol)
-    # Close calls are re-measured with longer phases than the sweep's.
-    interleave_protocol: Protocol = field(default_factory=lambda: Protocol(min_runs=50, min_seconds=1.5, batch_min_runs=8,
-                                                                          batch_min_seconds=1.5))
-    interleave_rounds: int = 3
-    note: str = ""  # shown at the top of the report (the demo says what its data stands in for)
-    verify_max_drop: float = 5.0
-    verify_min_agreement: float = 0.9
+
+    @property
+    def out(self) -> Path:
+        return self.settings.out.resolve()  # absolute paths in every record: readable from any working directory
+
+    @property
+    def family(self) -> Family:
+        return family_of(self.model.spec)
+
+    @property
+    def protocol(self) -> Protocol:
+        return Protocol.quick() if self.settings.quick else sweep_protocol()
+
+    @property
+    def interleave_protocol(self) -> Protocol:
+        return Protocol.quick() if self.settings.quick else interleave_protocol()
+
+    @property
+    def interleave_rounds(self) -> int:
+        return 2 if self.settings.quick else self.settings.interleave_rounds
 
 
 def _linear_heavy(model: LoadedModel) -> bool:
@@ -84,149 +99,151 @@ def _linear_heavy(model: LoadedModel) -> bool:
     return sum(isinstance(m, torch.nn.Linear) for m in mods) > sum(isinstance(m, torch.nn.Conv2d) for m in mods)
 
 
-def optimize(model: LoadedModel, eval_data: Dataset, calib_data: Dataset | None, tune_data: Dataset | None,
-             cfg: OptimizeConfig, progress: Progress | None = None) -> dict:
+def optimize(run: Run, progress: Progress | None = None) -> Summary:
     progress = progress or Progress()
-    out = cfg.out = cfg.out.resolve()  # absolute paths in every record: readable from any working directory
+    out, model = run.out, run.model
     (out / "data").mkdir(parents=True, exist_ok=True)
     eval_path = out / "data" / "eval.npz"
-    eval_data.save(eval_path)
+    run.eval_data.save(eval_path)
     data_hash = file_hash([eval_path])
     start = source_artifact(model)
-    drop = min((t.max_accuracy_drop for t in cfg.targets), default=1.0)
+    drop = min((t.max_accuracy_drop for t in run.targets), default=1.0)
     all_variants = catalogue(model, linear_heavy=_linear_heavy(model), accuracy_drop=drop)
-    chosen = select(all_variants, cfg.variants, cfg.include_all)
+    chosen = select(all_variants, run.settings.variants, run.settings.include_all)
     reference_name = "torch-eager" if model.is_torch else REFERENCE_ORT
     ref_variant = next(v for v in all_variants if v.name == reference_name)
     if ref_variant not in chosen:
         chosen.insert(0, ref_variant)  # the original must be measured: everything is verified against it
     chosen.sort(key=lambda v: v.name != reference_name)
-    write_json_atomic(out / "config.json", {
-        "model": str(model.path), "model_kind": model.kind, "source_hash": start["hash"], "spec": model.spec.to_dict(),
-        "targets": [t.model_dump() for t in cfg.targets], "variants": [v.name for v in chosen],
-        "protocol": cfg.protocol.to_dict(), "data": {"eval": eval_data.source, "samples": len(eval_data)},
-        "left_out": [{"name": v.name, "why": v.description} for v in all_variants if v not in chosen],
-        "note": cfg.note,
-    })
-    ctx = BuildContext(source=model, calibration=calib_data, tuning=tune_data, log=progress.step)
+    proto = run.protocol
+    write_json_atomic(out / "config.json", RunConfig(
+        model=str(model.path), model_kind=model.kind, source_hash=str(start.hash), spec=model.spec, targets=run.targets,
+        variants=[v.name for v in chosen], protocol=proto.model_dump(),
+        data={"eval": run.eval_data.source, "samples": len(run.eval_data)},
+        left_out=[LeftOut(name=v.name, why=v.description) for v in all_variants if v not in chosen], note=run.settings.note))
+    ctx = BuildContext(source=model, calibration=run.calibration, tuning=run.tuning, log=progress.step)
     results_path = out / "results.jsonl"
     done = {r["key"]: r for r in read_jsonl(results_path)}
     progress.start(len(chosen))
-    records: list[dict] = []
-    reference: dict | None = None
+    records: list[Record] = []
+    reference: Record | None = None
     for v in chosen:
-        key = v.key(start["hash"], cfg.protocol.to_dict(), data_hash)
+        key = v.key(str(start.hash), proto.model_dump(), data_hash)
         if key in done:
-            rec = done[key]
-            progress.note(f"{v.name}: cached ({rec['status']})")
+            rec = parse_record(done[key], out)
+            progress.note(f"{v.name}: cached ({rec.status})")
         else:
-            progress.step(f"{v.name}")
-            rec = _run_variant(v, key, model, start, eval_path, out, ctx, cfg, reference, progress)
+            progress.step(v.name)
+            rec = _run_variant(v, key, run, start, eval_path, ctx, reference)
             append_jsonl(results_path, rec)
         records.append(rec)
         if v.name == reference_name:
-            if rec["status"] != "ok":
-                raise UserError(f"the original model could not be measured: {rec.get('error')}", fix="check the model and data")
+            if rec.status != "ok":
+                raise UserError(f"the original model could not be measured: {rec.error}", fix="check the model and data")
             reference = rec
         progress.advance()
-    return finish(out, cfg, records, reference, eval_path, progress)
+    return finish(run, records, reference, eval_path, progress)
 
 
-def _run_variant(v: Variant, key: str, model: LoadedModel, start: dict, eval_path: Path, out: Path, ctx: BuildContext,
-                 cfg: OptimizeConfig, reference: dict | None, progress: Progress) -> dict:
-    base = {"schema": RESULT_SCHEMA, "key": key, "name": v.name, "variant": v.name, "group": v.group, "runtime": v.runtime,
-            "chain": v.chain, "options": v.options, "env": v.env, "description": v.description, "needs_gpu": v.needs_gpu,
-            "batch_size": cfg.protocol.batch_size, "size_mb": None, "accuracy": None, "latency_ms": None,
-            "throughput_ips": None, "cold_start_s": None, "peak_rss_mb": None, "environment": None}
+def _run_variant(v: Variant, key: str, run: Run, start, eval_path: Path, ctx: BuildContext, reference: Record | None) -> Record:
+    base = Record(key=key, name=v.name, group=v.group, runtime=v.runtime, options=v.options, env=v.env,
+                  chain=[ChainStep(pass_name=n, params=p) for n, p in v.chain], description=v.description,
+                  needs_gpu=v.needs_gpu, batch_size=run.protocol.batch_size, status="skipped")
     ok, why = get_runtime(v.runtime).available()
     if v.needs_gpu and not gpu_present():
         ok, why = False, why or "no NVIDIA GPU on this machine"
     if not ok:
-        return {**base, "status": "skipped", "error": why}
+        return base.model_copy(update={"status": "skipped", "error": why})
+    work = run.out / "work" / v.name
     t0 = time.perf_counter()
     try:
-        artifact = build_chain(start, v.chain, out / "artifacts", ctx)
+        artifact = build_chain(start, v.chain, run.out / "artifacts", ctx)
     except Exception as e:  # noqa: BLE001 - a variant that cannot be built is recorded and the sweep goes on
         msg = e.problem if isinstance(e, UserError) else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        (out / "work" / v.name).mkdir(parents=True, exist_ok=True)
-        (out / "work" / v.name / "build_error.txt").write_text(traceback.format_exc())
-        return {**base, "status": "failed", "stage": "build", "error": f"build failed: {msg}"}
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "build_error.txt").write_text(traceback.format_exc())
+        return base.model_copy(update={"status": "failed", "stage": "build", "error": f"build failed: {msg}"})
     build_s = time.perf_counter() - t0
-    build_report = None
-    if artifact.get("path"):
-        meta = Path(artifact["path"]).parent / "artifact.json"
-        build_report = json.loads(meta.read_text()).get("report") if meta.exists() else None
-    ref_outputs = out / "reference_outputs.npy"
+    ref_outputs = run.out / "reference_outputs.npy"
     is_ref = reference is None
-    gate = None if is_ref else {
-        "reference_top1": (reference.get("accuracy") or {}).get("top1"), "max_drop_points": cfg.verify_max_drop,
-        "min_agreement": cfg.verify_min_agreement,
-        # Embeddings have no labels to count: their verification is cosine similarity to the original.
-        **({"min_cosine": 0.99} if model.spec.task == "embedding" else {}),
-    }
-    result = measure(
-        name=v.name, runtime=v.runtime, artifact={k: val for k, val in artifact.items() if k != "report"}, options=v.options,
-        spec=model.spec.to_dict(), task=model.spec.task, data_path=eval_path, reference=None if is_ref else ref_outputs,
-        proto=cfg.protocol, size_mb=artifact_size_mb(artifact), workdir=out / "work" / v.name,
-        save_outputs=ref_outputs if is_ref else None, env=v.env, gate=gate,
-    )
-    result.update({k: val for k, val in base.items() if k not in result})
-    result.update(key=key, artifact=artifact.get("path") or artifact.get("ref", {}).get("path"), artifact_format=artifact["format"],
-                  build_s=round(build_s, 2), build_report=build_report, stage="measure" if result["status"] != "ok" else None)
-    return result
+    s = run.settings
+    gate = None if is_ref else Gate(
+        reference_top1=reference.accuracy.top1 if reference and reference.accuracy else None, max_drop_points=s.verify_max_drop,
+        min_agreement=s.verify_min_agreement, min_cosine=s.verify_min_cosine)
+    job = MeasureJob(session=OpenSpec(name=v.name, artifact=artifact, runtime=v.runtime, options=v.options),
+                     data=str(eval_path), family=run.model.spec.family_name, reference=None if is_ref else str(ref_outputs),
+                     save_outputs=str(ref_outputs) if is_ref else None, protocol=run.protocol, gate=gate, env=v.env)
+    measured = measure(job, run.model.spec, work)
+    keep = {"key", "group", "chain", "description", "needs_gpu"}
+    return measured.model_copy(update={**{k: getattr(base, k) for k in keep}, "build_s": round(build_s, 2),
+                                       "stage": "measure" if measured.status != "ok" else None})
 
 
-def run_interleave(out: Path, names: list[str], records: list[dict], eval_path: Path, cfg: OptimizeConfig) -> dict | None:
+def run_interleave(run: Run, names: list[str], records: list[Record], eval_path: Path) -> Interleaved | None:
     """Candidates and the ORT reference, side by side in one process (cached by the set measured)."""
-    by_name = {r["name"]: r for r in records if r["status"] == "ok"}
+    by_name = {r.name: r for r in records if r.status == "ok"}
     if REFERENCE_ORT not in by_name:
         return None
     names = [n for n in names if n in by_name and n != REFERENCE_ORT] + [REFERENCE_ORT]
-    cache_key = json.dumps([sorted(by_name[n]["key"] for n in names), cfg.interleave_rounds, cfg.interleave_protocol.to_dict()])
-    path = out / "interleave.json"
+    cache_key = json.dumps([sorted(str(by_name[n].key) for n in names), run.interleave_rounds,
+                            run.interleave_protocol.model_dump()])
+    path = run.out / "interleave.json"
     if path.exists():
-        previous = json.loads(path.read_text())
-        if previous.get("cache_key") == cache_key:
+        previous = Interleaved.model_validate({k: v for k, v in json.loads(path.read_text()).items() if k != "protocol"})
+        if previous.cache_key == cache_key:
             return previous
-    env: dict = {}
+    env: dict[str, str] = {}
     for n in names:  # torch variants want their allocator settings; the others do not mind them
-        env.update(by_name[n].get("env") or {})
-    result = measure_side_by_side([session_of(by_name[n], out) for n in names], REFERENCE_ORT, eval_path, cfg.interleave_protocol,
-                                  cfg.interleave_rounds, out / "work", env)
-    if "error" not in result:
-        result["cache_key"] = cache_key
-        write_json_atomic(path, result)
+        env.update(by_name[n].env)
+    sessions = [OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
+                for n in names if by_name[n].artifact is not None]
+    launched = launch(InterleaveJob(sessions=sessions, reference=REFERENCE_ORT, data=str(eval_path),
+                                    protocol=run.interleave_protocol, rounds=run.interleave_rounds, env=env), run.out / "work" / "interleave")
+    if launched.result is None:
+        raise UserError(f"interleaved re-measure failed: {launched.error}", fix="see work/interleave/job.log")
+    result = launched.result.model_copy(update={"cache_key": cache_key})
+    write_json_atomic(path, result)
     return result
 
 
-def finish(out: Path, cfg: OptimizeConfig, records: list[dict], reference: dict | None, eval_path: Path,
-           progress: Progress) -> dict:
-    """Decide per target (after the interleaved re-measure), then write summary.json and the reports."""
+def profile_variants(run: Run, names: list[str], records: list[Record], eval_path: Path, progress: Progress) -> None:
+    """Op-level profiles of the recommended variants, each in its own process (a measurement, so not in the report
+    step: ``servopt report`` only reads). Cached in ``profiles/``; a failed profile is stored with its reason."""
+    by_name = {r.name: r for r in records}
+    for name in dict.fromkeys(names):
+        rec = by_name.get(name)
+        if rec is None or rec.artifact is None or load_profile(run.out, name) is not None:
+            continue
+        progress.step(f"profiling {name}")
+        launched = launch(ProfileJob(session=OpenSpec(name=name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+                                     data=str(eval_path), env=rec.env), run.out / "work" / name / "profile")
+        prof = launched.result or OpProfile(variant=name, profiler="none", total_ms_per_run=0.0, error=launched.error)
+        write_json_atomic(run.out / "profiles" / f"{name}.json", prof)
+
+
+def finish(run: Run, records: list[Record], reference: Record | None, eval_path: Path, progress: Progress) -> Summary:
+    """Decide per target (after the interleaved re-measure), profile the picks, write summary.json and the reports."""
+    family = run.family
     progress.step("re-measuring the top candidates side by side with the reference")
-    names = interleave_candidates(cfg.targets, records, reference)
-    interleaved = run_interleave(out, names, records, eval_path, cfg) if names else None
-    if interleaved and "error" in interleaved:
-        progress.note(interleaved["error"])
-        interleaved = None
-    decisions = [decide(t, records, reference, interleaved) for t in cfg.targets]
-    by_name = {r["name"]: r for r in records}
-    summary = {
-        "schema": SUMMARY_SCHEMA,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "run_dir": str(out),
-        "reference": reference["name"] if reference else None,
-        "reference_ort": REFERENCE_ORT if REFERENCE_ORT in by_name else None,
-        "targets": [
-            {**d, "result": by_name.get(d.get("recommended") or "")} for d in decisions
-        ],
-        "pareto_front": pareto_front(records, reference),
-        "interleaved": interleaved,
-        "counts": {s: sum(r["status"] == s for r in records) for s in ("ok", "failed", "skipped")},
-        "environment": environment(),
-    }
-    write_json_atomic(out / "summary.json", summary)
+    names = interleave_candidates(run.targets, records, reference, family)
+    interleaved = None
+    if names:
+        try:
+            interleaved = run_interleave(run, names, records, eval_path)
+        except UserError as e:
+            progress.note(e.problem)
+    decisions = [decide(t, records, reference, family, interleaved) for t in run.targets]
+    summary = Summary(
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), run_dir=str(run.out), reference=reference.name if reference else None,
+        reference_ort=REFERENCE_ORT if any(r.name == REFERENCE_ORT for r in records) else None, targets=decisions,
+        pareto_front=pareto_front(records, reference, family), interleaved=interleaved,
+        counts={s: sum(r.status == s for r in records) for s in ("ok", "failed", "skipped")},
+        environment=environment(libraries=all_libraries()))
+    write_json_atomic(run.out / "summary.json", summary)
+    profile_variants(run, [d.recommended or d.nearest for d in decisions if d.recommended or d.nearest], records, eval_path,
+                     progress)
     from servopt.optimize.report import write_reports
 
-    progress.step("profiling the recommended variants and writing the report")
-    write_reports(out, summary, records)
+    progress.step("writing the report")
+    write_reports(run.out, summary, records)
     return summary

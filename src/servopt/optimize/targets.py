@@ -27,11 +27,13 @@ class Target(BaseModel):
     min_throughput_ips: PositiveFloat | None = Field(None, description="batch throughput bound, samples/s")
     max_size_mb: PositiveFloat | None = Field(None, description="model size on disk bound")
     max_accuracy_drop: NonNegativeFloat = Field(1.0, description="accuracy points lost against the original, at most")
+    isa: Literal["avx2", "avx512", "avx512_vnni", "amx"] | None = Field(
+        None, description="the target CPU's instruction set: its candidates are measured capped to it where a runtime allows")
 
 
 PRESETS: dict[str, Target] = {
     "cpu-server": Target(name="cpu-server", hardware="AMD EPYC 7763", device="cpu", objective="throughput",
-                         max_p50_ms=3.0, min_throughput_ips=1000),
+                         max_p50_ms=3.0, min_throughput_ips=1000, isa="avx2"),
     "gpu-server": Target(name="gpu-server", hardware="NVIDIA A100", device="gpu", objective="throughput",
                          max_p50_ms=1.0, min_throughput_ips=5000),
     "edge": Target(name="edge", hardware="ARM Cortex-A76", device="edge", objective="latency",

@@ -27,17 +27,20 @@ with the float model is the metric.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
+from servopt.bench.protocol import predict_all
+from servopt.bench.stats import timed_loop
+from servopt.contracts import Artifact
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
-from servopt.passes.base import BuildContext, Pass, register_pass
+from servopt.passes.base import BuildContext, Pass, PassOutput, register_pass
 from servopt.passes.onnx_passes import StaticParams, preprocess_for_quantization, quantize_static_onnx
+from servopt.runtimes import open_session
 
 WEIGHTED = {"Conv", "Gemm", "MatMul", "ConvTranspose"}
 
@@ -51,38 +54,16 @@ class AccuracyAwareParams(StaticParams):
     timing_runs: int = 60
 
 
-def _session(path: str):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-
-
 def _predict(path: str, data: Dataset, batch: int = 64) -> np.ndarray:
-    sess = _session(path)
-    out = sess.get_outputs()[0].name
-    return np.concatenate([sess.run([out], data.slice(i, i + batch))[0] for i in range(0, len(data), batch)])
-
-
-def _score(outputs: np.ndarray, data: Dataset, float_outputs: np.ndarray) -> float:
-    """Top-1 accuracy on labels, or top-1 agreement with the float model without them (in [0, 1])."""
-    truth = data.labels if data.labels is not None else float_outputs.argmax(1)
-    return float((outputs.argmax(1) == truth).mean())
+    return predict_all(open_session(Artifact(format="onnx", path=path), "onnxruntime"), data, batch)
 
 
 def _p50_ms(path: str, data: Dataset, runs: int) -> float:
-    sess = _session(path)
-    out = sess.get_outputs()[0].name
-    feeds = [data.slice(i, i + 1) for i in range(min(8, len(data)))]
-    for f in feeds:
-        sess.run([out], f)
-    times = []
-    for i in range(runs):
-        t0 = time.perf_counter_ns()
-        sess.run([out], feeds[i % len(feeds)])
-        times.append(time.perf_counter_ns() - t0)
-    return float(np.median(times)) / 1e6
+    """A quick single-sample median to rank the search's candidates (the sweep measures the chosen one properly)."""
+    session = open_session(Artifact(format="onnx", path=path), "onnxruntime")
+    feeds = [session.prepare(data.slice(i, i + 1)) for i in range(min(8, len(data)))]
+    loop = timed_loop(session.run_prepared, feeds, min_runs=runs, min_seconds=0.0, warmup=len(feeds))
+    return float(np.median(loop.times_ns)) / 1e6
 
 
 def fallback_units(model_path: str) -> list[tuple[str, list[str]]]:
@@ -139,21 +120,22 @@ class AccuracyAwareInt8(Pass):
     output_format = "onnx"
     Params = AccuracyAwareParams
 
-    def run(self, artifact: dict, params: AccuracyAwareParams, out_dir: Path, ctx: BuildContext) -> dict:
+    def run(self, artifact: Artifact, params: AccuracyAwareParams, out_dir: Path, ctx: BuildContext) -> PassOutput:
         tuning = ctx.tuning or ctx.calibration
         if tuning is None or ctx.calibration is None:
             raise UserError("accuracy-aware quantization needs data", fix="pass --data (its validation split is used)")
-        src = preprocess_for_quantization(artifact["path"], out_dir)
+        src = preprocess_for_quantization(str(artifact.path), out_dir)
         float_out = _predict(src, tuning)
-        ref = _score(float_out, tuning, float_out)
+        score_of = ctx.family.tuning_score
+        ref = score_of(float_out, tuning, float_out)
         allowed = params.max_drop / 100 if params.drop_type == "absolute" else ref * params.max_drop
         steps: list[dict] = []
 
-        def attempt(excluded: list[str], label: str, config: AccuracyAwareParams, cache: Path) -> dict:
+        def attempt(excluded: list[str], label: str, config: AccuracyAwareParams, cache: Path) -> PassOutput:
             """Quantize with ``config`` minus ``excluded`` (ranges calibrated once per method, cached), score it."""
             path = out_dir / f"candidate-{len(steps)}.onnx"
             quantize_static_onnx(src, path, config.model_copy(update={"nodes_to_exclude": excluded}), ctx.calibration, cache)
-            score = _score(_predict(str(path), tuning), tuning, float_out)
+            score = score_of(_predict(str(path), tuning), tuning, float_out)
             step = {"step": len(steps), "label": label, "calibration": config.calibrate_method, "float_layers": len(excluded), "excluded": excluded,
                     "top1": score, "drop_points": (ref - score) * 100, "within_tolerance": ref - score <= allowed + 1e-12,
                     "path": str(path)}
@@ -207,8 +189,8 @@ class AccuracyAwareInt8(Pass):
         for f in out_dir.glob("calibration_cache_*.json"):
             f.unlink()
         report = {"reference_top1": ref, "tolerance": {"max_drop": params.max_drop, "drop_type": params.drop_type},
-                  "metric": "top1" if tuning.labels is not None else "top1 agreement with float",
+                  "metric": ctx.family.tuning_metric(tuning),
                   "tuning_samples": len(tuning), "steps": steps, "chosen_step": best["step"],
                   "float_layers": best["excluded"], "calibration": best["calibration"], "weighted_layers": weighted_layers,
                   "sensitivity": [{"layer": n, "unit": u, "error_removed": e} for n, u, e in ranking[:20]]}
-        return {"format": "onnx", "file": "model.onnx", "report": report}
+        return PassOutput(format="onnx", file="model.onnx", report=report)

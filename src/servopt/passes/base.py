@@ -20,8 +20,10 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from servopt.contracts import Artifact, Contract
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
+from servopt.families.base import Family, family_of
 from servopt.models.sources import LoadedModel
 from servopt.registry import Registry
 from servopt.results import write_json_atomic
@@ -38,8 +40,20 @@ class BuildContext:
     source: LoadedModel
     calibration: Dataset | None = None  # drawn from the validation split
     tuning: Dataset | None = None  # labelled data for accuracy-aware passes (validation split)
-    reference_top1: float | None = None
     log: Callable[[str], None] = field(default=lambda _m: None)
+
+    @property
+    def family(self) -> Family:
+        return family_of(self.source.spec)
+
+
+class PassOutput(Contract):
+    """What a pass wrote into its folder."""
+
+    format: str
+    file: str | None = None  # the model file, relative to the pass's folder
+    size_file: str | None = None  # a file to measure the size of (torch variants), relative likewise
+    report: dict[str, Any] | None = None
 
 
 class Pass(ABC):
@@ -49,8 +63,8 @@ class Pass(ABC):
     Params: ClassVar[type[PassParams]] = PassParams
 
     @abstractmethod
-    def run(self, artifact: dict, params: Any, out_dir: Path, ctx: BuildContext) -> dict:
-        """Write the new artifact into ``out_dir``; return ``{"format", "file", "report"?}``."""
+    def run(self, artifact: Artifact, params: Any, out_dir: Path, ctx: BuildContext) -> PassOutput:
+        """Write the new artifact into ``out_dir`` and say what it is."""
 
 
 PASSES: Registry[Pass] = Registry("pass", "servopt.passes")
@@ -76,43 +90,42 @@ def file_hash(paths: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def source_artifact(model: LoadedModel) -> dict:
+def source_artifact(model: LoadedModel) -> Artifact:
     """The artifact a chain starts from, with a content hash of the source files."""
     digest = file_hash(model.files())
     if model.kind == "onnx":
-        return {"format": "onnx", "path": str(model.path), "hash": digest}
-    return {"format": "torch", "ref": model.ref(), "hash": digest}
+        return Artifact(format="onnx", path=str(model.path), hash=digest)
+    return Artifact(format="torch", ref=model.ref(), hash=digest)
 
 
-def resolve(artifact_dir: Path) -> dict:
+def resolve(artifact_dir: Path, start: Artifact) -> Artifact:
+    """The artifact a cache folder holds (``artifact.json`` as ``build_chain`` wrote it)."""
     meta = json.loads((artifact_dir / "artifact.json").read_text())
-    meta["path"] = str(artifact_dir / meta["file"]) if meta.get("file") else meta.get("path")
-    return meta
+    return Artifact(
+        format=meta["format"], path=str(artifact_dir / meta["file"]) if meta.get("file") else None,
+        ref=start.ref if meta["format"] == "torch" else None,  # a torch pass keeps the source and transforms it on load
+        size_file=str(artifact_dir / Path(meta["size_file"]).name) if meta.get("size_file") else None,
+        hash=meta["hash"], built_by=meta.get("pass"), params=meta.get("params"), report=meta.get("report"))
 
 
-def build_chain(start: dict, chain: list[tuple[str, dict]], cache: Path, ctx: BuildContext) -> dict:
+def build_chain(start: Artifact, chain: list[tuple[str, dict]], cache: Path, ctx: BuildContext) -> Artifact:
     """Apply ``chain`` to ``start``, reusing every step already built under ``cache``."""
     artifact = start
     for name, params in chain:
         p = get_pass(name)
         parsed = validate_params(name, params)
-        if artifact["format"] != p.input_format:
-            raise UserError(f"pass {name} takes {p.input_format}, got {artifact['format']}", fix="reorder the chain")
-        key = hashlib.sha256(json.dumps([artifact["hash"], name, parsed.model_dump()], sort_keys=True).encode()).hexdigest()[:16]
+        if artifact.format != p.input_format:
+            raise UserError(f"pass {name} takes {p.input_format}, got {artifact.format}", fix="reorder the chain")
+        key = hashlib.sha256(json.dumps([artifact.hash, name, parsed.model_dump()], sort_keys=True).encode()).hexdigest()[:16]
         out = cache / f"{name}-{key}"
         if not (out / "artifact.json").exists():
             tmp = cache / f".tmp-{name}-{key}"
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             ctx.log(f"building {name}")
-            produced = p.run(artifact, parsed, tmp, ctx)
-            produced.setdefault("file", None)
-            write_json_atomic(tmp / "artifact.json", {**produced, "pass": name, "params": parsed.model_dump(), "hash": key})
+            produced = p.run(artifact.opened(), parsed, tmp, ctx)
+            write_json_atomic(tmp / "artifact.json", {**produced.model_dump(), "pass": name, "params": parsed.model_dump(), "hash": key})
             shutil.rmtree(out, ignore_errors=True)
             tmp.rename(out)  # the folder appears whole or not at all
-        artifact = resolve(out)
-        if artifact.get("ref") is None and artifact["format"] == "torch":
-            artifact["ref"] = start["ref"]
-        if artifact.get("size_file"):
-            artifact["size_file"] = str(out / Path(artifact["size_file"]).name)
+        artifact = resolve(out, start)
     return artifact

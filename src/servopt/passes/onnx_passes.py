@@ -15,9 +15,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from servopt.contracts import Artifact
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
-from servopt.passes.base import BuildContext, Pass, PassParams, register_pass
+from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, register_pass
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +35,14 @@ class ExportOnnx(Pass):
         opset: int = 18
         exporter: Literal["auto", "dynamo", "torchscript"] = "auto"
 
-    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
+    def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         from servopt.export import export_onnx
         from servopt.models.sources import LoadedModel
 
-        model = LoadedModel.from_ref(artifact["ref"])
+        model = LoadedModel.from_ref(artifact.ref)
         report = export_onnx(model, out_dir / "model.onnx", opset=params.opset, exporter=params.exporter,
                              verify_data=ctx.calibration)
-        return {"format": "onnx", "file": "model.onnx", "report": report}
+        return PassOutput(format="onnx", file="model.onnx", report=report)
 
 
 @register_pass
@@ -55,12 +56,12 @@ class OrtGraphOffline(Pass):
     class Params(PassParams):
         level: Literal["basic", "extended", "all"] = "all"
 
-    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
-        from servopt.runtimes.onnxruntime_runtime import OrtSession
+    def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
+        from servopt.runtimes import open_session
 
         out = out_dir / "model.onnx"
-        OrtSession(artifact["path"], {"graph_optimization_level": params.level, "optimized_model_filepath": str(out)})
-        return {"format": "onnx", "file": "model.onnx", "report": {"level": params.level}}
+        open_session(artifact, "onnxruntime", {"graph_optimization_level": params.level, "optimized_model_filepath": str(out)})
+        return PassOutput(format="onnx", file="model.onnx", report={"level": params.level})
 
 
 @register_pass
@@ -74,13 +75,13 @@ class Fp16(Pass):
     class Params(PassParams):
         keep_io_types: bool = True
 
-    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
+    def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import onnx
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
-        model = convert_float_to_float16(onnx.load(artifact["path"]), keep_io_types=params.keep_io_types)
+        model = convert_float_to_float16(onnx.load(str(artifact.path)), keep_io_types=params.keep_io_types)
         onnx.save(model, str(out_dir / "model.onnx"))
-        return {"format": "onnx", "file": "model.onnx"}
+        return PassOutput(format="onnx", file="model.onnx")
 
 
 QTYPES = {"U8": "QUInt8", "S8": "QInt8"}
@@ -98,14 +99,14 @@ class OrtQuantizeDynamic(Pass):
         weight_type: Literal["S8", "U8"] = "S8"
         per_channel: bool = False
 
-    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
+    def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        src = strip_value_info(artifact["path"], out_dir)
+        src = strip_value_info(str(artifact.path), out_dir)
         quantize_dynamic(src, str(out_dir / "model.onnx"), weight_type=getattr(QuantType, QTYPES[params.weight_type]),
                          per_channel=params.per_channel)
         Path(src).unlink(missing_ok=True)
-        return {"format": "onnx", "file": "model.onnx"}
+        return PassOutput(format="onnx", file="model.onnx")
 
 
 def strip_value_info(src: str, out_dir: Path) -> str:
@@ -204,9 +205,9 @@ class OrtQuantizeStatic(Pass):
     output_format = "onnx"
     Params = StaticParams
 
-    def run(self, artifact: dict, params: StaticParams, out_dir: Path, ctx: BuildContext) -> dict:
-        src = preprocess_for_quantization(artifact["path"], out_dir)
+    def run(self, artifact: Artifact, params: StaticParams, out_dir: Path, ctx: BuildContext) -> PassOutput:
+        src = preprocess_for_quantization(str(artifact.path), out_dir)
         quantize_static_onnx(src, out_dir / "model.onnx", params, ctx.calibration)
         Path(out_dir / "preprocessed.onnx").unlink(missing_ok=True)
-        return {"format": "onnx", "file": "model.onnx",
-                "report": {"calibration_samples": min(params.calibration_samples, len(ctx.calibration or []))}}
+        return PassOutput(format="onnx", file="model.onnx",
+                          report={"calibration_samples": min(params.calibration_samples, len(ctx.calibration or []))})

@@ -7,8 +7,9 @@ from typing import Literal
 
 import numpy as np
 
+from servopt.contracts import Artifact
 from servopt.errors import UserError
-from servopt.passes.base import BuildContext, Pass, PassParams, register_pass
+from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, register_pass
 
 
 def _read(path: str):
@@ -17,11 +18,11 @@ def _read(path: str):
     return ov.Core().read_model(path)
 
 
-def _save(model, out_dir: Path) -> dict:
+def _save(model, out_dir: Path) -> PassOutput:
     import openvino as ov
 
     ov.save_model(model, str(out_dir / "model.xml"), compress_to_fp16=False)
-    return {"format": "openvino", "file": "model.xml"}
+    return PassOutput(format="openvino", file="model.xml")
 
 
 @register_pass
@@ -30,10 +31,10 @@ class OpenVinoConvert(Pass):
     input_format = "onnx"
     output_format = "openvino"
 
-    def run(self, artifact: dict, params: PassParams, out_dir: Path, ctx: BuildContext) -> dict:
+    def run(self, artifact: Artifact, params: PassParams, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import openvino as ov
 
-        return _save(ov.convert_model(artifact["path"]), out_dir)
+        return _save(ov.convert_model(str(artifact.path)), out_dir)
 
 
 def _calibration(ctx: BuildContext, count: int):
@@ -63,11 +64,11 @@ class NncfQuantize(Pass):
         subset_size: int = 100
         fast_bias_correction: bool = True
 
-    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
+    def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import nncf
 
         preset = nncf.QuantizationPreset.PERFORMANCE if params.preset == "performance" else nncf.QuantizationPreset.MIXED
-        quantized = nncf.quantize(_read(artifact["path"]), _calibration(ctx, params.subset_size), preset=preset,
+        quantized = nncf.quantize(_read(str(artifact.path)), _calibration(ctx, params.subset_size), preset=preset,
                                   subset_size=params.subset_size, fast_bias_correction=params.fast_bias_correction)
         return _save(quantized, out_dir)
 
@@ -84,7 +85,7 @@ class NncfAccuracyControl(Pass):
         max_drop: float = 1.0  # accuracy points
         subset_size: int = 100
 
-    def run(self, artifact: dict, params: Params, out_dir: Path, ctx: BuildContext) -> dict:
+    def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import nncf
 
         tuning = ctx.tuning
@@ -99,7 +100,7 @@ class NncfAccuracyControl(Pass):
             return float(np.mean(hits))
 
         quantized = nncf.quantize_with_accuracy_control(
-            _read(artifact["path"]), _calibration(ctx, params.subset_size), nncf.Dataset(items, lambda item: item[0]),
+            _read(str(artifact.path)), _calibration(ctx, params.subset_size), nncf.Dataset(items, lambda item: item[0]),
             validation_fn=validate, max_drop=params.max_drop / 100, drop_type=nncf.DropType.ABSOLUTE,
             subset_size=params.subset_size,
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servopt.passes.base import BuildContext, Pass, PassParams, register_pass
+from servopt.contracts import Artifact
+from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, register_pass
 
 
 @register_pass
@@ -16,13 +17,13 @@ class TorchQuantizeDynamic(Pass):
     input_format = "torch"
     output_format = "torch"
 
-    def run(self, artifact: dict, params: PassParams, out_dir: Path, ctx: BuildContext) -> dict:
+    def run(self, artifact: Artifact, params: PassParams, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import torch
 
         from servopt.models.sources import LoadedModel
 
-        module = LoadedModel.from_ref(artifact["ref"]).torch_module()
+        module = LoadedModel.from_ref(artifact.ref).torch_module()
         quantized = torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
         torch.save(quantized.state_dict(), out_dir / "quantized_state_dict.pt")
         # The runtime applies the same quantization on load (option quantize_dynamic) to the source reference.
-        return {"format": "torch", "ref": artifact["ref"], "size_file": "quantized_state_dict.pt"}
+        return PassOutput(format="torch", size_file="quantized_state_dict.pt")

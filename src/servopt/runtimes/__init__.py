@@ -2,6 +2,15 @@
 each imports its framework only when a session is opened."""
 
 from servopt.runtimes import onnxruntime_runtime, openvino_runtime, torch_runtime  # noqa: F401
-from servopt.runtimes.base import RUNTIMES, Runtime, Session, get_runtime, open_session, register_runtime
+from servopt.runtimes.base import (
+    RUNTIMES,
+    Runtime,
+    RuntimeOptions,
+    Session,
+    all_libraries,
+    get_runtime,
+    open_session,
+    register_runtime,
+)
 
-__all__ = ["RUNTIMES", "Runtime", "Session", "get_runtime", "open_session", "register_runtime"]
+__all__ = ["RUNTIMES", "Runtime", "RuntimeOptions", "Session", "all_libraries", "get_runtime", "open_session", "register_runtime"]

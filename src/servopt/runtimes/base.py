@@ -1,8 +1,13 @@
 """The runtime interface and registry: a new backend is one file that registers itself.
 
-A ``Runtime`` opens an artifact (an ONNX file, a torch model reference, an
-OpenVINO model) with options and returns a ``Session``. Sessions split input
-preparation from execution so the benchmark times only execution.
+A ``Runtime`` owns every fact about itself: the artifact formats it opens, its
+options (a pydantic model, validated once, like a pass's ``Params``), which
+option sets its threads, how a server should set it up, its Triton platform
+name, the pip packages a serving install needs for it, the libraries whose
+versions a record carries, and how to profile it. Nothing outside ``runtimes/``
+branches on a runtime's name. ``open`` returns a ``Session``, which splits
+input preparation from execution so the benchmark times only execution, and
+says what actually ran (``info``), read back from the framework.
 """
 
 from __future__ import annotations
@@ -11,9 +16,17 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from servopt.contracts import Artifact, OpProfile, OpTime, SessionInfo
 from servopt.errors import UserError
 from servopt.registry import Registry
+
+
+class RuntimeOptions(BaseModel):
+    """A runtime's options; unknown names are refused (a typo would otherwise be measured as the default)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class Session(ABC):
@@ -35,21 +48,56 @@ class Session(ABC):
     def run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         return self.to_numpy(self.run_prepared(self.prepare(feed)))
 
+    def warm_up(self, feed: dict[str, np.ndarray]) -> float:
+        """Run once before anything is timed; returns the seconds a just-in-time compiler spent (0 for others)."""
+        self.run(feed)
+        return 0.0
+
     @abstractmethod
-    def info(self) -> dict:
-        """What actually ran: provider/device, threads, settings. Reported with every figure."""
+    def info(self) -> SessionInfo:
+        """What actually ran: provider/device, precision, threads, settings. Reported with every figure."""
+
+    def profile(self, feeds: list[dict[str, np.ndarray]], runs: int, top: int) -> OpProfile:
+        """Where the time goes, op by op, over ``runs`` single-sample calls."""
+        raise UserError(f"runtime {self.info().runtime} has no op-level profiler", fix="profile a variant on another runtime")
 
 
 class Runtime(ABC):
     name: ClassVar[str]
     artifact_formats: ClassVar[tuple[str, ...]]  # which artifact formats it opens
+    Options: ClassVar[type[RuntimeOptions]] = RuntimeOptions
+    thread_option: ClassVar[str | None] = None  # the option that sets intra-op threads
     needs_gpu: ClassVar[bool] = False
+    servable: ClassVar[bool] = False  # may the server (no torch, no pickles) run it
+    triton_platform: ClassVar[str] = "custom"  # Triton's name for the backend, in model metadata and config
+    requirements: ClassVar[tuple[str, ...]] = ()  # pip distributions a serving install needs for this runtime
+    libraries: ClassVar[tuple[str, ...]] = ()  # distributions whose versions each record of it carries
+
+    def parse_options(self, options: dict | RuntimeOptions | None) -> RuntimeOptions:
+        """Validate once; the error names the option and lists the known ones."""
+        if isinstance(options, self.Options):
+            return options
+        raw = options.model_dump(exclude_unset=True) if isinstance(options, BaseModel) else dict(options or {})
+        try:
+            return self.Options(**raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise UserError(f"bad option for runtime {self.name}: {field}: {first['msg']}",
+                            fix=f"{self.name} takes: {', '.join(self.Options.model_fields) or 'no options'}") from e
+
+    def with_threads(self, options: RuntimeOptions, threads: int | None) -> RuntimeOptions:
+        """``options`` with the intra-op thread count set (no-op for a runtime without a thread option)."""
+        if threads is None or self.thread_option is None:
+            return options
+        return options.model_copy(update={self.thread_option: threads})
+
+    def serving_options(self, options: RuntimeOptions) -> RuntimeOptions:
+        """How a server should run it, given the variant's options (the event loop shares the cores)."""
+        return options
 
     @abstractmethod
-    def open(self, artifact: dict, options: dict) -> Session: ...
-
-    def validate_options(self, options: dict) -> None:
-        """Raise ``UserError`` for a bad option before any process is started."""
+    def open(self, artifact: Artifact, options: Any) -> Session: ...
 
     def available(self) -> tuple[bool, str]:
         """Whether this machine can run it, and why not."""
@@ -61,8 +109,26 @@ register_runtime = RUNTIMES.register
 get_runtime = RUNTIMES.get
 
 
-def open_session(artifact: dict, runtime: str, options: dict | None = None) -> Session:
+def open_session(artifact: Artifact | dict, runtime: str, options: dict | RuntimeOptions | None = None) -> Session:
     rt = get_runtime(runtime)
-    if artifact["format"] not in rt.artifact_formats:
-        raise UserError(f"runtime {runtime} cannot open a {artifact['format']} artifact", fix=f"it opens {rt.artifact_formats}")
-    return rt.open(artifact, options or {})
+    artifact = artifact if isinstance(artifact, Artifact) else Artifact.model_validate(artifact)
+    if artifact.format not in rt.artifact_formats:
+        raise UserError(f"runtime {runtime} cannot open a {artifact.format} artifact", fix=f"it opens {rt.artifact_formats}")
+    ok, why = rt.available()
+    if not ok:
+        raise UserError(why, fix=f"install what runtime {runtime} needs, or measure another runtime")
+    return rt.open(artifact, rt.parse_options(options))
+
+
+def all_libraries() -> list[str]:
+    """Every registered runtime's libraries: what an environment snapshot records."""
+    RUNTIMES.load()
+    return list(dict.fromkeys(lib for cls in RUNTIMES.classes.values() for lib in cls.libraries))
+
+
+def top_ops(times_us: dict[str, float], calls: dict[str, int], runs: int, top: int, profiler: str) -> OpProfile:
+    """Aggregate per-op kernel times (µs over ``runs`` calls) into the shares a report shows."""
+    total = sum(times_us.values()) or 1.0
+    ops = sorted(times_us.items(), key=lambda kv: -kv[1])
+    return OpProfile(profiler=profiler, total_ms_per_run=total / runs / 1000, ops=[
+        OpTime(op=op, ms_per_run=t / runs / 1000, share=t / total, calls_per_run=calls[op] / runs) for op, t in ops[:top]])

@@ -1,34 +1,72 @@
-"""OpenVINO on the CPU, with its LATENCY / THROUGHPUT performance hints."""
+"""OpenVINO on the CPU, with its LATENCY / THROUGHPUT performance hints and a pinned inference precision.
+
+OpenVINO's CPU plugin picks bf16 on its own where the CPU has bf16 arithmetic
+(``INFERENCE_PRECISION_HINT`` answers ``bfloat16`` on AVX512-BF16 and AMX
+CPUs), so a variant says which precision it means and the session pins it;
+the precision the compiled model actually runs is read back from its runtime
+model (the precision of its compute layers), never assumed.
+"""
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter, defaultdict
+from typing import Literal
 
 import numpy as np
 
+from servopt.contracts import Artifact, OpProfile, SessionInfo
 from servopt.errors import UserError
-from servopt.runtimes.base import Runtime, Session, register_runtime
+from servopt.runtimes.base import Runtime, RuntimeOptions, Session, register_runtime, top_ops
+
+# servopt's precision names → OpenVINO's element types for INFERENCE_PRECISION_HINT.
+PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+_RUNTIME_PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "u8": "int8", "i8": "int8"}
+_COMPUTE_LAYERS = {"Convolution", "GroupConvolution", "FullyConnected", "MatMul", "Deconvolution"}
+
+
+class OpenVinoOptions(RuntimeOptions):
+    hint: Literal["LATENCY", "THROUGHPUT"] = "LATENCY"
+    threads: int | None = None
+    # "default" leaves the choice to the plugin (bf16 on CPUs with bf16 arithmetic): named for what it runs only
+    # after reading it back, so the catalogue never uses it.
+    precision: Literal["fp32", "bf16", "fp16", "default"] = "fp32"
+
+
+def compute_precision(compiled) -> tuple[str, dict[str, int]]:
+    """The precision most compute layers (convolutions, matrix products) of the compiled model run in."""
+    counts: Counter[str] = Counter()
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        layer = info["layerType"].astype(str) if "layerType" in info else ""
+        if layer in _COMPUTE_LAYERS and "runtimePrecision" in info:
+            ran = info["runtimePrecision"].astype(str).lower()
+            counts[_RUNTIME_PRECISION.get(ran, ran)] += 1
+    return (counts.most_common(1)[0][0] if counts else "unknown"), dict(counts)
 
 
 class OpenVinoSession(Session):
-    def __init__(self, artifact: dict, options: dict) -> None:
+    def __init__(self, artifact: Artifact, options: OpenVinoOptions) -> None:
         import openvino as ov
 
         core = ov.Core()
         self.options = options
-        config = {"PERFORMANCE_HINT": options.get("hint", "LATENCY")}
-        if options.get("threads"):
-            config["INFERENCE_NUM_THREADS"] = int(options["threads"])
+        config: dict = {"PERFORMANCE_HINT": options.hint}
+        if options.threads:
+            config["INFERENCE_NUM_THREADS"] = int(options.threads)
+        if options.precision != "default":
+            config["INFERENCE_PRECISION_HINT"] = PRECISIONS[options.precision]
         try:
-            model = core.read_model(artifact["path"])
-            self.compiled = core.compile_model(model, "CPU", config)
+            self.model = core.read_model(str(artifact.path))
+            self.compiled = core.compile_model(self.model, "CPU", config)
         except Exception as e:
-            raise UserError(f"OpenVINO cannot load {artifact['path']}: {str(e).splitlines()[0]}", fix="check the model") from e
+            raise UserError(f"OpenVINO cannot load {artifact.path}: {str(e).splitlines()[0]}",
+                            fix="check the model, or ask for a precision this CPU has") from e
         self.request = self.compiled.create_infer_request()
         self.input_names = [i.get_any_name() for i in self.compiled.inputs]
         self.output = self.compiled.outputs[0]
         self.queue = None
-        if config["PERFORMANCE_HINT"] == "THROUGHPUT":
+        if options.hint == "THROUGHPUT":
             # The THROUGHPUT hint splits the CPU into streams that only parallel requests can fill: a batch is cut
             # into one slice per stream and run through an AsyncInferQueue (one synchronous request uses one stream).
             self.queue = ov.AsyncInferQueue(self.compiled, int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
@@ -46,22 +84,48 @@ class OpenVinoSession(Session):
         self.queue.wait_all()
         return np.concatenate([parts[i] for i in range(len(bounds) - 1)])
 
-    def info(self) -> dict:
-        return {
-            "runtime": "openvino",
-            "provider_requested": "CPU",
-            "provider_actual": "CPU",
-            "provider_fallback": False,
-            "hint": self.options.get("hint", "LATENCY"),
-            "streams": int(self.compiled.get_property("NUM_STREAMS")),
-            "parallel_requests": len(self.queue) if self.queue is not None else 1,
-        }
+    def info(self) -> SessionInfo:
+        hint = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        actual, layers = compute_precision(self.compiled)
+        return SessionInfo(
+            runtime="openvino", provider_requested="CPU", provider_actual="CPU",
+            precision_requested=None if self.options.precision == "default" else self.options.precision,
+            precision_actual=actual, threads=int(self.compiled.get_property("INFERENCE_NUM_THREADS")) or "default",
+            details={"hint": self.options.hint, "streams": int(self.compiled.get_property("NUM_STREAMS")),
+                     "parallel_requests": len(self.queue) if self.queue is not None else 1,
+                     "inference_precision_hint": hint, "compute_layer_precisions": layers,
+                     "precision_source": "the compiled model's runtime precision of its compute layers"},
+        )
+
+    def profile(self, feeds: list[dict[str, np.ndarray]], runs: int, top: int) -> OpProfile:
+        """OpenVINO's performance counters, aggregated by executed layer type."""
+        import openvino as ov
+
+        config = {"PERF_COUNT": True, "PERFORMANCE_HINT": self.options.hint}
+        if self.options.precision != "default":
+            config["INFERENCE_PRECISION_HINT"] = PRECISIONS[self.options.precision]
+        request = ov.Core().compile_model(self.model, "CPU", config).create_infer_request()
+        times: dict[str, float] = defaultdict(float)
+        calls: dict[str, int] = defaultdict(int)
+        for i in range(runs):
+            request.infer(feeds[i % len(feeds)])
+            for info in request.get_profiling_info():
+                if info.status == info.Status.EXECUTED:
+                    times[info.node_type] += info.real_time.total_seconds() * 1e6
+                    calls[info.node_type] += 1
+        return top_ops(times, calls, runs, top, "openvino")
 
 
 @register_runtime
 class OpenVinoRuntime(Runtime):
     name = "openvino"
     artifact_formats = ("onnx", "openvino")
+    Options = OpenVinoOptions
+    thread_option = "threads"
+    servable = True
+    triton_platform = "openvino"
+    requirements = ("openvino",)
+    libraries = ("openvino", "nncf")
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -70,8 +134,5 @@ class OpenVinoRuntime(Runtime):
             return False, "openvino is not installed (pip install servopt[openvino])"
         return True, ""
 
-    def open(self, artifact: dict, options: dict) -> Session:
-        ok, why = self.available()
-        if not ok:
-            raise UserError(why, fix="pip install 'servopt[openvino]'")
+    def open(self, artifact: Artifact, options: OpenVinoOptions) -> Session:
         return OpenVinoSession(artifact, options)

@@ -1,74 +1,108 @@
-"""PyTorch: eager under ``inference_mode``, channels_last, torch.compile, dynamic INT8.
+"""PyTorch: eager (plain, eval, no_grad, inference_mode), channels_last, torch.compile, dynamic INT8, bf16/fp16.
 
-The artifact is a reference to the source model (``LoadedModel.ref``); the
+The artifact is a reference to the source model (``Artifact.ref``); the
 transforms are applied when the session opens, so compile time lands in the
 cold-start figure where it belongs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections import defaultdict
+from typing import Literal
 
 import numpy as np
 
+from servopt.contracts import Artifact, OpProfile, SessionInfo
 from servopt.errors import UserError
-from servopt.runtimes.base import Runtime, Session, register_runtime
+from servopt.runtimes.base import Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 # glibc returns large tensor buffers to the OS after every forward unless told not to; set in a process's
 # environment before it starts, this took eager batch-32 from 26 to 91 img/s here (FIELD-NOTES), training too.
 MALLOC_TUNED_ENV = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"}
 
 
+class TorchOptions(RuntimeOptions):
+    device: Literal["cpu", "cuda"] = "cpu"
+    threads: int | None = None
+    # How the module is called: the lab compares a plain module (training mode, autograd on) with eval(),
+    # eval()+no_grad and eval()+inference_mode.
+    grad_mode: Literal["plain", "eval", "no_grad", "inference_mode"] = "inference_mode"
+    channels_last: bool = False
+    compile: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = None
+    compile_dynamic: bool | None = None  # torch.compile(dynamic=…): varying sequence lengths without recompiles
+    freezing: bool = False
+    quantize_dynamic: bool = False
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    autocast: bool = False  # reduced precision through torch.autocast (weights stay fp32) instead of casting
+
+
 class TorchSession(Session):
-    def __init__(self, artifact: dict, options: dict) -> None:
+    def __init__(self, artifact: Artifact, options: TorchOptions) -> None:
         import torch
 
         from servopt.models.sources import LoadedModel
 
+        if artifact.ref is None:
+            raise UserError("a torch artifact needs a model reference", fix="build it from a torch source")
         self.torch = torch
         self.options = options
-        if options.get("threads"):
-            torch.set_num_threads(int(options["threads"]))
-        model = LoadedModel.from_ref(artifact["ref"])
+        if options.threads:
+            torch.set_num_threads(int(options.threads))
+        model = LoadedModel.from_ref(artifact.ref)
         self.input_names = model.spec.input_names
-        self.device = options.get("device", "cpu")
+        self.device = options.device
         module = model.torch_module()
-        if options.get("quantize_dynamic"):
+        if options.grad_mode == "plain":
+            module.train()  # the lab's baseline: as a notebook leaves a freshly built module
+        if options.quantize_dynamic:
             module = torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
-        self.channels_last = bool(options.get("channels_last"))
-        if self.channels_last:
+        if options.channels_last:
             module = module.to(memory_format=torch.channels_last)
-        self.dtype = torch.float16 if options.get("fp16") else None
+        self.dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[options.dtype]
         if self.device != "cpu":
             module = module.to(self.device)
-        if self.dtype is not None:
+        if self.dtype is not None and not options.autocast:
             module = module.to(self.dtype)
-        self.compile_s = 0.0
-        if options.get("compile"):
-            if options.get("freezing"):
+        if options.compile:
+            if options.freezing:
                 import torch._inductor.config as inductor_config
 
                 inductor_config.freezing = True
-            mode = None if options["compile"] == "default" else options["compile"]
-            module = torch.compile(module, mode=mode)
+            mode = None if options.compile == "default" else options.compile
+            module = torch.compile(module, mode=mode, dynamic=options.compile_dynamic)
         self.module = module
+        self.recompiles = 0
+
+    def _context(self):
+        torch = self.torch
+        stack = contextlib.ExitStack()
+        mode = self.options.grad_mode
+        if mode == "inference_mode":
+            stack.enter_context(torch.inference_mode())
+        elif mode == "no_grad":
+            stack.enter_context(torch.no_grad())
+        if self.options.autocast and self.dtype is not None:
+            stack.enter_context(torch.autocast(self.device, dtype=self.dtype))
+        return stack
 
     def prepare(self, feed: dict[str, np.ndarray]):
         torch = self.torch
         tensors = []
         for name in self.input_names:
             t = torch.from_numpy(np.ascontiguousarray(feed[name]))
-            if self.channels_last and t.dim() == 4:
+            if self.options.channels_last and t.dim() == 4:
                 t = t.contiguous(memory_format=torch.channels_last)
             if self.device != "cpu":
                 t = t.to(self.device)
-            if self.dtype is not None and t.is_floating_point():
+            if self.dtype is not None and not self.options.autocast and t.is_floating_point():
                 t = t.to(self.dtype)
             tensors.append(t)
         return tensors
 
     def run_prepared(self, prepared):
-        with self.torch.inference_mode():
+        with self._context():
             out = self.module(*prepared)
         if isinstance(out, (tuple, list)):
             out = out[0]
@@ -77,31 +111,61 @@ class TorchSession(Session):
         return out
 
     def to_numpy(self, output) -> np.ndarray:
-        return output.float().cpu().numpy()
+        return output.detach().float().cpu().numpy()
 
-    def warm_compile(self, feed: dict[str, np.ndarray]) -> float:
-        """Run once so torch.compile compiles; returns seconds spent (reported as cold start)."""
+    def warm_up(self, feed: dict[str, np.ndarray]) -> float:
+        """Run once; with torch.compile this compiles, and the seconds are reported (they count as cold start)."""
         start = time.perf_counter()
         self.run(feed)
-        return time.perf_counter() - start
+        return time.perf_counter() - start if self.options.compile else 0.0
 
-    def info(self) -> dict:
+    def _precision(self) -> str:
+        if self.options.quantize_dynamic:
+            return "int8 (dynamic, Linear)"
+        params = [p for p in self.module.parameters() if p.is_floating_point()]
+        dtype = str(params[0].dtype).removeprefix("torch.") if params else "float32"
+        name = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+        if self.options.autocast and self.dtype is not None:
+            return f"{self.options.dtype} (autocast over {name} weights)"
+        return name
+
+    def info(self) -> SessionInfo:
         torch = self.torch
-        return {
-            "runtime": "torch",
-            "provider_requested": self.options.get("device", "cpu"),
-            "provider_actual": self.device,
-            "provider_fallback": False,
-            "threads": torch.get_num_threads(),
-            "mode": f"compile:{self.options['compile']}" if self.options.get("compile") else "eager+inference_mode",
-            "channels_last": self.channels_last,
-        }
+        mode = f"compile:{self.options.compile}" if self.options.compile else f"eager+{self.options.grad_mode}"
+        return SessionInfo(
+            runtime="torch", provider_requested=self.options.device, provider_actual=self.device,
+            precision_requested=self.options.dtype if not self.options.quantize_dynamic else "int8",
+            precision_actual=self._precision(), threads=torch.get_num_threads(),
+            details={"mode": mode, "channels_last": self.options.channels_last,
+                     "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision_source": "the module's parameters"},
+        )
+
+    def profile(self, feeds: list[dict[str, np.ndarray]], runs: int, top: int) -> OpProfile:
+        """torch.profiler, aggregated by aten / mkldnn operator."""
+        torch = self.torch
+        prepared = [self.prepare(f) for f in feeds]
+        self.run_prepared(prepared[0])
+        times: dict[str, float] = defaultdict(float)
+        calls: dict[str, int] = defaultdict(int)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for i in range(runs):
+                self.run_prepared(prepared[i % len(prepared)])
+        for ev in prof.key_averages():
+            if ev.key.startswith(("aten::", "mkldnn", "onednn")):
+                times[ev.key] += ev.self_cpu_time_total
+                calls[ev.key] += ev.count
+        return top_ops(times, calls, runs, top, "torch.profiler")
 
 
 @register_runtime
 class TorchRuntime(Runtime):
     name = "torch"
     artifact_formats = ("torch",)
+    Options = TorchOptions
+    thread_option = "threads"
+    triton_platform = "pytorch_libtorch"
+    requirements = ("torch",)
+    libraries = ("torch",)
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -110,10 +174,7 @@ class TorchRuntime(Runtime):
             return False, "torch is not installed (pip install servopt[torch])"
         return True, ""
 
-    def open(self, artifact: dict, options: dict) -> Session:
-        ok, why = self.available()
-        if not ok:
-            raise UserError(why, fix="pip install 'servopt[torch]'")
+    def open(self, artifact: Artifact, options: TorchOptions) -> Session:
         return TorchSession(artifact, options)
 
 
@@ -132,5 +193,5 @@ class TorchCudaRuntime(TorchRuntime):
             return False, "torch sees no CUDA device (this torch build is CPU-only or no GPU is present)"
         return True, ""
 
-    def open(self, artifact: dict, options: dict) -> Session:
-        return super().open(artifact, {"device": "cuda", **options})
+    def open(self, artifact: Artifact, options: TorchOptions) -> Session:
+        return TorchSession(artifact, options.model_copy(update={"device": "cuda"}))

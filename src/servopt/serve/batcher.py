@@ -76,10 +76,18 @@ class BatchStats:
     on_queue_wait: Callable[[float], None] = lambda seconds: None
 
 
+def _concatenate(feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(feeds) == 1:
+        return feeds[0]
+    return {n: np.concatenate([f[n] for f in feeds]) for n in feeds[0]}
+
+
 class DynamicBatcher:
-    def __init__(self, run_fns: list[Callable[[dict[str, np.ndarray]], np.ndarray]], *, max_batch: int = 32,
+    def __init__(self, run_fns: list[Callable[[dict[str, np.ndarray]], np.ndarray]], *,
+                 collate: Callable[[list[dict[str, np.ndarray]]], dict[str, np.ndarray]] | None = None, max_batch: int = 32,
                  max_delay_us: int = 2000, max_queue: int = 256, stats: BatchStats | None = None) -> None:
         self.run_fns = run_fns
+        self.collate = collate or _concatenate
         self.max_batch = max(1, max_batch)
         self.max_delay = max_delay_us / 1e6
         self.max_queue = max_queue
@@ -166,8 +174,7 @@ class DynamicBatcher:
             now = time.perf_counter()
             for p in batch:
                 self.stats.on_queue_wait(now - p.enqueued)
-            names = list(batch[0].inputs)
-            merged = {n: np.concatenate([p.inputs[n] for p in batch]) if len(batch) > 1 else batch[0].inputs[n] for n in names}
+            merged = self.collate([p.inputs for p in batch])
             start = time.perf_counter()
             try:
                 out = await loop.run_in_executor(self._executor, run_fn, merged)

@@ -1,43 +1,57 @@
-"""A model as the server sees it: an ONNX or OpenVINO artifact, its spec, labels and preprocessing.
+"""A model as the server sees it: an artifact, the runtime that opens it, its spec, and why it was chosen.
 
-The serving path never imports torch and never unpickles: it opens ONNX Runtime
-or OpenVINO artifacts only (a test proves torch stays unimported).
+The serving path never imports torch and never unpickles: only runtimes that
+declare themselves ``servable`` open artifacts here (a test proves torch stays
+unimported). Three sources: an ONNX / OpenVINO file, a run directory's pick for
+a target (or its nearest miss, served deliberately), or a package folder that
+``servopt package`` wrote.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from pydantic import Field
 
+from servopt.contracts import Artifact, Contract
 from servopt.errors import UserError
-from servopt.spec import ModelSpec
-
-SERVABLE_RUNTIMES = ("onnxruntime", "onnxruntime-cuda", "openvino")
+from servopt.families.base import Family, family_of
+from servopt.runtimes.base import Runtime, Session, get_runtime
+from servopt.spec import ModelSpec, TensorSpec
 
 
 @dataclass
 class ServedModel:
     name: str
-    artifact: dict
+    artifact: Artifact
     runtime: str
-    options: dict
+    options: dict[str, Any]
     spec: ModelSpec
     instances: int = 1
-    sessions: list = field(default_factory=list)
+    sessions: list[Session] = field(default_factory=list)
     objective: str | None = None  # the target's, when served from a run directory
+    parameters: dict[str, Any] = field(default_factory=dict)  # told to clients in the model's metadata (why this variant)
+
+    @property
+    def backend(self) -> Runtime:
+        return get_runtime(self.runtime)
+
+    @property
+    def family(self) -> Family:
+        return family_of(self.spec)
 
     def load(self) -> None:
+        rt = self.backend
+        options = rt.serving_options(rt.parse_options(self.options))
         from servopt.runtimes.base import open_session
 
-        options = dict(self.options)
-        if self.runtime.startswith("onnxruntime"):
-            options.setdefault("allow_spinning", False)  # the event loop shares these cores
         self.sessions = [open_session(self.artifact, self.runtime, options) for _ in range(max(1, self.instances))]
-        first = self.spec.inputs
-        warm = {t.name: np.zeros(t.concrete_shape(1, {d: 8 for d in _named_dims(t.shape)}), dtype=t.dtype) for t in first}
+        warm = {t.name: np.zeros(t.concrete_shape(1, {d: 8 for d in t.named_dims}), dtype=t.dtype) for t in self.spec.inputs}
         for s in self.sessions:
             s.run(warm)
 
@@ -45,14 +59,29 @@ class ServedModel:
     def output_name(self) -> str:
         return self.spec.outputs[0].name if self.spec.outputs else "output"
 
-    def runtime_options_cli(self) -> list[str]:
-        """The ``servopt serve`` flags that reproduce these runtime options (for packaging)."""
-        flags = {"graph_optimization_level": "--graph-level", "intra_op_threads": "--threads", "hint": "--hint"}
-        return [x for k, v in self.options.items() if k in flags for x in (flags[k], str(v))]
+    def apply_instances(self, instances: int | None, threads: int | None) -> None:
+        """Instances and threads per instance. For a throughput objective, two single-thread instances per 2 cores
+        (Triton's CPU default is 2 instances): batches overlap with request handling, and one-thread sessions waste
+        nothing on intra-op synchronisation (measured: served 79-81 % of offline throughput vs 58-77 % with one
+        2-thread instance, benchmarks/serve_bench.py). For latency, one instance with every core."""
+        cores = os.cpu_count() or 1
+        if instances is None:
+            instances = 2 if self.objective == "throughput" and cores >= 2 else 1
+        self.instances = instances
+        if threads is None and instances > 1:
+            threads = max(1, cores // instances)
+        rt = self.backend
+        self.options = rt.with_threads(rt.parse_options(self.options), threads).model_dump(exclude_defaults=True)
 
 
-def _named_dims(shape: list) -> list[str]:
-    return [d for d in shape[1:] if isinstance(d, str)]
+def _servable(runtime: str, what: str) -> None:
+    rt = get_runtime(runtime)
+    if not rt.servable:
+        from servopt.runtimes.base import RUNTIMES
+
+        servable = [n for n in RUNTIMES.names() if RUNTIMES.classes[n].servable]
+        raise UserError(f"{what} runs on {runtime}, which the server does not run (no torch, no pickles on the serving path)",
+                        fix=f"serve a variant on one of {servable} (see report.md), or export it first (`servopt export`)")
 
 
 def from_file(path: Path, name: str | None, runtime: str | None = None, options: dict | None = None) -> ServedModel:
@@ -68,83 +97,95 @@ def from_file(path: Path, name: str | None, runtime: str | None = None, options:
     elif suffix == ".xml":
         spec = _openvino_spec(path)
         fmt, runtime = "openvino", runtime or "openvino"
-        if runtime != "openvino":
-            raise UserError("an OpenVINO IR runs on the openvino runtime only", fix="drop --runtime or use --runtime openvino")
     else:
         raise UserError(f"servopt serves ONNX or OpenVINO artifacts (no pickles, no torch), not {path.name}",
                         fix="export it first (`servopt export`) or serve a run directory (`servopt serve runs/NAME --target T`)")
-    if runtime not in SERVABLE_RUNTIMES:
-        raise UserError(f"runtime {runtime} cannot serve", fix=f"use one of {SERVABLE_RUNTIMES}")
-    return ServedModel(name or path.stem, {"format": fmt, "path": str(path)}, runtime, options or {}, spec)
+    _servable(runtime, str(path))
+    rt = get_runtime(runtime)
+    if fmt not in rt.artifact_formats:
+        raise UserError(f"runtime {runtime} cannot open a {fmt} artifact", fix=f"drop --runtime, or use one that opens {fmt}")
+    rt.parse_options(options or {})
+    return ServedModel(name or path.stem, Artifact(format=fmt, path=str(path)), runtime, options or {}, spec)  # type: ignore[arg-type]
 
 
 def _openvino_spec(path: Path) -> ModelSpec:
     import openvino as ov
 
-    from servopt.spec import TensorSpec
-
     model = ov.Core().read_model(str(path))
 
     def spec(port) -> TensorSpec:
         dims = [d.get_length() if d.is_static else ("batch" if i == 0 else None) for i, d in enumerate(port.get_partial_shape())]
-        return TensorSpec(port.get_any_name(), port.get_element_type().to_dtype().name, dims)
+        return TensorSpec(name=port.get_any_name(), dtype=port.get_element_type().to_dtype().name, shape=dims)
 
     return ModelSpec(inputs=[spec(p) for p in model.inputs], outputs=[spec(p) for p in model.outputs])
 
 
-def from_run(run_dir: Path, target: str | None, variant: str | None) -> ServedModel:
-    """The variant recommended for ``target`` in a run directory (or the one named)."""
-    from servopt.optimize.rundir import load_run
+def from_run(run_dir: Path, target: str | None, variant: str | None, nearest: bool = False) -> ServedModel:
+    """The variant recommended for ``target`` in a run directory, the one named, or (``nearest``) the nearest miss of
+    a target no variant meets, served deliberately with its shortfall in the model's metadata."""
+    from servopt.optimize.rundir import load_config, load_run
 
     summary, run_records = load_run(run_dir)
-    if not summary:
+    if summary is None:
         raise UserError(f"{run_dir} has no summary.json", fix="run `servopt optimize … --out DIR` to the end first")
-    records = {r["name"]: r for r in run_records}
+    records = {r.name: r for r in run_records}
+    parameters: dict[str, Any] = {}
+    decision = summary.decision(target) if target else None
+    if target and decision is None:
+        raise UserError(f"no target {target!r} in {run_dir}", fix=f"one of: {', '.join(d.target.name for d in summary.targets)}")
     if variant is None:
-        names = [t["target"]["name"] for t in summary["targets"]]
-        if target is None:
+        if decision is None:
+            names = [d.target.name for d in summary.targets]
             raise UserError("which target's variant should be served?", fix=f"pass --target (one of {names}) or --variant")
-        entry = next((t for t in summary["targets"] if t["target"]["name"] == target), None)
-        if entry is None:
-            raise UserError(f"no target {target!r} in {run_dir}", fix=f"one of: {', '.join(names)}")
-        variant = entry.get("recommended")
-        if variant is None:
-            raise UserError(f"no variant meets target {target!r} ({entry['reason']})", fix="pick one with --variant NAME")
+        variant = decision.recommended
+        parameters = {"target": decision.target.name, "target_status": decision.status}
+        if variant is None and decision.nearest and nearest:
+            variant = decision.nearest
+            parameters.update(served_as="nearest candidate", shortfall=decision.shortfall or "")
+        elif variant is None:
+            raise UserError(f"no variant meets target {decision.target.name!r} ({decision.reason})",
+                            fix=(f"serve the nearest deliberately with --nearest ({decision.nearest}), or pick one with --variant NAME"
+                                 if decision.nearest else "pick one with --variant NAME (see report.md)"))
     rec = records.get(variant)
     if rec is None:
         raise UserError(f"no variant {variant!r} in {run_dir}", fix=f"one of: {', '.join(records)}")
-    if rec["runtime"] not in SERVABLE_RUNTIMES or rec.get("artifact_format") not in ("onnx", "openvino"):
-        raise UserError(f"variant {variant} runs on {rec['runtime']}; the server runs ONNX Runtime and OpenVINO artifacts only",
-                        fix="serve an ONNX/OpenVINO variant with --variant (see report.md)")
-    config = json.loads((run_dir / "config.json").read_text())
-    if "spec" in config:  # labels and preprocessing of the run's source model
-        spec = ModelSpec.from_dict(config["spec"])
-    elif rec["artifact_format"] == "onnx":
-        from servopt.models.sources import load_model
-
-        spec = load_model(Path(rec["artifact"])).spec
-    else:
-        raise UserError(f"{run_dir} was made by an older servopt (no model spec stored)", fix="rerun the optimize command")
-    model = ServedModel(Path(config["model"]).stem, {"format": rec["artifact_format"], "path": rec["artifact"]}, rec["runtime"],
-                        rec.get("options") or {}, spec)
-    entry = next((t for t in summary["targets"] if t["target"]["name"] == target), None)
-    model.objective = entry["target"]["objective"] if entry else None
+    if rec.status != "ok" or rec.artifact is None:
+        raise UserError(f"variant {variant} did not run ({rec.error})", fix="serve a variant that ran (see report.md)")
+    _servable(rec.runtime, f"variant {variant}")
+    config = load_config(run_dir)
+    if config is None:
+        raise UserError(f"{run_dir} has no config.json", fix="rerun the optimize command")
+    model = ServedModel(Path(config.model).stem, rec.artifact.opened(), rec.runtime, rec.options, config.spec,
+                        parameters={"variant": variant, **parameters})
+    model.objective = decision.target.objective if decision else None
     return model
 
 
-def apply_instance_defaults(model: ServedModel, instances: int | None, threads: int | None) -> None:
-    """Instances and threads per instance. For a throughput objective, two single-thread instances per 2 cores
-    (Triton's CPU default is 2 instances): batches overlap with request handling, and one-thread sessions waste
-    nothing on intra-op synchronisation (measured: served 79-81 % of offline throughput vs 58-77 % with one
-    2-thread instance, benchmarks/serve_bench.py). For latency, one instance with every core."""
-    import os
+class Manifest(Contract):
+    """``manifest.json`` of a package: everything ``servopt serve PACKAGE`` needs, nothing it must guess."""
 
-    cores = os.cpu_count() or 1
-    if instances is None:
-        instances = 2 if model.objective == "throughput" and cores >= 2 else 1
-    model.instances = instances
-    if threads is None and instances > 1:
-        threads = max(1, cores // instances)
-    if threads:
-        key = "intra_op_threads" if model.runtime.startswith("onnxruntime") else "threads"
-        model.options = {**model.options, key: threads}
+    servopt: str
+    name: str
+    runtime: str
+    runtime_options: dict[str, Any]
+    artifact_file: str  # relative to the package folder
+    artifact_format: str
+    spec: ModelSpec
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    serve: dict[str, Any] = Field(default_factory=dict)  # ServeSettings fields the package was made with (batching, instances, threads)
+    requirements: list[str] = Field(default_factory=list)
+
+
+def from_package(folder: Path) -> tuple[ServedModel, dict[str, Any]]:
+    """A folder written by ``servopt package``: the model, and the serving settings it was packaged with."""
+    path = folder / "manifest.json"
+    try:
+        manifest = Manifest.model_validate(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is not a servopt package manifest ({str(e).splitlines()[0]})",
+                        fix="package with `servopt package`, or serve the run directory or model file") from e
+    _servable(manifest.runtime, f"package {folder}")
+    artifact = Artifact(format=manifest.artifact_format, path=str(folder / manifest.artifact_file))  # type: ignore[arg-type]
+    model = ServedModel(manifest.name, artifact, manifest.runtime, manifest.runtime_options, manifest.spec,
+                        parameters=manifest.parameters)
+    return model, manifest.serve

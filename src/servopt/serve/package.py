@@ -1,8 +1,11 @@
 """``servopt package``: a folder a team can deploy (artifact, manifest, requirements, Dockerfile).
 
-The footprint comparison mirrors the tutorial's container sizes: the installed
-size of the ONNX Runtime serving environment against a PyTorch one, summed
-from the files each installed distribution (and its dependencies) owns.
+``servopt serve PACKAGE`` reads ``manifest.json`` (artifact, runtime and its
+options, model spec, serving settings), so the container's command is one line
+and no runtime option is translated into command-line flags. The footprint
+comparison mirrors the tutorial's container sizes: the installed size of the
+serving environment against a PyTorch one, summed from the files each
+installed distribution (and its dependencies) owns.
 """
 
 from __future__ import annotations
@@ -14,13 +17,36 @@ from importlib import metadata
 from pathlib import Path
 
 from servopt import __version__
+from servopt.contracts import Contract
 from servopt.errors import UserError
 from servopt.results import write_json_atomic
-from servopt.serve.model import ServedModel
+from servopt.serve.model import Manifest, ServedModel
+from servopt.settings import ServeSettings
 
-SERVE_REQUIREMENTS = ["numpy", "pillow", "onnx", "fastapi", "uvicorn", "python-multipart", "prometheus-client", "pydantic", "typer", "rich",
-                      "pyyaml", "jinja2"]
-RUNTIME_REQUIREMENTS = {"onnxruntime": ["onnxruntime"], "openvino": ["openvino"], "onnxruntime-cuda": ["onnxruntime-gpu"]}
+# servopt's lean core plus its `serve` extra: what every serving image needs, whatever the runtime.
+SERVE_REQUIREMENTS = ("numpy", "pillow", "onnx", "pydantic", "pydantic-settings", "typer", "rich", "pyyaml", "jinja2",
+                      "fastapi", "uvicorn", "python-multipart", "prometheus-client", "grpcio", "protobuf")
+PACKAGED_SETTINGS = ("max_batch", "max_delay_us", "max_queue", "batching", "instances", "threads", "request_timeout_s",
+                     "max_body_mb", "max_image_pixels")
+
+
+class Footprint(Contract):
+    packages: list[str]
+    installed_mb: float
+    largest: list[tuple[str, float]]
+
+
+class FootprintComparison(Contract):
+    serving_env: Footprint
+    pytorch_env: Footprint
+    pytorch_over_serving: float | None
+    note: str
+
+
+class Packaged(Contract):
+    out: str
+    files: list[str]
+    footprint: FootprintComparison
 
 
 def _dist_size(name: str) -> int:
@@ -56,19 +82,19 @@ def _closure(names: list[str]) -> set[str]:
     return seen
 
 
-def footprint(packages: list[str]) -> dict:
+def footprint(packages: list[str]) -> Footprint:
     dists = _closure(packages)
     sizes = {d: _dist_size(d) for d in dists}
-    return {"packages": packages, "installed_mb": round(sum(sizes.values()) / 1e6, 1),
-            "largest": sorted(((d, round(s / 1e6, 1)) for d, s in sizes.items()), key=lambda x: -x[1])[:5]}
+    return Footprint(packages=packages, installed_mb=round(sum(sizes.values()) / 1e6, 1),
+                     largest=sorted(((d, round(s / 1e6, 1)) for d, s in sizes.items()), key=lambda x: -x[1])[:5])
 
 
-def compare_footprints(runtime: str) -> dict:
-    serving = footprint(SERVE_REQUIREMENTS + RUNTIME_REQUIREMENTS.get(runtime, ["onnxruntime"]))
+def compare_footprints(model: ServedModel) -> FootprintComparison:
+    serving = footprint([*SERVE_REQUIREMENTS, *model.backend.requirements])
     pytorch = footprint(["torch", "numpy", "pillow", "fastapi", "uvicorn"])
-    ratio = pytorch["installed_mb"] / serving["installed_mb"] if serving["installed_mb"] else None
-    return {"serving_env": serving, "pytorch_env": pytorch, "pytorch_over_serving": round(ratio, 1) if ratio else None,
-            "note": "installed sizes on this machine (CPU torch wheel); a CUDA torch build is several GB larger"}
+    ratio = pytorch.installed_mb / serving.installed_mb if serving.installed_mb else None
+    return FootprintComparison(serving_env=serving, pytorch_env=pytorch, pytorch_over_serving=round(ratio, 1) if ratio else None,
+                               note="installed sizes on this machine (CPU torch wheel); a CUDA torch build is several GB larger")
 
 
 def _pin(name: str) -> str:
@@ -78,34 +104,26 @@ def _pin(name: str) -> str:
         return name
 
 
-def package(model: ServedModel, out: Path, settings: dict) -> dict:
+def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not empty", fix="choose a new --out folder or remove it")
     out.mkdir(parents=True, exist_ok=True)
     from servopt.models.sources import artifact_files
 
-    src = Path(model.artifact["path"])
+    src = Path(str(model.artifact.path))
     (out / "model").mkdir()
     for f in artifact_files(model.artifact):
         shutil.copy2(f, out / "model" / f.name)
-    manifest = {
-        "servopt": __version__, "name": model.name, "runtime": model.runtime, "runtime_options": model.options,
-        "artifact": {"format": model.artifact["format"], "file": f"model/{src.name}"},
-        "inputs": [vars(t) for t in model.spec.inputs], "outputs": [vars(t) for t in model.spec.outputs],
-        "task": model.spec.task, "labels": model.spec.class_names, "preprocessing": model.spec.preprocessing,
-        "batching": settings,
-    }
+    requirements = [_pin(n) for n in (*model.backend.requirements, *SERVE_REQUIREMENTS)]
+    manifest = Manifest(servopt=__version__, name=model.name, runtime=model.runtime, runtime_options=model.options,
+                        artifact_file=f"model/{src.name}", artifact_format=model.artifact.format, spec=model.spec,
+                        parameters=model.parameters, requirements=requirements,
+                        serve={k: getattr(settings, k) for k in PACKAGED_SETTINGS} | {"instances": model.instances})
     write_json_atomic(out / "manifest.json", manifest)
     wheel = _build_servopt_wheel(out / "wheels")
-    reqs = [f"./wheels/{wheel.name}" if wheel else f"servopt=={__version__}"]
-    reqs += [_pin(n) for n in RUNTIME_REQUIREMENTS.get(model.runtime, ["onnxruntime"])]
-    reqs += [_pin(n) for n in ("numpy", "pillow", "onnx", "fastapi", "uvicorn", "python-multipart", "prometheus-client")]
+    reqs = [f"./wheels/{wheel.name}" if wheel else f"servopt=={__version__}", *requirements]
     (out / "requirements.txt").write_text("# the serving environment only: no torch, no optimizers\n" + "\n".join(reqs) + "\n")
-    cmd = ["servopt", "serve", f"model/{src.name}", "--name", model.name, "--host", "0.0.0.0", "--port", "8000",
-           "--max-batch", str(settings["max_batch"]), "--max-delay-us", str(settings["max_delay_us"]),
-           "--max-queue", str(settings["max_queue"]), "--runtime", model.runtime, "--instances", str(model.instances)]
-    if model.runtime_options_cli():
-        cmd += model.runtime_options_cli()
+    cmd = ["servopt", "serve", ".", "--host", "0.0.0.0", "--port", "8000"]
     (out / "Dockerfile").write_text(
         "FROM python:3.11-slim\n"
         "WORKDIR /srv\n"
@@ -114,12 +132,13 @@ def package(model: ServedModel, out: Path, settings: dict) -> dict:
         + "RUN pip install --no-cache-dir -r requirements.txt\n"
         "COPY model/ model/\nCOPY manifest.json .\n"
         "EXPOSE 8000\n"
+        "# manifest.json holds the runtime, its options and the batching settings (SERVOPT_* variables override them).\n"
         "# Binds 0.0.0.0 inside the container only; set SERVOPT_API_KEY to require a bearer token.\n"
         f"CMD {json.dumps(cmd)}\n"
     )
-    report = compare_footprints(model.runtime)
+    report = compare_footprints(model)
     write_json_atomic(out / "footprint.json", report)
-    return {"out": str(out), "files": sorted(p.name for p in out.rglob("*") if p.is_file()), "footprint": report}
+    return Packaged(out=str(out), files=sorted(p.name for p in out.rglob("*") if p.is_file()), footprint=report)
 
 
 def _build_servopt_wheel(dest: Path) -> Path | None:

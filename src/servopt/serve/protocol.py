@@ -1,37 +1,41 @@
-"""Open Inference Protocol v2 (KServe / Triton) request and response codec, JSON and binary.
+"""Open Inference Protocol v2 (KServe / Triton): the wire types, and the REST codec (JSON and binary tensors).
 
 Triton's binary-tensor extension: the body starts with a JSON header of
 ``Inference-Header-Content-Length`` bytes; tensors whose ``parameters`` carry
-``binary_data_size`` follow as raw little-endian bytes, in order. tritonclient
-sends inputs that way by default (``binary_data=True``) and asks for binary
-outputs, so a server must speak it to work with the stock client.
+``binary_data_size`` follow as raw little-endian bytes, in order (a BYTES
+tensor as 4-byte little-endian lengths, each followed by its bytes).
+tritonclient sends inputs that way by default (``binary_data=True``) and asks
+for binary outputs, so a server must speak it to work with the stock client.
 
 No library implements the server side of this codec for FastAPI (Triton and
-KServe embed their own), so it is written here, strictly validated: every
-malformed request becomes a ``BadRequest`` naming the problem, never a 500.
+KServe embed their own), so it is written here. This module only decodes the
+envelope: checking tensors against a model is the data plane's job, shared by
+every front end. Every malformed body becomes a ``BadRequest``, never a 500.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import struct
+from typing import Any
 
 import numpy as np
-
-from servopt.spec import TensorSpec
+from pydantic import BaseModel, Field
 
 DATATYPES = {
     "BOOL": np.dtype(bool), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16), "UINT32": np.dtype(np.uint32),
     "UINT64": np.dtype(np.uint64), "INT8": np.dtype(np.int8), "INT16": np.dtype(np.int16), "INT32": np.dtype(np.int32),
     "INT64": np.dtype(np.int64), "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
 }
-NP_TO_DATATYPE = {v.name: k for k, v in DATATYPES.items()}
+NP_TO_DATATYPE = {v.name: k for k, v in DATATYPES.items() if k != "BYTES"}
 HEADER = "inference-header-content-length"
 
 
 class BadRequest(Exception):
-    """A client error: answered 400 (or ``status``) with the message as ``{"error": ...}``."""
+    """A client error: answered with ``status`` (400 unless said) and the message; front ends map it (HTTP status,
+    gRPC code)."""
 
     def __init__(self, message: str, status: int = 400, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -43,16 +47,113 @@ def datatype_of(dtype: str) -> str:
     return NP_TO_DATATYPE.get(np.dtype(dtype).name, "BYTES")
 
 
-@dataclass
-class InferRequest:
-    id: str | None
-    inputs: dict[str, np.ndarray]
-    binary_outputs: bool
-    requested_outputs: list[str] | None
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
 
 
-def parse_infer_request(body: bytes, header_length: str | None, model_inputs: list[TensorSpec]) -> InferRequest:
-    """Decode and validate a v2 infer request against the model's inputs."""
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str] = Field(default_factory=lambda: ["1"])
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class ServerMetadata(BaseModel):
+    name: str = "servopt"
+    version: str
+    extensions: list[str]
+
+
+class InputTensor(BaseModel):
+    """One decoded input: a NumPy array with its declared datatype (BYTES: an object array of ``bytes``)."""
+
+    model_config = {"arbitrary_types_allowed": True}
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: Any  # np.ndarray
+
+
+class InferRequest(BaseModel):
+    model_config = {"arbitrary_types_allowed": True}
+
+    id: str | None = None
+    inputs: list[InputTensor]
+    requested_outputs: list[str] | None = None
+    binary_outputs: bool = False
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class InferResponse(BaseModel):
+    model_config = {"arbitrary_types_allowed": True}
+
+    model_name: str
+    id: str | None = None
+    outputs: dict[str, Any]  # name → np.ndarray
+
+
+def decode_json(body: bytes | str) -> Any:
+    """The one JSON decoder of the serving path: any failure (bad UTF-8, bad syntax, nesting deep enough to exhaust
+    the recursion limit, numbers too large) is a 400 naming the problem."""
+    try:
+        return json.loads(body)
+    except RecursionError as e:
+        raise BadRequest("the request body is nested too deeply to decode") from e
+    except Exception as e:
+        raise BadRequest(f"the request body is not valid JSON: {type(e).__name__}: {str(e)[:200]}") from e
+
+
+def decode_bytes_tensor(raw: memoryview | bytes, count: int, name: str) -> np.ndarray:
+    """Triton's BYTES serialization: each element a 4-byte little-endian length, then that many bytes."""
+    out, offset, raw = [], 0, memoryview(raw)
+    for _ in range(count):
+        if offset + 4 > len(raw):
+            raise BadRequest(f"input {name!r}: BYTES data ends inside an element's length prefix")
+        (n,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + n > len(raw):
+            raise BadRequest(f"input {name!r}: a BYTES element of {n} bytes runs past the data")
+        out.append(bytes(raw[offset:offset + n]))
+        offset += n
+    if offset != len(raw):
+        raise BadRequest(f"input {name!r}: {len(raw) - offset} bytes of BYTES data left over")
+    arr = np.empty(count, dtype=object)
+    arr[:] = out
+    return arr
+
+
+def encode_bytes_tensor(arr: np.ndarray) -> bytes:
+    parts = []
+    for item in arr.reshape(-1):
+        b = item if isinstance(item, bytes) else str(item).encode()
+        parts += [struct.pack("<I", len(b)), b]
+    return b"".join(parts)
+
+
+def _json_bytes_data(data: Any, name: str) -> np.ndarray:
+    flat = list(_flatten(data))
+    if not all(isinstance(x, str) for x in flat):
+        raise BadRequest(f"input {name!r}: BYTES data must be strings")
+    arr = np.empty(len(flat), dtype=object)
+    arr[:] = [x.encode("utf-8", "surrogatepass") for x in flat]
+    return arr
+
+
+def _flatten(data: Any):
+    if isinstance(data, list):
+        for x in data:
+            yield from _flatten(x)
+    else:
+        yield data
+
+
+def decode_rest_request(body: bytes, header_length: str | None) -> InferRequest:
+    """A v2 REST infer body (plain JSON, or a JSON header followed by binary tensors) → ``InferRequest``."""
     if header_length is not None:
         try:
             n = int(header_length)
@@ -63,108 +164,89 @@ def parse_infer_request(body: bytes, header_length: str | None, model_inputs: li
         header_bytes, binary = body[:n], memoryview(body)[n:]
     else:
         header_bytes, binary = body, memoryview(b"")
-    try:
-        header = json.loads(header_bytes)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from e
+    header = decode_json(header_bytes)
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list) or not header["inputs"]:
         raise BadRequest("the request needs an 'inputs' list of tensors")
-    expected = {t.name: t for t in model_inputs}
-    inputs: dict[str, np.ndarray] = {}
+    inputs: list[InputTensor] = []
     offset = 0
     for i, tensor in enumerate(header["inputs"]):
         if not isinstance(tensor, dict):
             raise BadRequest(f"inputs[{i}] must be an object")
         name, shape, datatype = tensor.get("name"), tensor.get("shape"), tensor.get("datatype")
-        if name not in expected:
-            raise BadRequest(f"unknown input {name!r}; the model takes {sorted(expected)}")
-        if name in inputs:
-            raise BadRequest(f"input {name!r} given twice")
+        if not isinstance(name, str):
+            raise BadRequest(f"inputs[{i}] needs a 'name' string")
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise BadRequest(f"input {name!r}: 'shape' must be a list of non-negative integers")
         if datatype not in DATATYPES:
             raise BadRequest(f"input {name!r}: datatype {datatype!r} is not supported ({', '.join(DATATYPES)})")
-        spec = expected[name]
-        want = datatype_of(spec.dtype)
-        if datatype != want:
-            raise BadRequest(f"input {name!r} has datatype {datatype}; the model expects {want}")
-        _check_shape(name, shape, spec)
         count = math.prod(shape)
-        dtype = DATATYPES[datatype]
         params = tensor.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise BadRequest(f"input {name!r}: 'parameters' must be an object")
         if "binary_data_size" in params:
             size = params["binary_data_size"]
-            if not isinstance(size, int) or size != count * dtype.itemsize:
-                raise BadRequest(f"input {name!r}: binary_data_size {size} does not match shape {shape} of {datatype} "
-                                 f"({count * dtype.itemsize} bytes)")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise BadRequest(f"input {name!r}: binary_data_size must be a non-negative integer")
             if offset + size > len(binary):
                 raise BadRequest(f"input {name!r}: the body holds {len(binary) - offset} bytes of binary data, {size} expected")
-            arr = np.frombuffer(binary[offset:offset + size], dtype=dtype.newbyteorder("<"))
-            if arr.dtype != dtype:  # only a big-endian host needs the byte swap; elsewhere the body is used as is
-                arr = arr.astype(dtype)
+            chunk = binary[offset:offset + size]
             offset += size
+            if datatype == "BYTES":
+                arr = decode_bytes_tensor(chunk, count, name)
+            else:
+                dtype = DATATYPES[datatype]
+                if size != count * dtype.itemsize:
+                    raise BadRequest(f"input {name!r}: binary_data_size {size} does not match shape {shape} of {datatype} "
+                                     f"({count * dtype.itemsize} bytes)")
+                arr = np.frombuffer(chunk, dtype=dtype.newbyteorder("<"))
+                if arr.dtype != dtype:  # only a big-endian host needs the byte swap; elsewhere the body is used as is
+                    arr = arr.astype(dtype)
         else:
             if "data" not in tensor:
                 raise BadRequest(f"input {name!r} has no 'data' (or binary_data_size)")
-            try:
-                arr = np.asarray(tensor["data"], dtype=dtype).reshape(-1)
-            except (ValueError, TypeError) as e:
-                raise BadRequest(f"input {name!r}: 'data' cannot be read as {datatype}: {e}") from e
+            if datatype == "BYTES":
+                arr = _json_bytes_data(tensor["data"], name)
+            else:
+                try:
+                    arr = np.asarray(tensor["data"], dtype=DATATYPES[datatype]).reshape(-1)
+                except (ValueError, TypeError, OverflowError, RecursionError) as e:
+                    raise BadRequest(f"input {name!r}: 'data' cannot be read as {datatype}: {str(e)[:200]}") from e
         if arr.size != count:
             raise BadRequest(f"input {name!r}: {arr.size} elements given, shape {shape} needs {count}")
-        arr = arr.reshape(shape)
-        # min/max propagate NaN and show ±inf: two reductions instead of a full boolean temporary.
-        if arr.dtype.kind == "f" and arr.size and not (np.isfinite(arr.min()) and np.isfinite(arr.max())):
-            raise BadRequest(f"input {name!r} contains NaN or infinity")
-        inputs[name] = arr
+        inputs.append(InputTensor(name=name, datatype=datatype, shape=shape, data=arr.reshape(shape)))
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} bytes of binary data were not claimed by any input")
-    missing = sorted(set(expected) - set(inputs))
-    if missing:
-        raise BadRequest(f"missing input(s) {missing}")
-    batches = {a.shape[0] for a in inputs.values()}
-    if len(batches) != 1:
-        raise BadRequest(f"inputs disagree on the batch size: {sorted(batches)}")
     outputs = header.get("outputs")
     requested = None
-    binary_out = bool((header.get("parameters") or {}).get("binary_data_output", False))
+    top_params = header.get("parameters") or {}
+    binary_out = bool(top_params.get("binary_data_output", False)) if isinstance(top_params, dict) else False
     if isinstance(outputs, list) and outputs:
         requested = [o.get("name") for o in outputs if isinstance(o, dict)]
-        binary_out = any((o.get("parameters") or {}).get("binary_data", False) for o in outputs if isinstance(o, dict))
-    return InferRequest(header.get("id"), inputs, binary_out, requested)
+        binary_out = any(isinstance(o.get("parameters"), dict) and o["parameters"].get("binary_data", False)
+                         for o in outputs if isinstance(o, dict))
+    request_id = header.get("id")
+    return InferRequest(id=str(request_id) if request_id is not None else None, inputs=inputs, requested_outputs=requested,
+                        binary_outputs=binary_out, parameters=top_params if isinstance(top_params, dict) else {})
 
 
-def _check_shape(name: str, shape: list[int], spec: TensorSpec) -> None:
-    if len(shape) != len(spec.shape):
-        raise BadRequest(f"input {name!r} has {len(shape)} dimensions {shape}; the model expects {len(spec.shape)} {_fmt(spec.shape)}")
-    if shape[0] < 1:
-        raise BadRequest(f"input {name!r}: the batch dimension must be at least 1")
-    for i, (got, want) in enumerate(zip(shape, spec.shape, strict=True)):
-        if i > 0 and isinstance(want, int) and want > 0 and got != want:
-            raise BadRequest(f"input {name!r} has shape {shape}; the model expects {_fmt(spec.shape)}")
-
-
-def _fmt(shape: list) -> str:
-    return "[" + ", ".join(str(d) if isinstance(d, int) and d > 0 else "-1" for d in shape) + "]"
-
-
-def encode_infer_response(model_name: str, request_id: str | None, outputs: dict[str, np.ndarray],
-                          binary: bool) -> tuple[bytes, dict[str, str]]:
+def encode_rest_response(response: InferResponse, binary: bool) -> tuple[bytes, dict[str, str]]:
     """(body, extra headers). Binary outputs go after the JSON header, as Triton answers."""
     header_outputs, chunks = [], []
-    for name, arr in outputs.items():
+    for name, arr in response.outputs.items():
         arr = np.ascontiguousarray(arr)
-        entry = {"name": name, "shape": list(arr.shape), "datatype": datatype_of(arr.dtype.name)}
+        is_bytes = arr.dtype == object
+        entry: dict[str, Any] = {"name": name, "shape": list(arr.shape), "datatype": "BYTES" if is_bytes else datatype_of(arr.dtype.name)}
         if binary:
-            raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+            raw = encode_bytes_tensor(arr) if is_bytes else arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            entry["data"] = arr.reshape(-1).tolist()
+            flat = arr.reshape(-1)
+            entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in flat] if is_bytes else flat.tolist()
         header_outputs.append(entry)
-    body = {"model_name": model_name, "model_version": "1", "outputs": header_outputs}
-    if request_id is not None:
-        body["id"] = request_id
+    body: dict[str, Any] = {"model_name": response.model_name, "model_version": "1", "outputs": header_outputs}
+    if response.id is not None:
+        body["id"] = response.id
     head = json.dumps(body).encode()
     if not binary:
         return head, {}

@@ -1,0 +1,227 @@
+"""Typed measurement jobs, each run in a fresh process: ``python -m servopt.bench.jobs job.json out.json``.
+
+Running each job in its own process means one variant's allocator state,
+thread pools or compiled kernels cannot disturb the next (optimum-benchmark,
+Model Navigator). Every kind of job is declared here once, with the typed
+result it returns; ``launcher.launch`` starts any of them the same way.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field, TypeAdapter
+
+from servopt.bench.protocol import Protocol, measure_batch, measure_latency, measure_session
+from servopt.contracts import (
+    Artifact,
+    ColdStart,
+    Contract,
+    Gate,
+    Interleaved,
+    Measured,
+    OpProfile,
+    Phase,
+    SideBySide,
+)
+from servopt.spec import ModelSpec
+
+READY = "servopt-job-ready"  # printed by a job that is timed from outside, at the moment it has its answer
+
+
+class OpenSpec(Contract):
+    """What a process needs to open a variant: its name, artifact, runtime and options."""
+
+    name: str
+    artifact: Artifact
+    runtime: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def open(self):
+        from servopt.runtimes import open_session
+
+        return open_session(self.artifact, self.runtime, self.options)
+
+
+class JobBase(Contract):
+    kind: str
+    result_type: ClassVar[type[Contract]]
+    timeout_s: ClassVar[float] = 1800.0
+    env: dict[str, str] = Field(default_factory=dict)  # extra environment variables (allocator settings, ISA caps)
+    python: str | None = None  # the interpreter to run it with (a runtime's own environment); default: this one
+
+
+class MeasureJob(JobBase):
+    """Verify one variant against the original, then time it (the protocol)."""
+
+    kind: Literal["measure"] = "measure"
+    result_type: ClassVar[type[Contract]] = Measured
+    session: OpenSpec
+    data: str
+    family: str
+    reference: str | None = None  # the original's outputs (.npy) to judge against
+    save_outputs: str | None = None
+    protocol: Protocol
+    gate: Gate | None = None
+
+
+class ColdStartJob(JobBase):
+    """Imports, load and one answer in a fresh process, timed from outside (spawn to answer)."""
+
+    kind: Literal["coldstart"] = "coldstart"
+    result_type: ClassVar[type[Contract]] = ColdStart
+    timeout_s: ClassVar[float] = 900.0
+    session: OpenSpec
+    spec: ModelSpec
+
+
+class InterleaveJob(JobBase):
+    """Candidates and a reference side by side in one process: A B … ref, A B … ref (same-run ratios)."""
+
+    kind: Literal["interleave"] = "interleave"
+    result_type: ClassVar[type[Contract]] = Interleaved
+    sessions: list[OpenSpec]
+    reference: str
+    data: str
+    protocol: Protocol
+    rounds: int = 3
+
+
+class ProfileJob(JobBase):
+    """Where the time goes, op by op, for one variant."""
+
+    kind: Literal["profile"] = "profile"
+    result_type: ClassVar[type[Contract]] = OpProfile
+    timeout_s: ClassVar[float] = 600.0
+    session: OpenSpec
+    data: str
+    runs: int = 30
+    top: int = 12
+
+
+Job = Annotated[MeasureJob | ColdStartJob | InterleaveJob | ProfileJob, Field(discriminator="kind")]
+JOB_ADAPTER: TypeAdapter = TypeAdapter(Job)
+
+
+def _environment(session):
+    from servopt.machine import environment
+    from servopt.runtimes import all_libraries
+
+    return environment(session.info() if session is not None else None, all_libraries())
+
+
+def run_measure(job: MeasureJob) -> Measured:
+    from servopt.data.dataset import Dataset
+    from servopt.families import FAMILIES
+
+    data = Dataset.load(Path(job.data))
+    reference = np.load(job.reference) if job.reference else None
+    start = time.perf_counter()
+    session = job.session.open()
+    load_s = time.perf_counter() - start
+    compile_s = session.warm_up(data.slice(0, 1))
+    result = measure_session(session, data, reference, FAMILIES.get(job.family), job.protocol,
+                             Path(job.save_outputs) if job.save_outputs else None, job.gate)
+    return result.model_copy(update={"load_s": load_s, "compile_s": compile_s, "environment": _environment(session)})
+
+
+def peak_rss_kb() -> int:
+    """This process's peak resident memory. ``ru_maxrss`` is not used: Linux carries it over fork+exec, so a child
+    would report its parent's peak; ``VmHWM`` belongs to this address space."""
+    import resource
+
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def run_coldstart(job: ColdStartJob, t0: float) -> ColdStart:
+    from servopt.data.dataset import synthetic_inputs
+
+    feed = synthetic_inputs(job.spec, count=1, shape_overrides={d: 16 for t in job.spec.inputs for d in t.named_dims}).slice(0, 1)
+    t1 = time.perf_counter()
+    session = job.session.open()
+    t2 = time.perf_counter()
+    compile_s = session.warm_up(feed)
+    t3 = time.perf_counter()
+    print(READY, flush=True)  # the launcher stops its clock here: spawn → imports → load → first answer
+    return ColdStart(imports_s=t1 - t0, load_s=t2 - t1, first_inference_s=t3 - t2, peak_rss_mb=peak_rss_kb() / 1024,
+                     compile_s=compile_s or None)
+
+
+def run_interleave(job: InterleaveJob) -> Interleaved:
+    from servopt.data.dataset import Dataset
+
+    data = Dataset.load(Path(job.data))
+    sessions = {}
+    for spec in job.sessions:
+        s = spec.open()
+        s.warm_up(data.slice(0, 1))
+        sessions[spec.name] = s
+    rounds: list[dict[str, dict]] = []
+    phases: list[Phase] = []
+    for _ in range(job.rounds):
+        this = {}
+        for name, s in sessions.items():
+            single = measure_latency(s, data, job.protocol, name=f"{name}:single")
+            batch = measure_batch(s, data, job.protocol, job.protocol.batch_size, name=f"{name}:batch")
+            phases += [single.phase, batch.phase]
+            this[name] = {"p50": single.latency.p50, "tp": batch.throughput,
+                          "flagged": single.interference.flagged or batch.interference.flagged}
+        rounds.append(this)
+    ref = job.reference
+    summary = {}
+    for name in sessions:
+        p50s, tps = [r[name]["p50"] for r in rounds], [r[name]["tp"] for r in rounds]
+        summary[name] = SideBySide(
+            p50_ms=statistics.median(p50s), throughput_ips=statistics.median(tps), p50_ms_rounds=p50s, throughput_rounds=tps,
+            p50_ratio_vs_reference=statistics.median(r[name]["p50"] / r[ref]["p50"] for r in rounds),
+            throughput_ratio_vs_reference=statistics.median(r[name]["tp"] / r[ref]["tp"] for r in rounds),
+            flagged_rounds=sum(r[name]["flagged"] for r in rounds))
+    return Interleaved(reference=ref, rounds=len(rounds), order=list(sessions), variants=summary,
+                       environment=_environment(None), phases=phases)
+
+
+def run_profile(job: ProfileJob) -> OpProfile:
+    from servopt.data.dataset import Dataset
+
+    data = Dataset.load(Path(job.data))
+    session = job.session.open()
+    feeds = [data.slice(i, i + 1) for i in range(min(job.runs, len(data)))]
+    session.warm_up(feeds[0])
+    return session.profile(feeds, job.runs, job.top).model_copy(update={"variant": job.session.name})
+
+
+def main(job_path: str, out_path: str) -> None:
+    t0 = time.perf_counter()
+    from servopt.errors import UserError
+    from servopt.results import write_json_atomic
+
+    job = JOB_ADAPTER.validate_json(Path(job_path).read_text())
+    try:
+        if isinstance(job, MeasureJob):
+            result: Contract = run_measure(job)
+        elif isinstance(job, ColdStartJob):
+            result = run_coldstart(job, t0)
+        elif isinstance(job, InterleaveJob):
+            result = run_interleave(job)
+        else:
+            result = run_profile(job)
+    except UserError as e:  # a clean, explained failure: the launcher records it and the sweep goes on
+        write_json_atomic(Path(out_path), {"job_error": e.problem})
+        return
+    write_json_atomic(Path(out_path), result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

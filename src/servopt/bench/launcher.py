@@ -1,0 +1,118 @@
+"""One launcher for every measurement job: a fresh process, one failure shape, a script that replays it alone.
+
+Each job gets a folder with ``job.json``, ``job.log`` (its stdout and stderr)
+and ``replay.sh``: the exact command, interpreter and environment, so a crash
+in one variant can be re-run and debugged by itself (Model Navigator's
+reproduce scripts). A job that crashes, times out or fails with a user error
+comes back as a ``JobFailure`` with the reason, never as an exception: the
+sweep records it and goes on. Jobs timed from outside (cold start) print a
+marker when they have their answer; the launcher's clock stops on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from servopt.bench.jobs import READY, JobBase
+from servopt.contracts import Contract
+
+R = TypeVar("R", bound=Contract)
+SRC = str(Path(__file__).resolve().parents[2])  # servopt's source folder, importable by any interpreter
+
+
+class JobFailure(Contract):
+    error: str
+    exit_code: int | None = None
+    log: str
+    replay: str
+
+
+@dataclass
+class Launched(Generic[R]):
+    """A finished job: its typed result, or why there is none."""
+
+    result: R | None
+    failure: JobFailure | None
+    wall_s: float
+    ready_s: float | None = None  # spawn → the job's READY marker (cold start)
+
+    @property
+    def error(self) -> str | None:
+        return self.failure.error if self.failure else None
+
+
+def job_env(job: JobBase) -> dict[str, str]:
+    """This environment, servopt's source importable first, plus the job's own variables."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(job.env)
+    return env
+
+
+def write_replay(job: JobBase, workdir: Path) -> Path:
+    python = job.python or sys.executable
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {"PYTHONPATH": SRC, **job.env}.items())
+    script = workdir / "replay.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"# Replays this {job.kind} job alone (same interpreter, environment and inputs); the result goes to replay-out.json.\n"
+        f"exec env {env} {shlex.quote(python)} -m servopt.bench.jobs {shlex.quote(str(workdir / 'job.json'))} "
+        f"{shlex.quote(str(workdir / 'replay-out.json'))}\n")
+    script.chmod(0o755)
+    return script
+
+
+def launch(job: JobBase, workdir: Path, timeout_s: float | None = None) -> Launched:
+    """Run ``job`` in a fresh process and return its typed result (``type(job).result_type``) or its failure."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    job_path, out_path, log_path = workdir / "job.json", workdir / "out.json", workdir / "job.log"
+    out_path.unlink(missing_ok=True)
+    job_path.write_text(job.model_dump_json(indent=1))
+    replay = write_replay(job, workdir)
+    timeout = timeout_s or type(job).timeout_s
+    cmd = [job.python or sys.executable, "-m", "servopt.bench.jobs", str(job_path), str(out_path)]
+    start = time.perf_counter()
+    ready: dict[str, float] = {}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=job_env(job))
+
+        def watch() -> None:  # stdout to the log, noting when the READY marker arrives
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.strip() == READY and "at" not in ready:
+                    ready["at"] = time.perf_counter() - start
+                else:
+                    log.write(line)
+
+        reader = threading.Thread(target=watch, daemon=True)
+        reader.start()
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = None
+        reader.join(timeout=5)
+    wall = time.perf_counter() - start
+
+    def failed(error: str) -> Launched:
+        return Launched(None, JobFailure(error=error, exit_code=code, log=str(log_path), replay=str(replay)), wall, ready.get("at"))
+
+    if code is None:
+        return failed(f"timed out after {timeout:.0f} s (replay: {replay})")
+    if code != 0 or not out_path.exists():
+        tail = " | ".join(log_path.read_text(errors="replace").strip().splitlines()[-3:])
+        return failed(f"the {job.kind} process exited {code}: {tail} (replay: {replay})")
+    data = json.loads(out_path.read_text())
+    if "job_error" in data:
+        return failed(data["job_error"])
+    return Launched(type(job).result_type.model_validate(data), None, wall, ready.get("at"))

@@ -1,0 +1,259 @@
+"""The ``optimize``, ``report``, ``profile`` and ``demo`` commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from servopt.cli.app import (
+    ArchOpt,
+    ClassesOpt,
+    CropOpt,
+    DataOpt,
+    LimitOpt,
+    MeanOpt,
+    ModelArg,
+    ResizeOpt,
+    ShapeOpt,
+    SplitOpt,
+    StdOpt,
+    StrictOpt,
+    TrustOpt,
+    app,
+    console,
+    run_cli,
+)
+from servopt.errors import UserError
+
+TargetsOpt = Annotated[str | None, typer.Option("--targets", help="presets (cpu-server, gpu-server, edge) and/or YAML files, "
+                                                                  "comma-separated [default: cpu-server,gpu-server,edge]")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="run directory (rerun the same command to resume) [default: runs/optimize]")]
+VariantsOpt = Annotated[list[str] | None, typer.Option("--variants", help="only these variants (names, globs or groups)")]
+IncludeAllOpt = Annotated[bool, typer.Option("--include-all", help="also the variants left out of the default sweep")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress, no tables")]
+
+
+def print_summary(summary, records) -> None:
+    from servopt.families import family_of
+    from servopt.optimize.report import interleave_rows, variant_rows, verdict_rows
+    from servopt.optimize.rundir import load_config
+
+    ref = next((r for r in records if r.name == summary.reference), None)
+    config = load_config(Path(summary.run_dir))
+    family = family_of(config.spec) if config else None
+    t = Table(title="every variant", title_style="bold")
+    for col in ("variant", "status", "size MB", "accuracy", "Δ pts", "precision", "p50 ms", "p99 ms", "batch/s", "cold s", "notes"):
+        t.add_column(col, justify="left" if col in ("variant", "status", "accuracy", "precision", "notes") else "right")
+    for r in variant_rows(records, ref, summary.pareto_front, family) if family else []:
+        status = {"ok": "[green]ok[/green]", "failed": "[red]failed[/red]", "skipped": "[yellow]skipped[/yellow]"}[r.status]
+        note = escape(r.error[:70]) if r.error else r.notes
+        t.add_row(r.name, status, r.size, r.accuracy, r.drop, r.precision, r.p50, r.p99, r.batch, r.cold, note)
+    console.print(t)
+    if summary.interleaved:
+        il = Table(title="same-run ratios vs ONNX Runtime defaults (interleaved)", title_style="bold")
+        for col in ("variant", "p50 ms", "batch/s", "p50 ratio", "throughput ratio"):
+            il.add_column(col, justify="left" if col == "variant" else "right")
+        for row in interleave_rows(summary):
+            il.add_row(row.name, row.p50, row.tp, row.p50_ratio, row.tp_ratio)
+        console.print(il)
+    v = Table(title="verdict per target", title_style="bold", show_lines=True)
+    for col in ("target", "hardware", "status", "recommended", "why"):
+        v.add_column(col)
+    for row in verdict_rows(summary):
+        colour = "green" if row.status.startswith("pass") else "red" if row.status == "fail" else "yellow"
+        v.add_row(row.name, row.hardware, f"[{colour}]{row.status}[/{colour}]", row.recommended, escape(row.reason))
+    console.print(v)
+
+
+def _progress_ui(quiet: bool):
+    from servopt.optimize.runner import Progress as Callbacks
+
+    if quiet:
+        return None, Callbacks()
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
+    task = {}
+
+    def start(total: int) -> None:
+        task["id"] = bar.add_task("variants", total=total)
+
+    return bar, Callbacks(
+        start=start,
+        step=lambda m: bar.update(task["id"], description=escape(m)) if "id" in task else None,
+        advance=lambda: bar.advance(task["id"]),
+        note=lambda m: bar.console.print(f"[dim]{escape(m)}[/dim]"),
+    )
+
+
+def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) -> object:
+    """Read the data through the model's family, then run the sweep (``optimize.runner``) with progress bars."""
+
+    from servopt.cli.common import data_options
+    from servopt.optimize.rundir import load_run
+    from servopt.optimize.runner import Run, optimize
+    from servopt.optimize.targets import load_targets
+
+    targets = load_targets(settings.targets)
+    family, options = data_options(loaded, **data_raw)
+    eval_data, loaded.spec = family.read_eval(loaded.spec, options)
+    tune, notes = family.read_tuning(loaded.spec, options)
+    if not quiet and not json_out:
+        if not family.has_data(options):
+            console.print("[yellow]no data: inputs made from the model's signature; only agreement with the original is measured[/yellow]")
+        for n in notes:
+            console.print(f"[yellow]{escape(n)}[/yellow]")
+    count = settings.calibration_samples
+    calib = tune.subset(np.arange(0, len(tune), max(1, len(tune) // count))[:count])  # spread over the split
+    run = Run(model=loaded, eval_data=eval_data, calibration=calib, tuning=tune, settings=settings, targets=targets)
+    bar, callbacks = _progress_ui(quiet or json_out)
+    if bar:
+        with bar:
+            summary = optimize(run, callbacks)
+    else:
+        summary = optimize(run, callbacks)
+    if json_out:
+        print(summary.model_dump_json(by_alias=True))
+    elif not quiet:
+        print_summary(summary, load_run(run.out)[1])
+        console.print(f"report: {run.out / 'report.html'} (and report.md, summary.json)")
+    return summary
+
+
+def optimize_settings(**given):
+    """Settings from the command line over ``SERVOPT_OPTIMIZE_*`` variables over the defaults."""
+    from servopt.settings import OptimizeSettings
+
+    return OptimizeSettings(**{k: v for k, v in given.items() if v is not None and v is not False})
+
+
+@app.command()
+def optimize(
+    model: ModelArg,
+    arch: ArchOpt = None,
+    num_classes: ClassesOpt = None,
+    trust_pickle: TrustOpt = False,
+    input_shape: ShapeOpt = None,
+    data: DataOpt = None,
+    split: SplitOpt = None,
+    limit: LimitOpt = None,
+    strict: StrictOpt = False,
+    resize: ResizeOpt = None,
+    crop: CropOpt = None,
+    mean: MeanOpt = None,
+    std: StdOpt = None,
+    targets: TargetsOpt = None,
+    out: OutOpt = None,
+    variants: VariantsOpt = None,
+    include_all: IncludeAllOpt = False,
+    calibration_samples: Annotated[int | None, typer.Option(help="calibration samples from the tuning split [default: 100]")] = None,
+    quick: Annotated[bool, typer.Option(help="a smoke run: tiny timing phases, figures not for decisions")] = False,
+    quiet: QuietOpt = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print summary.json to stdout")] = False,
+) -> None:
+    """Build every variant, verify it, benchmark it, and pick the best per deployment target."""
+
+    def go() -> None:
+        from servopt.cli.common import open_model
+
+        settings = optimize_settings(targets=targets, out=out, variants=variants, include_all=include_all,
+                                     calibration_samples=calibration_samples, quick=quick)
+        run_optimize(open_model(model, arch, num_classes, trust_pickle, input_shape),
+                     {"data": data, "split": split, "limit": limit, "strict": strict, "resize": resize, "crop": crop,
+                      "mean": mean, "std": std}, settings, quiet, json_out)
+
+    run_cli(go)
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="a run directory of servopt optimize")]) -> None:
+    """Re-render report.html and report.md from the stored results (reads only: nothing is measured)."""
+
+    def go() -> None:
+        from servopt.optimize.report import write_reports
+        from servopt.optimize.rundir import load_run
+
+        summary, records = load_run(run_dir)
+        if summary is None:
+            raise UserError(f"{run_dir} has results but no summary.json (the run did not finish)", fix="rerun the optimize command")
+        write_reports(run_dir, summary, records)
+        print_summary(summary, records)
+        console.print(f"report: {run_dir / 'report.html'}")
+
+    run_cli(go)
+
+
+@app.command()
+def profile(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory of servopt optimize")],
+    variant: Annotated[str, typer.Option(help="the variant to profile")],
+    runs: Annotated[int, typer.Option(help="single-sample runs to profile")] = 30,
+    top: Annotated[int, typer.Option(help="how many operators to list")] = 15,
+) -> None:
+    """Where the time goes, op by op (ONNX Runtime profiler, OpenVINO counters or torch.profiler), in a fresh process."""
+
+    def go() -> None:
+        from servopt.bench.jobs import OpenSpec, ProfileJob
+        from servopt.bench.launcher import launch
+        from servopt.optimize.rundir import load_run
+
+        _, records = load_run(run_dir)
+        rec = next((r for r in records if r.name == variant), None)
+        if rec is None:
+            raise UserError(f"no variant {variant!r} in {run_dir}", fix=f"one of: {', '.join(r.name for r in records)}")
+        if rec.status != "ok" or rec.artifact is None:
+            raise UserError(f"variant {variant} did not run ({rec.error})", fix="profile a variant that ran")
+        job = ProfileJob(session=OpenSpec(name=variant, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+                         data=str(Path(run_dir).resolve() / "data" / "eval.npz"), runs=runs, top=top, env=rec.env)
+        launched = launch(job, Path(run_dir).resolve() / "work" / variant / "profile-cli")
+        if launched.result is None:
+            raise UserError(f"profiling {variant} failed: {launched.error}", fix=f"replay it alone: {launched.failure.replay}")  # type: ignore[union-attr]
+        prof = launched.result
+        t = Table(title=f"{variant}: {prof.profiler}, {prof.total_ms_per_run:.2f} ms of kernels per sample", title_style="bold")
+        for col in ("op", "ms/sample", "share", "calls/sample"):
+            t.add_column(col, justify="left" if col == "op" else "right")
+        for o in prof.ops:
+            t.add_row(o.op, f"{o.ms_per_run:.3f}", f"{o.share:.1%}", f"{o.calls_per_run:.0f}")
+        console.print(t)
+
+    run_cli(go)
+
+
+@app.command()
+def demo(
+    out: OutOpt = None,
+    targets: TargetsOpt = None,
+    variants: VariantsOpt = None,
+    include_all: IncludeAllOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """The built-in demo: a MobileNetV2 trained (once) on the digits stand-in for Food-11, optimized for three targets
+    (run directory runs/demo)."""
+
+    def go() -> None:
+        from servopt.demo import ensure_demo
+        from servopt.models.sources import load_model
+
+        data_root, weights, training = ensure_demo(log=console.print)
+        note = ("demo: MobileNetV2 trained on scikit-learn's handwritten digits, standing in for Food-11 "
+                f"(no download possible here); validation top-1 {training['validation_top1']:.2%}")
+        if not quiet:
+            console.print(note)
+        settings = optimize_settings(out=out or Path("runs/demo"), targets=targets, variants=variants, include_all=include_all,
+                                     note=note)
+        run_optimize(load_model(weights, arch="mobilenet_v2"), {"data": data_root, "split": "evaluation"}, settings, quiet, False)
+
+    run_cli(go)

@@ -1,0 +1,189 @@
+"""The ``serve``, ``loadtest`` and ``package`` commands (no torch imported on this path)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from servopt.cli.app import app, console, run_cli
+from servopt.errors import UserError
+
+SourceArg = Annotated[Path, typer.Argument(help="a run directory of `servopt optimize`, a package folder, an .onnx file or an OpenVINO .xml")]
+TargetOpt = Annotated[str | None, typer.Option(help="serve the variant recommended for this target (run directory)")]
+VariantOpt = Annotated[str | None, typer.Option(help="serve this variant of the run directory")]
+NearestOpt = Annotated[bool, typer.Option("--nearest", help="when no variant meets --target, serve the nearest miss deliberately "
+                                                            "(its shortfall is printed and put in the model's metadata)")]
+
+
+def _served(source: Path, target: str | None, variant: str | None, nearest: bool, name: str | None, runtime: str | None,
+            options: dict):
+    """The model to serve, and the serving settings a package was made with (empty otherwise)."""
+    from servopt.serve.model import from_file, from_package, from_run
+
+    packaged: dict = {}
+    if source.is_dir() and (source / "manifest.json").exists():
+        model, packaged = from_package(source)
+    elif source.is_dir():
+        model = from_run(source, target, variant, nearest)
+    else:
+        if target or variant or nearest:
+            raise UserError("--target/--variant/--nearest pick from a run directory", fix="pass the run directory, or drop them")
+        model = from_file(source, name, runtime, options)
+    if name:
+        model.name = name
+    return model, packaged
+
+
+def serve_settings(packaged: dict, **given):
+    """Command line over ``SERVOPT_*`` variables over a package's settings over the defaults."""
+    from servopt.settings import ServeSettings
+
+    from_package = {k: v for k, v in packaged.items() if f"SERVOPT_{k.upper()}" not in os.environ and v is not None}
+    return ServeSettings(**{**from_package, **{k: v for k, v in given.items() if v is not None}})
+
+
+@app.command()
+def serve(
+    source: SourceArg,
+    target: TargetOpt = None,
+    variant: VariantOpt = None,
+    nearest: NearestOpt = False,
+    name: Annotated[str | None, typer.Option(help="model name in URLs (default: the file stem)")] = None,
+    host: Annotated[str | None, typer.Option(help="address to bind; 127.0.0.1 unless you mean to expose it [default: 127.0.0.1]")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port [default: 8000]")] = None,
+    grpc_port: Annotated[int | None, typer.Option(help="also serve the OIP v2 gRPC service on this port (off unless given)")] = None,
+    max_batch: Annotated[int | None, typer.Option(help="largest merged batch [default: 32]")] = None,
+    max_delay_us: Annotated[int | None, typer.Option(help="how long a request may wait to be batched, µs [default: 2000]")] = None,
+    max_queue: Annotated[int | None, typer.Option(help="samples allowed to wait; past it 503 + Retry-After [default: 256]")] = None,
+    no_batching: Annotated[bool, typer.Option("--no-batching", help="run each request alone")] = False,
+    instances: Annotated[int | None, typer.Option(
+        help="model instances (sessions) serving the queue (default: 2 single-thread instances for a throughput "
+             "target of a run directory, else 1)")] = None,
+    timeout: Annotated[float | None, typer.Option(help="per-request timeout, s (504 past it) [default: 30]")] = None,
+    max_body_mb: Annotated[float | None, typer.Option(help="request size limit (413 past it) [default: 32]")] = None,
+    limit_concurrency: Annotated[int | None, typer.Option(
+        help="uvicorn's limit on connections + requests in progress (503 at header time); idle keep-alive "
+             "connections count too. Default: none (the bounded queue refuses instead)")] = None,
+    api_key: Annotated[str | None, typer.Option(help="require 'Authorization: Bearer KEY' (or set SERVOPT_API_KEY)")] = None,
+    runtime: Annotated[str | None, typer.Option(help="onnxruntime (default for .onnx) or openvino")] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", "-o", help="runtime option KEY=VALUE (e.g. hint=THROUGHPUT)")] = None,
+    threads: Annotated[int | None, typer.Option(help="intra-op threads per instance")] = None,
+) -> None:
+    """Serve a model over the Open Inference Protocol v2 (KServe/Triton; REST, and gRPC with --grpc-port) with
+    dynamic batching."""
+
+    def go() -> None:
+        from servopt.cli.common import parse_options
+        from servopt.serve.server import run_server
+
+        model, packaged = _served(source, target, variant, nearest, name, runtime, parse_options(option))
+        settings = serve_settings(packaged, host=host, port=port, grpc_port=grpc_port, max_batch=max_batch,
+                                  max_delay_us=max_delay_us, max_queue=max_queue, batching=False if no_batching else None,
+                                  instances=instances, threads=threads, request_timeout_s=timeout, max_body_mb=max_body_mb,
+                                  api_key=api_key, limit_concurrency=limit_concurrency)
+        model.apply_instances(settings.instances, settings.threads)
+        if model.parameters.get("served_as") == "nearest candidate":
+            console.print(f"[yellow]no variant meets target {model.parameters['target']}: serving the nearest, "
+                          f"{model.parameters['variant']}, deliberately; shortfall: {model.parameters['shortfall']}[/yellow]")
+        grpc = f"; gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port else ""
+        console.print(f"serving [bold]{model.name}[/bold] ({model.artifact.format} on {model.runtime}, {model.instances} instance(s)) "
+                      f"at http://{settings.host}:{settings.port}/v2/models/{model.name}{grpc}; "
+                      f"batching: {'off' if not settings.batching else f'max {settings.max_batch}, {settings.max_delay_us} µs'}; "
+                      f"auth: {'bearer token' if settings.api_key else 'none'}")
+        run_server({model.name: model}, settings)
+
+    run_cli(go)
+
+
+@app.command()
+def loadtest(
+    url: Annotated[str, typer.Argument(help="the server, e.g. http://127.0.0.1:8000")],
+    model: Annotated[str, typer.Option(help="model name on the server")],
+    concurrency: Annotated[str | None, typer.Option(help="closed-loop steps, e.g. 1,8,32,64")] = None,
+    rate: Annotated[str | None, typer.Option(help="open-loop steps in requests/s, e.g. 100,300")] = None,
+    distribution: Annotated[str, typer.Option(help="open-loop arrivals: poisson or constant")] = "poisson",
+    duration: Annotated[float, typer.Option(help="seconds per step")] = 20.0,
+    warmup: Annotated[float, typer.Option(help="uncounted seconds before each step")] = 3.0,
+    max_requests: Annotated[int, typer.Option(help="at most this many requests per closed-loop step")] = 1_000_000,
+    json_body: Annotated[bool, typer.Option("--json-body", help="send JSON tensors instead of Triton binary tensors")] = False,
+    batch: Annotated[int, typer.Option(help="samples per request")] = 1,
+    image: Annotated[Path | None, typer.Option(help="send this image to the classify endpoint instead")] = None,
+    api_key: Annotated[str | None, typer.Option(help="bearer token (or SERVOPT_API_KEY)")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
+) -> None:
+    """Load-test a v2 server: closed loop at fixed concurrencies, open loop at fixed rates."""
+
+    def go() -> None:
+        from servopt.cli.common import parse_int_list
+        from servopt.results import write_json_atomic
+        from servopt.serve.loadtest import run_loadtest
+
+        if not concurrency and not rate:
+            raise UserError("nothing to run", fix="pass --concurrency 1,8,32 and/or --rate 100,300")
+        if distribution not in ("poisson", "constant"):
+            raise UserError(f"unknown distribution {distribution!r}", fix="use poisson or constant")
+        if not url.startswith(("http://", "https://")):
+            raise UserError(f"{url!r} is not an http(s) URL", fix="e.g. http://127.0.0.1:8000")
+        rates = [float(r) for r in rate.split(",")] if rate else []
+        if any(r <= 0 for r in rates):
+            raise UserError("rates must be positive", fix="e.g. --rate 100,300")
+        table = Table(title=f"servopt loadtest {url} ({model})", title_style="bold")
+        for col in ("mode", "level", "ok", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors", "queue ms", "compute ms/batch", "batch"):
+            table.add_column(col, justify="left" if col in ("mode", "errors") else "right")
+
+        def add(s: dict) -> None:
+            srv = s.get("server") or {}
+            lat = s["latency_ms"]
+            level = s.get("concurrency", s.get("rate_rps"))
+            table.add_row(s["mode"], f"{level:g}", str(s["ok"]), f"{s['throughput_rps']:.0f}", f"{lat['p50']:.1f}", f"{lat['p90']:.1f}",
+                          f"{lat['p99']:.1f}", ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "—",
+                          f"{srv['mean_queue_ms']:.1f}" if srv.get("mean_queue_ms") is not None else "—",
+                          f"{srv['mean_compute_ms_per_batch']:.1f}" if srv else "—", f"{srv['mean_batch_size']:.1f}" if srv else "—")
+            console.print(f"[dim]{s['mode']} {level:g}: {s['throughput_rps']:.0f} req/s, p99 {lat['p99']:.1f} ms[/dim]")
+
+        report = asyncio.run(run_loadtest(url, model, concurrency=parse_int_list(concurrency, "--concurrency"), rate=rates,
+                                          distribution=distribution, duration=duration, warmup=warmup, max_requests=max_requests,
+                                          binary=not json_body, batch=batch, image=image,
+                                          api_key=api_key or os.environ.get("SERVOPT_API_KEY"), on_step=add))
+        console.print(table)
+        if json_out:
+            write_json_atomic(json_out, report)
+            console.print(f"figures written to {json_out}")
+
+    run_cli(go)
+
+
+@app.command()
+def package(
+    source: SourceArg,
+    out: Annotated[Path, typer.Option(help="the folder to create")],
+    target: TargetOpt = None,
+    variant: VariantOpt = None,
+    nearest: NearestOpt = False,
+    name: Annotated[str | None, typer.Option(help="model name (default: the file stem)")] = None,
+    max_batch: Annotated[int | None, typer.Option(help="batching setting recorded in the manifest [default: 32]")] = None,
+    max_delay_us: Annotated[int | None, typer.Option(help="batching setting recorded in the manifest [default: 2000]")] = None,
+    max_queue: Annotated[int | None, typer.Option(help="queue limit recorded in the manifest [default: 256]")] = None,
+    instances: Annotated[int | None, typer.Option(help="model instances recorded in the manifest")] = None,
+) -> None:
+    """A deployable folder: artifact, manifest, minimal requirements.txt, Dockerfile, footprint comparison."""
+
+    def go() -> None:
+        from servopt.serve.package import package as make_package
+
+        model, packaged = _served(source, target, variant, nearest, name, None, {})
+        settings = serve_settings(packaged, max_batch=max_batch, max_delay_us=max_delay_us, max_queue=max_queue, instances=instances)
+        model.apply_instances(settings.instances, settings.threads)
+        result = make_package(model, out, settings)
+        fp = result.footprint
+        console.print(f"packaged [bold]{model.name}[/bold] into {out}: {', '.join(result.files)}")
+        console.print(f"installed size: serving env ({model.runtime}) {fp.serving_env.installed_mb} MB "
+                      f"vs PyTorch env {fp.pytorch_env.installed_mb} MB ({fp.pytorch_over_serving}× larger)")
+        console.print_json(fp.model_dump_json())
+
+    run_cli(go)

@@ -1,0 +1,156 @@
+"""A model family: everything servopt knows about one kind of model, in one place.
+
+For a family (image classifiers, sentence encoders, …) this says how its data
+is read (and split into evaluation and tuning sets), how its inputs are
+batched when lengths vary, how a variant is judged against the original, and
+what the server's convenience endpoint does. The rest of servopt asks the
+family named by ``ModelSpec.family``, so a new family is one file that
+registers itself, with no branches elsewhere. Nothing heavy is imported at
+module level: the server uses families too.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from servopt.contracts import Accuracy, Agreement, Gate, Record
+from servopt.data.dataset import Dataset, synthetic_inputs
+from servopt.errors import UserError
+from servopt.families.metrics import agreement
+from servopt.registry import Registry
+from servopt.spec import ModelSpec, Task
+
+
+class DataOptions(BaseModel):
+    """How the user pointed at data; each family declares its own fields (an unknown one is refused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int | None = None  # evaluate on at most this many samples
+    strict: bool = False  # fail on an unreadable sample instead of skipping it
+
+
+class Judgement(BaseModel):
+    accuracy: Accuracy | None = None
+    agreement: Agreement | None = None
+
+
+class Family(ABC):
+    name: ClassVar[str]
+    task: ClassVar[Task]
+    DataOptions: ClassVar[type[DataOptions]] = DataOptions
+    convenience_route: ClassVar[str | None] = None  # POST /v2/models/{name}/<route> on the server
+    convenience_media_types: ClassVar[tuple[str, ...]] = ()
+    convenience_accepts: ClassVar[str] = ""  # what the endpoint takes, in words (for a 415)
+
+    def data_options(self, raw: dict[str, Any]) -> DataOptions:
+        """The user's data options for this family; ``None`` values are unset. A flag meant for another family
+        is an error naming it, not silently ignored."""
+        given = {k: v for k, v in raw.items() if v is not None and v is not False}
+        unknown = sorted(set(given) - set(self.DataOptions.model_fields))
+        if unknown:
+            flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+            raise UserError(f"{flags} do(es) not apply to a {self.name} model",
+                            fix=f"{self.name} takes: {', '.join('--' + k.replace('_', '-') for k in self.DataOptions.model_fields)}")
+        try:
+            return self.DataOptions(**given)
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise UserError(f"--{'.'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}", fix="see --help") from e
+
+    @abstractmethod
+    def has_data(self, options: DataOptions) -> bool:
+        """Whether the user gave real data (else inputs are made from the model's signature)."""
+
+    @abstractmethod
+    def read_eval(self, spec: ModelSpec, options: DataOptions) -> tuple[Dataset, ModelSpec]:
+        """The evaluation set, and the spec with what the data taught (labels, preprocessing)."""
+
+    @abstractmethod
+    def read_tuning(self, spec: ModelSpec, options: DataOptions) -> tuple[Dataset, list[str]]:
+        """Calibration/tuning samples (never the evaluation split when the data has another), with notes for
+        the user (e.g. "no validation split: tuning uses the evaluation images")."""
+
+    def synthetic(self, spec: ModelSpec, count: int = 64, seed: int = 0) -> Dataset:
+        return synthetic_inputs(spec, count=count, seed=seed)
+
+    def collate(self, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Merge requests into one batch (the server's batcher). Same-shaped inputs concatenate."""
+        if len(feeds) == 1:
+            return feeds[0]
+        return {n: np.concatenate([f[n] for f in feeds]) for n in feeds[0]}
+
+    @abstractmethod
+    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> Judgement:
+        """Quality of a variant's outputs: against labels where the data has them, against the original always."""
+
+    @abstractmethod
+    def gate_failure(self, judgement: Judgement, gate: Gate) -> str | None:
+        """Why a variant is too far from the original to be worth timing, or None."""
+
+    @abstractmethod
+    def quality_drop(self, record: Record, reference: Record | None) -> float | None:
+        """Points of quality lost against the original (what targets bound as ``max_accuracy_drop``)."""
+
+    @abstractmethod
+    def tuning_score(self, outputs: np.ndarray, data: Dataset, float_outputs: np.ndarray) -> float:
+        """The number an accuracy-aware search keeps within tolerance, in [0, 1], higher is better."""
+
+    @abstractmethod
+    def tuning_metric(self, data: Dataset) -> str:
+        """What ``tuning_score`` measures on this data, for the report."""
+
+    # The server's convenience endpoint (e.g. an image in, labels out). Families without one keep the defaults.
+    def convenience_inputs(self, spec: ModelSpec, body: bytes, max_pixels: int) -> dict[str, np.ndarray]:
+        raise UserError(f"a {self.name} model has no convenience endpoint", fix="use /v2/models/{name}/infer")
+
+    def convenience_params(self, params: dict[str, str]) -> dict[str, Any]:
+        return {}
+
+    def convenience_output(self, spec: ModelSpec, output: np.ndarray, params: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+FAMILIES: Registry[Family] = Registry("model family", "servopt.families")
+register_family = FAMILIES.register
+
+
+def family_of(spec: ModelSpec) -> Family:
+    return FAMILIES.get(spec.family_name)
+
+
+class EmbeddingBase(Family):
+    """Judged by how close the vectors stay to the original's: cosine similarity, no labels."""
+
+    task = "embedding"
+
+    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> Judgement:
+        return Judgement(agreement=agreement(outputs, reference, task="embedding") if reference is not None else None)
+
+    def gate_failure(self, judgement: Judgement, gate: Gate) -> str | None:
+        agr = judgement.agreement
+        if agr and agr.error:
+            return agr.error
+        if agr and agr.cosine_min is not None and gate.min_cosine is not None and agr.cosine_min < gate.min_cosine:
+            return f"cosine similarity to the original {agr.cosine_min:.4f} < {gate.min_cosine}"
+        return None
+
+    def quality_drop(self, record: Record, reference: Record | None) -> float | None:
+        """(1 − mean cosine) in points: 0.99 mean cosine is a 1-point drop."""
+        agr = record.agreement
+        if agr and agr.cosine_mean is not None:
+            return (1 - agr.cosine_mean) * 100
+        return 0.0 if reference is not None and record.name == reference.name else None
+
+    def tuning_score(self, outputs: np.ndarray, data: Dataset, float_outputs: np.ndarray) -> float:
+        agr = agreement(outputs, float_outputs, task="embedding")
+        return float(agr.cosine_mean or 0.0)
+
+    def tuning_metric(self, data: Dataset) -> str:
+        return "mean cosine similarity to float"
+
+

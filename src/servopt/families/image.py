@@ -1,0 +1,158 @@
+"""Image classifiers: a folder of class sub-folders (or the Food-11 layout) in, logits out, judged by top-k.
+
+Data: the evaluation split (or the folder itself) for the figures, the
+validation split for calibration and tuning, preprocessed as the model
+expects (torchvision's resize → center crop → normalize, in Pillow + NumPy).
+Server: ``POST /v2/models/{name}/classify`` takes JPEG/PNG bytes and answers
+the top-k labels with probabilities.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servopt.contracts import Accuracy, Gate, Record
+from servopt.data.dataset import FOOD11_SPLITS, Dataset, load_image_folder
+from servopt.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, decode_image
+from servopt.errors import UserError
+from servopt.families.base import DataOptions, Family, Judgement, register_family
+from servopt.families.metrics import agreement
+from servopt.spec import ModelSpec
+
+TUNING_LIMIT = 500  # calibration/tuning images read from the validation split, spread over it
+
+
+class ImageDataOptions(DataOptions):
+    data: Path | None = None  # <class>/<img> or Food-11 <split>/<class>/<img>
+    split: str | None = None
+    resize: int | None = None
+    crop: int | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+
+
+def classification_accuracy(outputs: np.ndarray, labels: np.ndarray) -> Accuracy:
+    """Top-1/top-5 against labels. A tie for the top score counts as ``numpy.argmax`` does (the first index:
+    a stable sort keeps it first), and ties are counted: quantized models produce exact ties more often."""
+    total = len(labels)
+    order = np.argsort(-outputs, axis=1, kind="stable")
+    top1 = int((order[:, 0] == labels).sum())
+    k = min(5, outputs.shape[1])
+    top5 = int((order[:, :k] == labels[:, None]).any(axis=1).sum())
+    ties = int(((outputs == outputs.max(axis=1, keepdims=True)).sum(axis=1) > 1).sum())
+    return Accuracy(top1=top1 / total if total else 0.0, top5=top5 / total if total else 0.0, correct=top1,
+                    correct_top5=top5, total=total, ties=ties)
+
+
+@register_family
+class ImageClassification(Family):
+    name = "image-classification"
+    task = "classification"
+    DataOptions = ImageDataOptions
+    convenience_route = "classify"
+    convenience_media_types = ("image/jpeg", "image/png", "image/webp", "image/bmp", "application/octet-stream", "")
+    convenience_accepts = "an image: send image/jpeg or image/png bytes, or multipart with a 'file' part"
+
+    def has_data(self, options: ImageDataOptions) -> bool:
+        return options.data is not None
+
+    def _preprocess(self, spec: ModelSpec, options: ImageDataOptions) -> Preprocess:
+        base = Preprocess.from_dict(spec.preprocessing)
+        first = spec.inputs[0]
+        if len(first.shape) != 4:
+            raise UserError(f"the model's input {first.name!r} has shape {first.shape}, not an image batch (N, C, H, W)",
+                            fix="run without --data to use inputs made from the model's signature")
+        fixed = [d for d in first.shape[2:] if isinstance(d, int)]
+        size = options.crop or (fixed[0] if fixed else base.crop)
+        return Preprocess(resize=options.resize or (base.resize if options.crop is None and not fixed else size), crop=size,
+                          mean=options.mean or base.mean or IMAGENET_MEAN, std=options.std or base.std or IMAGENET_STD)
+
+    def _read(self, spec: ModelSpec, options: ImageDataOptions, split: str | None, limit: int | None) -> Dataset:
+        assert options.data is not None
+        return load_image_folder(options.data, split, self._preprocess(spec, options), limit=limit, strict=options.strict,
+                                 input_name=spec.inputs[0].name)
+
+    def read_eval(self, spec: ModelSpec, options: ImageDataOptions) -> tuple[Dataset, ModelSpec]:
+        if options.data is None:
+            return self.synthetic(spec), spec
+        split = options.split or ("evaluation" if (options.data / "evaluation").is_dir() else None)
+        dataset = self._read(spec, options, split, options.limit)
+        out_dim = spec.outputs[0].shape[-1] if spec.outputs else None
+        if isinstance(out_dim, int) and dataset.labels is not None and len(dataset.class_names or []) > out_dim:
+            raise UserError(f"the data has {len(dataset.class_names or [])} classes but the model outputs {out_dim}",
+                            fix="check --data points at the data the model was trained for (or --num-classes)")
+        learned = spec.model_copy(update={"preprocessing": self._preprocess(spec, options).to_dict(),
+                                          "class_names": dataset.class_names})
+        return dataset, learned
+
+    def read_tuning(self, spec: ModelSpec, options: ImageDataOptions) -> tuple[Dataset, list[str]]:
+        if options.data is None:
+            return self.synthetic(spec, count=128, seed=7), ["no --data: calibration uses inputs made from the model's signature"]
+        layout = any((options.data / s).is_dir() for s in FOOD11_SPLITS)
+        if layout and (options.data / "validation").is_dir():
+            return self._read(spec, options, "validation", TUNING_LIMIT), []
+        notes = ["no validation/ split: calibration and tuning use the same images as evaluation"]
+        return self._read(spec, options, options.split if layout else None, TUNING_LIMIT), notes
+
+    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> Judgement:
+        return Judgement(accuracy=classification_accuracy(outputs, data.labels) if data.labels is not None else None,
+                         agreement=agreement(outputs, reference, "classification") if reference is not None else None)
+
+    def gate_failure(self, judgement: Judgement, gate: Gate) -> str | None:
+        agr, acc = judgement.agreement, judgement.accuracy
+        if agr and agr.error:
+            return agr.error
+        if agr and agr.top1_agreement is not None and agr.top1_agreement < gate.min_agreement:
+            return f"top-1 agreement with the original {agr.top1_agreement:.1%} < {gate.min_agreement:.0%}"
+        if acc and gate.reference_top1 is not None:
+            drop = (gate.reference_top1 - acc.top1) * 100
+            if drop > gate.max_drop_points:
+                return f"accuracy drop {drop:.2f} points > {gate.max_drop_points} allowed"
+        return None
+
+    def quality_drop(self, record: Record, reference: Record | None) -> float | None:
+        """Points of top-1 lost against the original; from agreement when there are no labels."""
+        acc, ref_acc = record.accuracy, reference.accuracy if reference else None
+        if acc and ref_acc:
+            return (ref_acc.top1 - acc.top1) * 100
+        agr = record.agreement
+        if agr and agr.top1_agreement is not None:
+            return (1 - agr.top1_agreement) * 100
+        return 0.0 if reference is not None and record.name == reference.name else None
+
+    def tuning_score(self, outputs: np.ndarray, data: Dataset, float_outputs: np.ndarray) -> float:
+        """Top-1 accuracy on labels, or top-1 agreement with the float model without them."""
+        truth = data.labels if data.labels is not None else float_outputs.argmax(1)
+        return float((outputs.argmax(1) == truth).mean())
+
+    def tuning_metric(self, data: Dataset) -> str:
+        return "top1" if data.labels is not None else "top1 agreement with float"
+
+    def convenience_inputs(self, spec: ModelSpec, body: bytes, max_pixels: int) -> dict[str, np.ndarray]:
+        if spec.task != "classification" or len(spec.inputs) != 1 or len(spec.inputs[0].shape) != 4:
+            raise UserError("the model is not an image classifier", fix="use /v2/models/{name}/infer")
+        if not body:
+            raise UserError("the body is empty", fix="send the image bytes")
+        x = Preprocess.from_dict(spec.preprocessing)(decode_image(body, max_pixels))
+        return {spec.inputs[0].name: x[None]}
+
+    def convenience_params(self, params: dict[str, str]) -> dict[str, Any]:
+        try:
+            top_k = int(params.get("top_k", 5))
+        except ValueError as e:
+            raise UserError(f"top_k {params.get('top_k')!r} is not an integer", fix="e.g. ?top_k=3") from e
+        if not 1 <= top_k <= 1000:
+            raise UserError("top_k must be between 1 and 1000", fix="e.g. ?top_k=3")
+        return {"top_k": top_k}
+
+    def convenience_output(self, spec: ModelSpec, output: np.ndarray, params: dict[str, Any]) -> dict[str, Any]:
+        logits = output[0].astype(np.float64)
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        order = np.argsort(-probs, kind="stable")[:params["top_k"]]
+        labels = spec.class_names or [str(i) for i in range(len(probs))]
+        return {"predictions": [{"label": labels[i] if i < len(labels) else str(i), "index": int(i),
+                                 "probability": float(probs[i])} for i in order]}

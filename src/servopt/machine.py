@@ -1,0 +1,149 @@
+"""Facts of the machine a figure is measured on: CPU model and instruction-set features, cores, GPU.
+
+Read at measurement time and stored in every record's ``environment``; nothing
+that decides or reports asks the machine it happens to run on (a report
+rendered on a laptop describes the server that measured). ``CpuFeatures`` is
+a value, so tests inject a feature set instead of depending on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
+
+from servopt.contracts import Environment, SessionInfo
+
+# The /proc/cpuinfo flags (x86) and Features (ARM) that change which variant wins.
+KNOWN_FEATURES = (
+    "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
+    "amx_tile", "amx_int8", "amx_bf16", "amx_fp16",  # x86
+    "asimd", "asimddp", "asimdhp", "fphp", "sve", "sve2", "i8mm", "bf16",  # ARM (dot product, fp16 arithmetic, int8 matmul)
+)
+BASE_LIBRARIES = ("numpy", "onnx", "onnxruntime")
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """What the CPU can do fast, from its feature flags. ``level`` is the richest instruction set of the ladder
+    servopt measures against (targets name one: ``avx2`` < ``avx512`` < ``avx512_vnni`` < ``amx``)."""
+
+    flags: frozenset[str]
+
+    @property
+    def int8_dot(self) -> bool:
+        """8-bit dot-product instructions (VNNI on x86, SDOT/UDOT on ARM): INT8 with signed activations is fast."""
+        return bool(self.flags & {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"})
+
+    @property
+    def bf16(self) -> bool:
+        return bool(self.flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+    @property
+    def fp16(self) -> bool:
+        """Native fp16 arithmetic (not just conversion, which F16C gives)."""
+        return bool(self.flags & {"avx512_fp16", "amx_fp16", "asimdhp", "fphp"})
+
+    @property
+    def amx(self) -> bool:
+        return bool(self.flags & {"amx_int8", "amx_bf16"})
+
+    @property
+    def level(self) -> str:
+        if self.amx:
+            return "amx"
+        if "avx512_vnni" in self.flags:
+            return "avx512_vnni"
+        if "avx512f" in self.flags:
+            return "avx512"
+        if "avx2" in self.flags:
+            return "avx2"
+        return "arm" if self.flags & {"asimd", "sve"} else "baseline"
+
+    def describe(self) -> str:
+        parts = [self.level]
+        parts += [name for name, on in (("VNNI/dot-product INT8", self.int8_dot), ("bf16", self.bf16), ("fp16", self.fp16),
+                                        ("AMX", self.amx)) if on]
+        return ", ".join(parts)
+
+
+ISA_LEVELS = ("avx2", "avx512", "avx512_vnni", "amx")
+
+
+def isa_rank(level: str) -> int:
+    """Position on the x86 ladder; unknown levels (ARM) rank below everything, so they never count as richer."""
+    return ISA_LEVELS.index(level) if level in ISA_LEVELS else -1
+
+
+def _cpuinfo_lines() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.readlines()
+    except OSError:
+        return []
+
+
+@lru_cache(maxsize=1)
+def cpu_model() -> str:
+    for line in _cpuinfo_lines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=1)
+def cpu_features() -> CpuFeatures:
+    for line in _cpuinfo_lines():
+        if line.startswith(("flags", "Features")):
+            return CpuFeatures(frozenset(line.split(":", 1)[1].split()) & frozenset(KNOWN_FEATURES))
+    return CpuFeatures(frozenset())
+
+
+@lru_cache(maxsize=1)
+def gpu_name() -> str | None:
+    """The first NVIDIA GPU's name, or None (no driver, no device)."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    name = proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else None
+    return name
+
+
+def gpu_present() -> bool:
+    return gpu_name() is not None
+
+
+def library_versions(names: tuple[str, ...] | list[str]) -> dict[str, str]:
+    out = {}
+    for lib in dict.fromkeys([*BASE_LIBRARIES, *names]):
+        try:
+            out[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def environment(session: SessionInfo | None = None, libraries: tuple[str, ...] | list[str] = ()) -> Environment:
+    """This process's machine and libraries, plus what the session says actually ran."""
+    return Environment(
+        cpu=cpu_model(), cpu_flags=sorted(cpu_features().flags), cores=os.cpu_count(),
+        cores_usable=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        gpu=gpu_present(), gpu_name=gpu_name(), node=socket.gethostname(), python=platform.python_version(),
+        platform=platform.platform(), libraries=library_versions(libraries),
+        isa_cap=os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("ATEN_CPU_CAPABILITY"), session=session,
+    )
+
+
+def machine_label(env: Environment | None) -> str:
+    """How a record names the machine it was measured on (from the record, never from this machine)."""
+    if env is None:
+        return "an unrecorded machine"
+    return f"{env.cpu} ({env.cores} cores)"

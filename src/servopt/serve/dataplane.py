@@ -1,0 +1,196 @@
+"""The data plane: what the server does, independent of how requests arrive.
+
+Front ends (REST in ``rest``, gRPC in ``grpc_server``) only move bytes: they
+decode a request into the typed ``InferRequest`` (or hand over raw bytes for a
+family's convenience endpoint), call the data plane, and encode its answer.
+Checking tensors against the model, batching, metadata, Triton's model config,
+readiness and the family's convenience endpoint live here once, so a second
+front end reuses them without copying (MLServer's ``handlers/dataplane.py``).
+Every problem with a request is a ``BadRequest`` that each front end maps to
+its own status (HTTP 4xx, gRPC ``INVALID_ARGUMENT`` …); never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from servopt import __version__
+from servopt.errors import UserError
+from servopt.serve.batcher import Arrival, BatchStats, DynamicBatcher, QueueFull
+from servopt.serve.metrics import Metrics
+from servopt.serve.model import ServedModel
+from servopt.serve.protocol import (
+    BadRequest,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ServerMetadata,
+    TensorMetadata,
+    datatype_of,
+)
+from servopt.settings import ServeSettings
+from servopt.spec import TensorSpec
+
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
+
+
+def _dims(shape: list) -> list[int]:
+    return [d if isinstance(d, int) and d > 0 else -1 for d in shape]
+
+
+class DataPlane:
+    def __init__(self, models: dict[str, ServedModel], settings: ServeSettings, metrics: Metrics | None = None) -> None:
+        self.models, self.settings = models, settings
+        self.metrics = metrics or Metrics()
+        self.batchers: dict[str, DynamicBatcher] = {}
+        self.ready = False
+        # Read when scraped, summed over models: nothing to update on the request path.
+        self.metrics.depth.set_function(lambda: sum(b.depth for b in self.batchers.values()))
+
+    # lifecycle ------------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        s = self.settings
+        for name, m in self.models.items():
+            if not m.sessions:
+                await loop.run_in_executor(None, m.load)
+            stats = BatchStats(on_batch=lambda n, secs: (self.metrics.batch.observe(n), self.metrics.compute.observe(secs)),
+                               on_queue_wait=self.metrics.queue.observe)
+            fns = [lambda feed, sess=sess: sess.run(feed) for sess in m.sessions]
+            b = DynamicBatcher(fns, collate=m.family.collate, max_batch=s.max_batch if s.batching else 1,
+                               max_delay_us=s.max_delay_us if s.batching else 0, max_queue=s.max_queue, stats=stats)
+            b.start()
+            self.batchers[name] = b
+        self.ready = True
+
+    async def stop(self) -> None:
+        """Graceful shutdown: refuse new work, finish what is queued."""
+        self.ready = False
+        await asyncio.gather(*(b.stop() for b in self.batchers.values()))
+
+    def full(self) -> bool:
+        return any(b.depth >= b.max_queue for b in self.batchers.values())
+
+    # metadata ---------------------------------------------------------------------------------------------------
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata(version=__version__, extensions=EXTENSIONS)
+
+    def model(self, name: str) -> ServedModel:
+        if name not in self.models:
+            raise BadRequest(f"unknown model {name!r}; this server has {sorted(self.models)}", status=404)
+        return self.models[name]
+
+    def model_ready(self, name: str) -> bool:
+        self.model(name)
+        return self.ready
+
+    def model_metadata(self, name: str) -> ModelMetadata:
+        m = self.model(name)
+
+        def meta(t: TensorSpec) -> TensorMetadata:
+            return TensorMetadata(name=t.name, datatype=datatype_of(t.dtype), shape=_dims(t.shape))
+
+        return ModelMetadata(name=name, platform=m.backend.triton_platform, inputs=[meta(t) for t in m.spec.inputs],
+                             outputs=[meta(t) for t in m.spec.outputs], parameters=m.parameters)
+
+    def model_config(self, name: str) -> dict[str, Any]:
+        """Triton's model configuration (perf_analyzer reads max_batch_size here); dims exclude the batch axis."""
+        m = self.model(name)
+
+        def triton(t: TensorSpec) -> dict[str, Any]:
+            return {"name": t.name, "data_type": f"TYPE_{datatype_of(t.dtype)}", "dims": _dims(t.shape[1:])}
+
+        s = self.settings
+        return {"name": name, "platform": m.backend.triton_platform, "max_batch_size": s.max_batch,
+                "input": [triton(t) for t in m.spec.inputs], "output": [triton(t) for t in m.spec.outputs],
+                "instance_group": [{"count": len(m.sessions) or m.instances, "kind": "KIND_CPU"}],
+                "dynamic_batching": {"max_queue_delay_microseconds": s.max_delay_us} if s.batching else None,
+                "parameters": {k: {"string_value": str(v)} for k, v in m.parameters.items()}}
+
+    # inference --------------------------------------------------------------------------------------------------
+    def arrival(self, name: str) -> Arrival:
+        """``with plane.arrival(name) as a: read; await plane.infer(name, req, a)``: the batcher waits for a request
+        it knows is on its way (up to max_delay) instead of dispatching a batch without it."""
+        self.model(name)
+        return self.batchers[name].arrival()
+
+    def validate(self, m: ServedModel, request: InferRequest) -> dict[str, np.ndarray]:
+        """The request's tensors checked against the model's inputs: names, datatypes, shapes, finite values."""
+        expected = {t.name: t for t in m.spec.inputs}
+        inputs: dict[str, np.ndarray] = {}
+        for tensor in request.inputs:
+            name = tensor.name
+            if name not in expected:
+                raise BadRequest(f"unknown input {name!r}; the model takes {sorted(expected)}")
+            if name in inputs:
+                raise BadRequest(f"input {name!r} given twice")
+            spec = expected[name]
+            want = datatype_of(spec.dtype)
+            if tensor.datatype != want:
+                raise BadRequest(f"input {name!r} has datatype {tensor.datatype}; the model expects {want}")
+            shape = tensor.shape
+            if len(shape) != len(spec.shape):
+                raise BadRequest(f"input {name!r} has {len(shape)} dimensions {shape}; the model expects "
+                                 f"{len(spec.shape)} {_dims(spec.shape)}")
+            if shape[0] < 1:
+                raise BadRequest(f"input {name!r}: the batch dimension must be at least 1")
+            for i, (got, dim) in enumerate(zip(shape, spec.shape, strict=True)):
+                if i > 0 and isinstance(dim, int) and dim > 0 and got != dim:
+                    raise BadRequest(f"input {name!r} has shape {shape}; the model expects {_dims(spec.shape)}")
+            arr = tensor.data
+            # min/max propagate NaN and show ±inf: two reductions instead of a full boolean temporary.
+            if arr.dtype.kind == "f" and arr.size and not (np.isfinite(arr.min()) and np.isfinite(arr.max())):
+                raise BadRequest(f"input {name!r} contains NaN or infinity")
+            inputs[name] = arr
+        missing = sorted(set(expected) - set(inputs))
+        if missing:
+            raise BadRequest(f"missing input(s) {missing}")
+        if len({a.shape[0] for a in inputs.values()}) != 1:
+            raise BadRequest(f"inputs disagree on the batch size: {sorted({a.shape[0] for a in inputs.values()})}")
+        return inputs
+
+    async def _run(self, name: str, inputs: dict[str, np.ndarray], arrival: Arrival | None) -> np.ndarray:
+        try:
+            return await asyncio.wait_for(self.batchers[name].submit(inputs, arrival), self.settings.request_timeout_s)
+        except QueueFull as e:
+            raise BadRequest(f"overloaded: {e}; retry later", status=503, headers={"Retry-After": "1"}) from e
+        except TimeoutError as e:
+            raise BadRequest(f"the request took longer than {self.settings.request_timeout_s} s", status=504) from e
+
+    async def infer(self, name: str, request: InferRequest, arrival: Arrival | None = None) -> InferResponse:
+        m = self.model(name)
+        if not self.ready:
+            raise BadRequest("the server is not ready (starting or shutting down)", status=503, headers={"Retry-After": "1"})
+        inputs = self.validate(m, request)
+        if request.requested_outputs and any(o != m.output_name for o in request.requested_outputs):
+            raise BadRequest(f"unknown output(s) {request.requested_outputs}; the model gives {[m.output_name]}")
+        out = await self._run(name, inputs, arrival)
+        return InferResponse(model_name=name, id=request.id, outputs={m.output_name: out})
+
+    # the family's convenience endpoint --------------------------------------------------------------------------
+    def convenience_route(self, name: str, route: str) -> ServedModel:
+        m = self.model(name)
+        if m.family.convenience_route != route:
+            raise BadRequest(f"model {name!r} ({m.family.name}) has no /{route} endpoint"
+                             + (f"; it has /{m.family.convenience_route}" if m.family.convenience_route else ""))
+        return m
+
+    def check_media_type(self, m: ServedModel, content_type: str) -> None:
+        if content_type.split(";")[0].strip() not in m.family.convenience_media_types:
+            raise BadRequest(f"content type {content_type!r} is not {m.family.convenience_accepts}", status=415)
+
+    async def convenience(self, name: str, route: str, body: bytes, params: dict[str, str],
+                          arrival: Arrival | None = None) -> dict[str, Any]:
+        """The family's endpoint: decode (off the event loop: CPU work), batch with everything else, answer."""
+        m = self.convenience_route(name, route)
+        try:
+            parsed = m.family.convenience_params(params)
+            inputs = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: m.family.convenience_inputs(m.spec, body, self.settings.max_image_pixels))
+        except UserError as e:
+            raise BadRequest(e.problem + (f" ({e.fix})" if e.fix else "")) from e
+        out = await self._run(name, inputs, arrival)
+        return {"model_name": name, **m.family.convenience_output(m.spec, out, parsed)}

@@ -1,0 +1,24 @@
+"""Prometheus metrics of the server, shared by every front end (REST and gRPC label their requests by endpoint)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("servopt_requests", "requests by endpoint and status code", ["endpoint", "code"], registry=r)
+        self.latency = Histogram("servopt_request_seconds", "request latency inside the server, by status code",
+                                 ["endpoint", "code"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("servopt_queue_seconds", "time a request waited in the batching queue", buckets=LATENCY_BUCKETS, registry=r)
+        self.compute = Histogram("servopt_compute_seconds", "model execution time per batch", buckets=LATENCY_BUCKETS, registry=r)
+        self.batch = Histogram("servopt_batch_size", "samples per model call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+        self.depth = Gauge("servopt_queue_depth", "samples waiting in the batching queues", registry=r)
+
+    def observe_request(self, endpoint: str, code: int | str, seconds: float) -> None:
+        self.requests.labels(endpoint, str(code)).inc()
+        self.latency.labels(endpoint, str(code)).observe(seconds)

@@ -1,0 +1,245 @@
+"""The REST front end: Open Inference Protocol v2 (KServe/Triton) plus the family's convenience endpoint, on FastAPI.
+
+Transport only: bodies are read here (with the size limit), decoded by
+``protocol`` into typed requests, handed to the ``DataPlane``, and its answers
+encoded back. Inference runs in worker threads behind the dynamic batcher,
+never on the event loop. Every error is a JSON ``{"error": "..."}`` with a
+4xx/5xx code that says what went wrong; bad input never gets a 500 and never
+stops the server.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from servopt import __version__
+from servopt.serve.dataplane import DataPlane
+from servopt.serve.metrics import Metrics
+from servopt.serve.model import ServedModel
+from servopt.serve.protocol import HEADER, BadRequest, decode_rest_request, encode_rest_response
+from servopt.settings import ServeSettings
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _known_endpoints() -> set[str]:
+    from servopt.families import FAMILIES
+
+    FAMILIES.load()
+    routes = {cls.convenience_route for cls in FAMILIES.classes.values() if cls.convenience_route}
+    return {"v2", "v2/health/live", "v2/health/ready", "v2/models/{name}", "v2/models/{name}/ready", "v2/models/{name}/config",
+            "v2/models/{name}/infer", "metrics", "docs", "openapi.json", *(f"v2/models/{{name}}/{r}" for r in routes)}
+
+
+KNOWN_ENDPOINTS = _known_endpoints()
+
+
+def _endpoint(path: str) -> str:
+    """The route template of a path, for metric labels. Anything else is "other": a label copied from the raw path
+    would let any client create unbounded label values (memory) and inject characters into the exposition."""
+    parts = path.strip("/").split("/")
+    if len(parts) >= 3 and parts[:2] == ["v2", "models"]:
+        parts = ["v2", "models", "{name}", *parts[3:]]
+    template = "/".join(parts)
+    return template if template in KNOWN_ENDPOINTS else "other"
+
+
+async def _drain(receive) -> None:
+    """Consume and discard a request body (cheap next to parsing it), so the connection stays usable."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+
+
+class GuardMiddleware:
+    """Auth, size limit, readiness and per-request metrics, as plain ASGI.
+
+    Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``) wraps every request in extra tasks and
+    streams; at hundreds of requests per second on 2 cores that overhead is measurable, so this is written
+    against ASGI directly.
+    """
+
+    def __init__(self, app, *, plane: DataPlane, max_body: int) -> None:
+        self.app, self.plane, self.max_body = app, plane, max_body
+        key = plane.settings.api_key
+        self.expected_auth = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        path = scope["path"]
+        status = {"code": 500}
+
+        async def send_and_record(message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        refusal = self._refusal(scope, path)
+        try:
+            if refusal is not None:
+                if refusal.status_code != 413:
+                    await _drain(receive)  # read the body first: a client still writing it would block on a full socket
+                await refusal(scope, receive, send_and_record)
+            else:
+                await self.app(scope, receive, send_and_record)
+        except Exception as e:  # noqa: BLE001 - the last line of defence: a JSON error, the server stays up
+            if status["code"] == 500:
+                await _error(500, f"internal error: {type(e).__name__}")(scope, receive, send_and_record)
+        finally:
+            self.plane.metrics.observe_request(_endpoint(path), status["code"], time.perf_counter() - start)
+
+    def _refusal(self, scope, path: str) -> JSONResponse | None:
+        headers = dict(scope["headers"])
+        if (self.expected_auth and not path.startswith("/v2/health")
+                and not hmac.compare_digest(headers.get(b"authorization", b""), self.expected_auth)):
+            return _error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        length = headers.get(b"content-length")
+        if length is not None:
+            if not length.isdigit():
+                return _error(400, "Content-Length is not a number")
+            if int(length) > self.max_body:  # not drained: close the connection instead of reading gigabytes
+                return _error(413, f"request body of {int(length)} bytes is over the {self.max_body}-byte limit",
+                              {"Connection": "close"})
+        if scope["method"] == "POST" and not self.plane.ready:
+            return _error(503, "the server is not ready (starting or shutting down)", {"Retry-After": "1"})
+        if scope["method"] == "POST" and self.plane.full():
+            # Refuse before reading the body: under overload, reading megabytes only to refuse them is what
+            # makes refusals slow. (The batcher still refuses exactly, after parsing, when a request would overflow.)
+            return _error(503, "overloaded: the queue is full; retry later", {"Retry-After": "1"})
+        return None
+
+
+class Frontend(Protocol):
+    """Another front end on the same data plane (gRPC), started and stopped with the REST app."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def create_app(models: dict[str, ServedModel] | DataPlane, settings: ServeSettings | None = None,
+               frontends: list[Frontend] | None = None) -> FastAPI:
+    """The REST app over a data plane (made here from ``models``, or shared with other front ends)."""
+    plane = models if isinstance(models, DataPlane) else DataPlane(models, settings or ServeSettings())
+    max_body = int(plane.settings.max_body_mb * 1024 * 1024)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        if not plane.ready:
+            await plane.start()
+        for f in frontends or []:
+            await f.start()
+        yield
+        for f in frontends or []:  # stop taking new work everywhere, then finish what is queued
+            await f.stop()
+        await plane.stop()
+
+    app = FastAPI(title="servopt inference server", version=__version__, lifespan=lifespan,
+                  description="Open Inference Protocol v2 (KServe / Triton) with dynamic batching")
+    app.add_middleware(GuardMiddleware, plane=plane, max_body=max_body)
+
+    async def read_body(request: Request) -> bytes:
+        if request.headers.get("content-length") is not None:
+            return await request.body()  # size already checked by GuardMiddleware; one read, no chunk loop
+        chunks, size = [], 0
+        async for chunk in request.stream():  # chunked upload: enforce the limit as it arrives
+            size += len(chunk)
+            if size > max_body:
+                raise BadRequest(f"request body is over the {max_body}-byte limit", status=413)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_r: Request, e: BadRequest):
+        return _error(e.status, str(e), e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_r: Request, e: StarletteHTTPException):
+        return _error(e.status_code, str(e.detail) if e.status_code != 404 else "no such route")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_r: Request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        return _error(400, f"invalid request: {'.'.join(map(str, first.get('loc', [])))} {first.get('msg', '')}".strip())
+
+    @app.get("/v2/health/live")
+    async def live():
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready():
+        if not plane.ready:
+            return _error(503, "not ready")
+        return {"ready": True}
+
+    @app.get("/v2")
+    async def server_metadata():
+        return plane.server_metadata().model_dump()
+
+    @app.get("/v2/models/{name}")
+    async def model_metadata(name: str):
+        return plane.model_metadata(name).model_dump()
+
+    @app.get("/v2/models/{name}/ready")
+    async def model_ready(name: str):
+        return {"name": name, "ready": plane.model_ready(name)}
+
+    @app.get("/v2/models/{name}/config")
+    async def model_config(name: str):
+        return plane.model_config(name)
+
+    @app.post("/v2/models/{name}/infer")
+    async def infer(name: str, request: Request):
+        with plane.arrival(name) as arrival:
+            body = await read_body(request)
+            req = decode_rest_request(body, request.headers.get(HEADER))
+            response = await plane.infer(name, req, arrival)
+        content, headers = encode_rest_response(response, req.binary_outputs)
+        media = "application/octet-stream" if req.binary_outputs else "application/json"
+        return Response(content, media_type=media, headers=headers)
+
+    @app.post("/v2/models/{name}/{route}")
+    async def convenience(name: str, route: str, request: Request):
+        """The model family's endpoint: for image classifiers ``classify`` takes JPEG/PNG bytes (raw body or a
+        multipart ``file``) and answers the top-k labels."""
+        m = plane.convenience_route(name, route)
+        with plane.arrival(name) as arrival:  # on its way from the first byte: decoding is the long part
+            ctype = request.headers.get("content-type", "")
+            if ctype.startswith("multipart/form-data"):
+                try:
+                    form = await request.form(max_part_size=max_body)
+                except Exception as e:
+                    raise BadRequest(f"malformed multipart body: {e}") from e
+                upload = form.get("file")
+                if upload is None or isinstance(upload, str):
+                    raise BadRequest("multipart body needs a 'file' part")
+                body = await upload.read()
+            else:
+                plane.check_media_type(m, ctype)
+                body = await read_body(request)
+            return await plane.convenience(name, route, body, dict(request.query_params), arrival)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(generate_latest(plane.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.state.plane = plane
+    return app
+
+
+__all__ = ["Metrics", "ServeSettings", "create_app"]

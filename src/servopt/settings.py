@@ -1,0 +1,47 @@
+"""Settings of each command family, declared once: defaults here, overridden by ``SERVOPT_*`` environment
+variables, overridden by the command line (which passes only what the user typed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServeSettings(BaseSettings):
+    """``servopt serve`` and what ``servopt package`` writes into a deployable (``SERVOPT_MAX_BATCH=64`` …)."""
+
+    model_config = SettingsConfigDict(env_prefix="SERVOPT_", extra="ignore")
+
+    host: str = "127.0.0.1"  # bind address; 127.0.0.1 unless you mean to expose it
+    port: int = 8000
+    grpc_port: int | None = None  # the OIP v2 gRPC service, off unless asked
+    max_batch: int = 32  # largest merged batch
+    max_delay_us: int = 2000  # how long a request may wait to be batched
+    max_queue: int = 256  # samples allowed to wait; past it 503 / RESOURCE_EXHAUSTED
+    batching: bool = True
+    instances: int | None = None  # model instances (default: from the target's objective)
+    threads: int | None = None  # intra-op threads per instance
+    request_timeout_s: float = 30.0
+    max_body_mb: float = 32.0
+    max_image_pixels: int = 40_000_000
+    api_key: str | None = None  # SERVOPT_API_KEY: require 'Authorization: Bearer KEY'
+    limit_concurrency: int | None = None  # uvicorn's limit on connections + requests in progress
+
+
+class OptimizeSettings(BaseSettings):
+    """``servopt optimize`` and ``servopt demo`` (``SERVOPT_OPTIMIZE_TARGETS=cpu-server`` …)."""
+
+    model_config = SettingsConfigDict(env_prefix="SERVOPT_OPTIMIZE_", extra="ignore")
+
+    out: Path = Path("runs/optimize")
+    targets: str = "cpu-server,gpu-server,edge"
+    variants: list[str] | None = None
+    include_all: bool = False
+    calibration_samples: int = 100
+    quick: bool = False  # tiny timing phases: a smoke run, figures not for decisions
+    interleave_rounds: int = 3
+    verify_max_drop: float = 5.0  # a variant further than this from the original is failed, not timed
+    verify_min_agreement: float = 0.9
+    verify_min_cosine: float = 0.99
+    note: str = ""  # shown at the top of the report

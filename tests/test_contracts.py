@@ -1,0 +1,176 @@
+"""Contract tests every registered runtime, pass and model family must pass (NNCF-style templates), and the proof that
+a new runtime is one file: registered here, it is opened, measured and served with no change anywhere else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import channel_mean_onnx
+from servopt.contracts import Artifact, SessionInfo
+from servopt.data.dataset import Dataset
+from servopt.errors import UserError
+from servopt.families import FAMILIES
+from servopt.models.sources import load_model
+from servopt.passes import PASSES, BuildContext, build_chain, get_pass, source_artifact
+from servopt.passes.base import validate_params
+from servopt.runtimes import RUNTIMES, Runtime, RuntimeOptions, Session, get_runtime, open_session, register_runtime
+
+RUNTIME_NAMES = RUNTIMES.names()
+PASS_NAMES = PASSES.names()
+# Passes that search or calibrate at length: their contract runs in the slow suite.
+SLOW_PASSES = {"ort-quantize-accuracy-aware", "nncf-accuracy-control", "nncf-quantize"}
+
+
+@pytest.fixture(scope="module")
+def colour_model(tmp_path_factory) -> Path:
+    return channel_mean_onnx(tmp_path_factory.mktemp("contract") / "m.onnx", size=8)
+
+
+@pytest.fixture(scope="module")
+def colour_data() -> Dataset:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((24, 3, 8, 8)).astype(np.float32)
+    x[np.arange(24), np.arange(24) % 3] += 3.0  # the dominant channel is the label
+    return Dataset({"input": x}, np.arange(24) % 3, ["r", "g", "b"], "contract")
+
+
+def _artifact_for(rt: Runtime, model: Path, tmp: Path) -> Artifact | None:
+    if "onnx" in rt.artifact_formats:
+        return Artifact(format="onnx", path=str(model))
+    if "torch" in rt.artifact_formats:
+        import torch
+
+        net = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).eval()
+        path = tmp / "net.pt2"
+        torch.export.save(torch.export.export(net, (torch.zeros(2, 3, 8, 8),), dynamic_shapes=({0: torch.export.Dim("batch")},)),
+                          str(path))
+        return Artifact(format="torch", ref=load_model(path).ref())
+    return None
+
+
+@pytest.mark.parametrize("name", RUNTIME_NAMES)
+def test_runtime_contract(name, colour_model, colour_data, tmp_path):
+    rt = get_runtime(name)
+    assert rt.name == name and rt.artifact_formats and rt.triton_platform
+    ok, why = rt.available()
+    assert isinstance(ok, bool) and (ok or why), "an unavailable runtime says why"
+    defaults = rt.parse_options({})
+    assert isinstance(defaults, RuntimeOptions)
+    with pytest.raises(UserError, match="no_such_option"):
+        rt.parse_options({"no_such_option": 1})
+    if rt.thread_option:
+        assert getattr(rt.with_threads(defaults, 1), rt.thread_option) == 1
+    if not ok:
+        pytest.skip(f"{name} is not available here: {why}")
+    artifact = _artifact_for(rt, colour_model, tmp_path)
+    session = open_session(artifact, name)
+    feed = colour_data.slice(0, 4)
+    prepared = session.prepare(feed)
+    out = session.to_numpy(session.run_prepared(prepared))
+    assert out.shape == (4, 3) and np.isfinite(out).all()
+    np.testing.assert_allclose(session.run(feed), out, rtol=1e-4, atol=1e-5)
+    info = session.info()
+    assert isinstance(info, SessionInfo) and info.provider_actual and info.precision_actual
+    assert session.warm_up(feed) >= 0.0
+
+
+@pytest.mark.parametrize("name", PASS_NAMES)
+def test_pass_contract(name, colour_model, colour_data, tmp_path, request):
+    p = get_pass(name)
+    assert p.input_format and p.output_format
+    params = validate_params(name, {})
+    assert validate_params(name, params.model_dump()).model_dump() == params.model_dump(), "parameters round-trip"
+    with pytest.raises(UserError, match="bad parameters"):
+        validate_params(name, {"no_such_parameter": 1})
+    if name in SLOW_PASSES and "not slow" in (request.config.getoption("-m") or ""):
+        pytest.skip("slow pass: runs in `make test`")
+    if p.input_format != "onnx":
+        pytest.skip("needs a torch source: covered by test_optimize")
+    model = load_model(colour_model)
+    ctx = BuildContext(source=model, calibration=colour_data, tuning=colour_data)
+    try:
+        built = build_chain(source_artifact(model), [(name, {})], tmp_path, ctx)
+    except UserError as e:  # a pass may refuse this input, but only with an explained error
+        assert e.fix, e.problem
+        return
+    assert built.format == p.output_format and Path(built.path).exists()
+    again = build_chain(source_artifact(model), [(name, {})], tmp_path, ctx)
+    assert again.hash == built.hash and again.path == built.path, "same input + parameters → the cached artifact"
+    runtime = "openvino" if built.format == "openvino" else "onnxruntime"
+    if get_runtime(runtime).available()[0]:
+        assert open_session(built, runtime).run(colour_data.slice(0, 2)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("name", FAMILIES.names())
+def test_family_contract(name, colour_model, colour_data):
+    family = FAMILIES.get(name)
+    assert family.name == name and family.task in ("classification", "embedding")
+    outputs = colour_data.inputs["input"].mean((2, 3))
+    judged = family.judge(outputs, colour_data, outputs)
+    assert judged.agreement is not None and judged.agreement.cosine_min == pytest.approx(1.0)
+    assert 0.0 <= family.tuning_score(outputs, colour_data, outputs) <= 1.0 and family.tuning_metric(colour_data)
+    with pytest.raises(UserError):
+        family.data_options({"no_such_flag": 1})
+
+
+class NumpySession(Session):
+    """Runs the channel-mean model in NumPy: a runtime the rest of servopt has never heard of."""
+
+    def __init__(self) -> None:
+        self.input_names = ["input"]
+
+    def run_prepared(self, prepared):
+        return prepared["input"].mean(axis=(2, 3))
+
+    def info(self) -> SessionInfo:
+        return SessionInfo(runtime="numpy-test", provider_requested="numpy", provider_actual="numpy", precision_actual="fp32")
+
+
+class NumpyOptions(RuntimeOptions):
+    threads: int | None = None
+
+
+def test_a_new_runtime_is_one_registered_class_and_serves(colour_model, colour_data):
+    from starlette.testclient import TestClient
+
+    from servopt.serve.model import from_file
+    from servopt.serve.rest import create_app
+
+    @register_runtime
+    class NumpyRuntime(Runtime):
+        name = "numpy-test"
+        artifact_formats = ("onnx",)
+        Options = NumpyOptions
+        thread_option = "threads"
+        servable = True
+        triton_platform = "numpy_test"
+
+        def open(self, artifact, options):
+            return NumpySession()
+
+    try:
+        x = colour_data.slice(0, 2)
+        np.testing.assert_allclose(open_session(Artifact(format="onnx", path=str(colour_model)), "numpy-test").run(x),
+                                   x["input"].mean((2, 3)))
+        model = from_file(colour_model, "np", runtime="numpy-test")
+        model.apply_instances(2, None)
+        assert model.options == {"threads": 1}
+        with TestClient(create_app({"np": model})) as client:
+            assert client.get("/v2/models/np").json()["platform"] == "numpy_test"
+            body = {"inputs": [{"name": "input", "shape": [2, 3, 8, 8], "datatype": "FP32", "data": x["input"].reshape(-1).tolist()}]}
+            r = client.post("/v2/models/np/infer", json=body)
+            assert r.status_code == 200, r.text
+            np.testing.assert_allclose(np.asarray(r.json()["outputs"][0]["data"]).reshape(2, 3), x["input"].mean((2, 3)), rtol=1e-5)
+    finally:
+        RUNTIMES.classes.pop("numpy-test")
+
+
+def test_unknown_names_list_the_known_ones():
+    with pytest.raises(UserError, match="unknown pass 'nope'") as e:
+        get_pass("nope")
+    assert "ort-quantize-static" in e.value.fix and len(PASSES.classes) >= 10
+    with pytest.raises(UserError, match="unknown runtime"):
+        get_runtime("tensorflow")
