@@ -118,6 +118,7 @@ def test_env_runs_servopt_from_source_and_its_scripts_survive_the_rename(made):
     assert Path(servopt_file).is_relative_to(envs.servopt_src()) and Path(prefix) == ready.folder
     pip = ready.folder / "bin" / "pip"
     assert pip.read_text().splitlines()[0] == f"#!{ready.folder}/bin/python3.{sys.version_info.minor}"
+    assert not [f.name for f in (ready.folder / "bin").iterdir() if not f.is_symlink() and b".tmp-" in f.read_bytes()]
     assert subprocess.run([str(pip), "--version"], capture_output=True, text=True, env=envs._clean_env()).returncode == 0
 
 

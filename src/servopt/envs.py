@@ -287,7 +287,7 @@ def _create(spec: EnvSpec, folder: Path, progress: Callable[[str], None]) -> Rea
     tmp = folder.parent / f".tmp-{folder.name}-{secrets.token_hex(4)}"
     progress(f"creating the Python environment {spec.name} for {', '.join(spec.requirements) or 'nothing'} (once) in {folder}")
     try:
-        venv = subprocess.run([str(spec.python), "-m", "venv", str(tmp)], capture_output=True, text=True, env=_clean_env())
+        venv = subprocess.run([str(spec.python), "-m", "venv", "--prompt", spec.name, str(tmp)], capture_output=True, text=True, env=_clean_env())
         if venv.returncode != 0:
             last = (venv.stderr or venv.stdout).strip().splitlines()[-1:] or ["no output"]
             raise EnvCreationError(
