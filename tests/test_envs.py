@@ -224,9 +224,12 @@ def test_real_openvino_env(tmp_path):
         if e.offline:
             pytest.skip(f"pip cannot reach the index: {e.problem}")
         raise
-    print(f"created in {ready.created_s:.1f} s, {ready.size_mb:.0f} MB, {len(ready.packages)} packages")
-    assert "onnxruntime" not in ready.packages and ready.packages["onnxruntime-openvino"] == "1.24.1"
-    out = subprocess.run([str(ready.python), "-c", _PROVIDERS], capture_output=True, text=True, env=job_env(ready), check=True)
-    assert "OpenVINOExecutionProvider" in json.loads(out.stdout)["providers"]
-    check = subprocess.run([str(ready.python), "-c", "import servopt.runtimes.base"], env=job_env(ready))
-    assert check.returncode == 0
+    try:
+        print(f"created in {ready.created_s:.1f} s, {ready.size_mb:.0f} MB, {len(ready.packages)} packages")
+        assert "onnxruntime" not in ready.packages and ready.packages["onnxruntime-openvino"] == "1.24.1"
+        out = subprocess.run([str(ready.python), "-c", _PROVIDERS], capture_output=True, text=True, env=job_env(ready), check=True)
+        assert "OpenVINOExecutionProvider" in json.loads(out.stdout)["providers"]
+        check = subprocess.run([str(ready.python), "-c", "import servopt.runtimes.base"], env=job_env(ready))
+        assert check.returncode == 0
+    finally:
+        prune(home=tmp_path)  # half a gigabyte: not left in the test sandbox
