@@ -350,12 +350,12 @@ def _build_sentence_encoder_class() -> type:
                 model, loading = AutoModel.from_pretrained(str(info.model_folder), **kwargs)
             except UserError:
                 raise
-            except Exception as e:  # noqa: BLE001 - transformers' own errors, shown with the fix
+            except Exception as e:
                 raise UserError(
                     f"transformers could not load {info.model_folder} ({type(e).__name__}: {str(e).splitlines()[0][:300]})",
                     fix="check that the folder loads with transformers.AutoModel.from_pretrained",
                 ) from e
-            missing = [k for k in loading.get("missing_keys", []) if not k.split(".", 1)[0] == "pooler" and ".pooler." not in k]
+            missing = [k for k in loading.get("missing_keys", []) if k.split(".", 1)[0] != "pooler" and ".pooler." not in k]
             if missing:
                 raise UserError(
                     f"{info.weights_path.name} lacks {len(missing)} parameter(s) the model needs "
@@ -572,7 +572,7 @@ def verify_encoder_onnx(
                 ref = module(*[torch.from_numpy(feed[n]) for n in spec.input_names]).float().numpy()
             try:
                 got = sess.run([out_name], feed)[0]
-            except Exception as e:  # noqa: BLE001 - a shape the exported graph refuses is an export failure
+            except Exception as e:
                 raise UserError(
                     f"the exported model fails at batch {batch} × sequence {length}: {str(e).splitlines()[0][:300]}",
                     fix="the sequence axis was probably fixed during export; try the other exporter",
