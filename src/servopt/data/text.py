@@ -101,7 +101,7 @@ def _jsonl_texts(path: Path, text: str, column: str) -> list[str]:
                             fix="name the field holding the text with --column")
         value = row[column]
         if not isinstance(value, str):
-            raise UserError(f"{path} line {n}: {column!r} is a {type(value).__name__}, not a string",
+            raise UserError(f"{path} line {n}: {column!r} is not a string (it is {json.dumps(value)[:50]})",
                             fix="store the text as a JSON string")
         out.append(value)
     return out

@@ -365,7 +365,9 @@ def _build_sentence_encoder_class() -> type:
             if getattr(model, "pooler", None) is not None:
                 model.pooler = None  # the [CLS] dense+tanh head: unused by sentence-transformers, dead weight in exports
             model.eval().requires_grad_(False)
-            return cls(model, info.pooling, info.normalize, info.uses_token_type_ids)
+            # eval() on the wrapper too: a wrapper left in training mode makes the TorchScript exporter's
+            # "restore the training flag" step switch the inner model (and its dropout) back on after export.
+            return cls(model, info.pooling, info.normalize, info.uses_token_type_ids).eval()
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None):
             kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
@@ -476,6 +478,7 @@ def export_encoder_onnx(
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    module.eval()  # an exported encoder is an inference graph: no dropout, in the file or in the torch reference
     names = spec.input_names
     out_name = spec.outputs[0].name if spec.outputs else "embedding"
     tmp_out = "servopt_sentence_embedding"  # renamed after export, see _name_output
