@@ -366,13 +366,15 @@ def test_minilm_onnx_export_verifies_at_several_lengths(tmp_path, minilm, minilm
 
     spec = H.encoder_spec(minilm_info)
     out = tmp_path / "minilm.onnx"
-    report = H.export_encoder_onnx(minilm, spec, out)
+    names = minilm_info.input_names()
+    real = [tok(TEXTS, names), tok(T.read_texts(T.DEMO_SENTENCES)[:8], names)]
+    report = H.export_encoder_onnx(minilm, spec, out, verify_inputs=real)
+    assert report["verification_real"]["batches"] == 2 and report["verification_real"]["min_cosine"] > 0.99999
     assert report["exporter"] == "dynamo" and report["checker"] == "passed" and report["weights_inline"]
     assert not (tmp_path / "minilm.onnx.data").exists()
     assert report["inputs"] == {n: ["batch", "sequence"] for n in spec.input_names}
     assert [v["sequence_length"] for v in report["verification"]] == [7, 32, 128]
     assert report["max_abs_diff"] < 1e-5 and report["min_cosine"] > 0.99999
-    names = minilm_info.input_names()
     batch = tok(TEXTS, names)
     assert _cos(_ort_embed(out, batch), _run(minilm, batch, names)).min() > 0.99999
     meta = json.loads({p.key: p.value for p in onnx.load(str(out)).metadata_props}["servopt.spec"])

@@ -17,6 +17,7 @@ import json
 import logging
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -466,12 +467,14 @@ def export_encoder_onnx(
     lengths: tuple[int, ...] = (7, 32, 128),
     batches: tuple[int, ...] = (1, 4),
     tolerance: float = 1e-4,
+    verify_inputs: Sequence[dict[str, np.ndarray]] = (),
 ) -> dict:
     """Export a ``SentenceEncoder`` to ONNX with dynamic batch and sequence axes, check it, verify it at several lengths.
 
     The dynamo exporter (``torch.export.Dim`` for both axes) runs first; the TorchScript exporter with
     ``dynamic_axes`` is the fallback. Weights are inline under 2 GB. ONNX Runtime is compared with torch at every
-    length × batch (padded rows included); past ``tolerance`` (absolute, on |values| ≤ 1 — scaled above) it raises.
+    length × batch (padded rows included), and on ``verify_inputs`` (real tokenized batches, e.g. from
+    ``data.text.TextTokenizer``) when given; past ``tolerance`` (absolute, scaled by max(1, max |torch|)) it raises.
     """
     import onnx
     import torch
@@ -546,7 +549,8 @@ def export_encoder_onnx(
     if sorted(graph_inputs) != sorted(names):
         raise UserError(f"the exported model takes {sorted(graph_inputs)} but the spec says {sorted(names)}",
                         fix="report the model family: an input was dropped or added by the exporter")
-    report.update(verify_encoder_onnx(module, spec, out_path, lengths=lengths, batches=batches, tolerance=tolerance))
+    report.update(verify_encoder_onnx(module, spec, out_path, lengths=lengths, batches=batches, tolerance=tolerance,
+                                      verify_inputs=verify_inputs))
     return report
 
 
@@ -558,44 +562,53 @@ def verify_encoder_onnx(
     lengths: tuple[int, ...] = (7, 32, 128),
     batches: tuple[int, ...] = (1, 4),
     tolerance: float = 1e-4,
+    verify_inputs: Sequence[dict[str, np.ndarray]] = (),
 ) -> dict:
-    """ONNX Runtime against torch at each sequence length × batch size: max |Δ| and min cosine per length."""
+    """ONNX Runtime against torch at each sequence length × batch size (max |Δ| and min cosine per length),
+    then on each of ``verify_inputs``; raises ``UserError`` past ``tolerance``."""
     import onnxruntime as ort
     import torch
 
     max_positions = spec.extra.get("max_positions") or 512
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     out_name = sess.get_outputs()[0].name
+
+    def compare(feed: dict[str, np.ndarray], where: str) -> tuple[float, float]:
+        with torch.inference_mode():
+            ref = module(*[torch.from_numpy(np.ascontiguousarray(feed[n])) for n in spec.input_names]).float().numpy()
+        try:
+            got = sess.run([out_name], {n: feed[n] for n in spec.input_names})[0]
+        except Exception as e:  # a shape the exported graph refuses is an export failure
+            raise UserError(
+                f"the exported model fails on {where}: {str(e).splitlines()[0][:300]}",
+                fix="the sequence axis was probably fixed during export; try the other exporter",
+            ) from e
+        if got.shape != ref.shape:
+            raise UserError(f"the exported model gives shape {got.shape} where torch gives {ref.shape} ({where})",
+                            fix="try the other exporter")
+        diff = float(np.abs(got - ref).max())
+        cos = float(((got * ref).sum(1) / np.maximum(np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1), 1e-12)).min())
+        scale = max(1.0, float(np.abs(ref).max()))
+        if diff > tolerance * scale or cos < 1 - 1e-4:
+            raise UserError(
+                f"the exported encoder differs from torch on {where}: "
+                f"max |Δ| {diff:.3g} (tolerance {tolerance * scale:.3g}), min cosine {cos:.6f}",
+                fix="try the other exporter or attn_implementation='eager', and report the model family",
+            )
+        return diff, cos
+
     per_length = []
     for length in sorted({min(int(n), max_positions) for n in lengths}):
-        worst, min_cos = 0.0, 1.0
-        for batch in batches:
-            feed = example_token_inputs(spec, batch, length, seed=length * 31 + batch)
-            with torch.inference_mode():
-                ref = module(*[torch.from_numpy(feed[n]) for n in spec.input_names]).float().numpy()
-            try:
-                got = sess.run([out_name], feed)[0]
-            except Exception as e:
-                raise UserError(
-                    f"the exported model fails at batch {batch} × sequence {length}: {str(e).splitlines()[0][:300]}",
-                    fix="the sequence axis was probably fixed during export; try the other exporter",
-                ) from e
-            if got.shape != ref.shape:
-                raise UserError(f"the exported model gives shape {got.shape} where torch gives {ref.shape}",
-                                fix="try the other exporter")
-            worst = max(worst, float(np.abs(got - ref).max()))
-            cos = (got * ref).sum(1) / np.maximum(np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1), 1e-12)
-            min_cos = min(min_cos, float(cos.min()))
-            scale = max(1.0, float(np.abs(ref).max()))
-            if worst > tolerance * scale or min_cos < 1 - 1e-4:
-                raise UserError(
-                    f"the exported encoder differs from torch at batch {batch} × sequence {length}: "
-                    f"max |Δ| {worst:.3g} (tolerance {tolerance * scale:.3g}), min cosine {min_cos:.6f}",
-                    fix="try the other exporter or attn_implementation='eager', and report the model family",
-                )
-        per_length.append({"sequence_length": length, "batch_sizes": list(batches), "max_abs_diff": worst, "min_cosine": min_cos})
-    return {
-        "verification": per_length,
-        "max_abs_diff": max(v["max_abs_diff"] for v in per_length),
-        "min_cosine": min(v["min_cosine"] for v in per_length),
-    }
+        figures = [compare(example_token_inputs(spec, b, length, seed=length * 31 + b), f"batch {b} × sequence {length}")
+                   for b in batches]
+        per_length.append({"sequence_length": length, "batch_sizes": list(batches),
+                           "max_abs_diff": max(f[0] for f in figures), "min_cosine": min(f[1] for f in figures)})
+    real = [compare(feed, f"verify_inputs[{i}]") for i, feed in enumerate(verify_inputs)]
+    figures = [(v["max_abs_diff"], v["min_cosine"]) for v in per_length] + real
+    report: dict[str, Any] = {"verification": per_length}
+    if real:
+        report["verification_real"] = {"batches": len(real), "max_abs_diff": max(f[0] for f in real),
+                                       "min_cosine": min(f[1] for f in real)}
+    report["max_abs_diff"] = max(f[0] for f in figures)
+    report["min_cosine"] = min(f[1] for f in figures)
+    return report
