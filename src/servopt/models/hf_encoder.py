@@ -1,0 +1,614 @@
+"""Sentence-transformer text encoders (MiniLM, MPNet, BERT, BGE, E5) from a Hugging Face folder.
+
+A folder saved by sentence-transformers (``modules.json``: Transformer → Pooling
+→ optional Normalize) or a bare ``AutoModel`` folder becomes one ``nn.Module``
+whose output is the sentence embedding itself: pooling and L2 normalization run
+inside ``forward``, so every export or compile of it gives the same vector
+sentence-transformers gives, and the serving side only tokenizes.
+
+``inspect_encoder`` reads JSON files only (no torch, no transformers), so a lean
+install can recognise and describe a folder; ``SentenceEncoder`` (built on first
+use, see ``__getattr__``) and the export need torch and transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from servopt.errors import UserError
+from servopt.spec import ModelSpec, TensorSpec
+
+if TYPE_CHECKING:  # the real class is built lazily so importing this module needs no torch
+    import torch
+
+    SentenceEncoder: type[torch.nn.Module]
+
+log = logging.getLogger(__name__)
+
+Pooling = Literal["mean", "cls", "max", "mean_sqrt_len"]
+POOLING_MODES: tuple[str, ...] = ("mean", "cls", "max", "mean_sqrt_len")
+DEFAULT_POOLING_SOURCE = "default (mean; no sentence-transformers config)"
+PROTOBUF_LIMIT = 2 * 1024**3
+
+# sentence-transformers' Pooling config keys → our names. Modes we cannot reproduce are refused, not approximated.
+_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+_SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+# Families whose position ids start after the padding index (RoBERTa's scheme): usable length = max positions - offset.
+_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "longformer", "data2vec-text", "ibert", "luke"}
+# type_vocab_size when config.json leaves it out (older saves wrote only differences from the defaults).
+_TYPE_VOCAB_DEFAULTS = {"bert": 2, "electra": 2, "convbert": 2, "mobilebert": 2, "albert": 2, "ernie": 2, "megatron-bert": 2}
+_SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+_PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+_OTHER_WEIGHTS = ("tf_model.h5", "flax_model.msgpack", "model.onnx", "onnx/model.onnx")
+
+
+@dataclass
+class EncoderInfo:
+    """What a text-encoder folder holds, read from its files without loading the model."""
+
+    folder: Path  # the folder the user gave
+    model_folder: Path  # where config.json, the weights and the tokenizer are (a sub-folder in old layouts)
+    model_type: str  # config.json's model_type: bert, mpnet, xlm-roberta, …
+    architecture: str | None  # config.json's architectures[0], when given
+    hidden_size: int
+    vocab_size: int
+    pad_token_id: int
+    pooling: Pooling
+    pooling_source: str  # "modules.json", or DEFAULT_POOLING_SOURCE for a bare AutoModel folder
+    normalize: bool
+    max_seq_length: int
+    max_seq_length_source: str
+    max_positions: int | None  # the longest sequence the position embeddings allow (None: no such limit known)
+    uses_token_type_ids: bool
+    do_lower_case: bool  # sentence_bert_config.json: lower-case texts before tokenizing
+    tokenizer_path: Path
+    weights_path: Path
+    weights_format: Literal["safetensors", "pickle"]
+    trust_pickle: bool = False
+
+    def input_names(self) -> list[str]:
+        return ["input_ids", "attention_mask"] + (["token_type_ids"] if self.uses_token_type_ids else [])
+
+    def to_dict(self) -> dict:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+
+
+def _read_json(path: Path, what: str, fix: str) -> Any:
+    if not path.is_file():
+        raise UserError(f"{path.parent} has no {path.name} ({what})", fix=fix)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is not readable JSON ({e})", fix=f"restore {path.name} from the original model") from e
+
+
+def is_hf_encoder_folder(path: str | Path) -> bool:
+    """True when ``path`` looks like a Hugging Face model folder (sentence-transformers or bare AutoModel).
+
+    Cheap and never raises: it only decides which loader to try; ``inspect_encoder`` says what is wrong.
+    """
+    folder = Path(path)
+    try:
+        if not folder.is_dir():
+            return False
+        if (folder / "modules.json").is_file() or (folder / "sentence_bert_config.json").is_file():
+            return True
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        has_weights = any((folder / w).is_file() for w in (*_SAFE_WEIGHTS, *_PICKLE_WEIGHTS))
+        return isinstance(config, dict) and "model_type" in config and has_weights
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+
+
+def _read_modules(root: Path) -> list[dict] | None:
+    path = root / "modules.json"
+    if not path.is_file():
+        return None
+    modules = _read_json(path, "the sentence-transformers pipeline", "")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) and "type" in m for m in modules):
+        raise UserError(f"{path} is not a sentence-transformers module list", fix="restore modules.json from the original model")
+    for m in modules:
+        kind = str(m["type"]).rsplit(".", 1)[-1]
+        if kind not in _SUPPORTED_MODULES:
+            raise UserError(
+                f"{path} has a {m['type']} module; servopt reproduces only Transformer → Pooling → Normalize, "
+                "so its embeddings would differ from sentence-transformers'",
+                fix="use a model whose modules.json lists only Transformer, Pooling and Normalize, or export it to ONNX yourself",
+            )
+    return modules
+
+
+def _module_dir(root: Path, modules: list[dict] | None, kind: str) -> Path | None:
+    for m in modules or []:
+        if str(m["type"]).rsplit(".", 1)[-1] == kind:
+            return root / m.get("path", "")
+    return None
+
+
+def _read_pooling(pool_dir: Path, hidden_size: int) -> Pooling:
+    cfg = _read_json(
+        pool_dir / "config.json", "the Pooling module's settings",
+        fix="restore the pooling folder's config.json from the original model (modules.json points at it)",
+    )
+    if isinstance(cfg.get("pooling_mode"), str):  # some writers store the mode by name
+        modes = [cfg["pooling_mode"].replace("_tokens", "").replace("_token", "")]
+    else:
+        modes = [name for key, name in _POOLING_KEYS.items() if cfg.get(key)]
+    if len(modes) != 1 or modes[0] not in POOLING_MODES:
+        raise UserError(
+            f"{pool_dir / 'config.json'} asks for pooling {' + '.join(modes) or 'none'}; servopt supports exactly one of "
+            + ", ".join(POOLING_MODES),
+            fix="use a model with one of those pooling modes",
+        )
+    dim = cfg.get("word_embedding_dimension")
+    if dim is not None and int(dim) != hidden_size:
+        raise UserError(
+            f"the pooling config says the token embeddings have {dim} dimensions but config.json says {hidden_size}",
+            fix="the folder mixes two models: restore it from the original",
+        )
+    return modes[0]  # type: ignore[return-value]
+
+
+def _weights(model_dir: Path, trust_pickle: bool) -> tuple[Path, Literal["safetensors", "pickle"]]:
+    for name in _SAFE_WEIGHTS:
+        if (model_dir / name).is_file():
+            return model_dir / name, "safetensors"
+    for name in _PICKLE_WEIGHTS:
+        if (model_dir / name).is_file():
+            if not trust_pickle:
+                raise UserError(
+                    f"{model_dir / name} is a pickle: loading it can run arbitrary code",
+                    fix="pass --trust-pickle if you trust its source, or convert it to model.safetensors "
+                    "(AutoModel.from_pretrained(folder).save_pretrained(folder, safe_serialization=True))",
+                )
+            return model_dir / name, "pickle"
+    others = [n for n in _OTHER_WEIGHTS if (model_dir / n).exists()]
+    raise UserError(
+        f"{model_dir} has no model.safetensors (the PyTorch weights)" + (f"; it has only {', '.join(others)}" if others else ""),
+        fix="save the model with model.save_pretrained(folder), which writes model.safetensors",
+    )
+
+
+def _max_seq_length(model_dir: Path, root: Path, config: dict, max_positions: int | None) -> tuple[int, str]:
+    def capped(value: int, source: str) -> tuple[int, str]:
+        if max_positions is not None and value > max_positions:
+            return max_positions, f"{source} ({value}), capped at the model's {max_positions} positions"
+        return value, source
+
+    for d in dict.fromkeys((model_dir, root)):
+        sbert = d / "sentence_bert_config.json"
+        if sbert.is_file():
+            value = _read_json(sbert, "", "").get("max_seq_length")
+            if isinstance(value, int) and value > 0:
+                return capped(value, "sentence_bert_config.json")
+    tok_cfg = model_dir / "tokenizer_config.json"
+    if tok_cfg.is_file():
+        value = _read_json(tok_cfg, "", "").get("model_max_length")
+        if isinstance(value, (int, float)) and 0 < value < 1_000_000:  # transformers writes 1e30 for "no limit"
+            return capped(int(value), "tokenizer_config.json model_max_length")
+    if max_positions is not None:
+        return max_positions, "config.json max_position_embeddings"
+    return 512, "default (512; no length found in the folder)"
+
+
+def inspect_encoder(folder: str | Path, trust_pickle: bool = False) -> EncoderInfo:
+    """Read a sentence-transformers or bare ``AutoModel`` folder: pooling, normalization, lengths, files.
+
+    Only JSON files are read; every missing or unusable file is a ``UserError`` naming it.
+    """
+    root = Path(folder)
+    if not root.exists():
+        raise UserError(f"model folder {root} does not exist", fix="check the path")
+    if not root.is_dir():
+        raise UserError(f"{root} is a file, not a Hugging Face model folder", fix="pass the folder that holds config.json")
+    modules = _read_modules(root)
+    model_dir = _module_dir(root, modules, "Transformer") or root
+    config = _read_json(
+        model_dir / "config.json", "the model's architecture",
+        fix="save the model with model.save_pretrained(folder), which writes config.json",
+    )
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise UserError(f"{model_dir / 'config.json'} has no model_type", fix="save the model with transformers' save_pretrained")
+    if config.get("is_encoder_decoder") or config.get("is_decoder"):
+        raise UserError(
+            f"{root} holds a {model_type} {'encoder-decoder' if config.get('is_encoder_decoder') else 'decoder'} model; "
+            "servopt's text encoders are encoder-only (BERT, MPNet, RoBERTa families)",
+            fix="use an encoder-only sentence-transformers model",
+        )
+    hidden = config.get("hidden_size") or config.get("dim") or config.get("d_model")
+    if not isinstance(hidden, int):
+        raise UserError(f"{model_dir / 'config.json'} gives no hidden_size", fix="restore config.json from the original model")
+    pad_id = config.get("pad_token_id")
+    pad_id = int(pad_id) if isinstance(pad_id, int) else (1 if model_type in _OFFSET_POSITIONS else 0)
+    max_pos = config.get("max_position_embeddings")
+    offset = 0
+    if model_type in _OFFSET_POSITIONS:  # positions run pad+1 … ; MPNet hard-codes its padding index 1
+        offset = (1 if model_type == "mpnet" else pad_id) + 1
+    max_positions = int(max_pos) - offset if isinstance(max_pos, int) else None
+    type_vocab = config.get("type_vocab_size", _TYPE_VOCAB_DEFAULTS.get(model_type, 0))
+
+    tokenizer = model_dir / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise UserError(
+            f"{model_dir} has no tokenizer.json (the fast tokenizer servopt tokenizes with)"
+            + (" — it has vocab.txt, a slow tokenizer's file" if (model_dir / "vocab.txt").is_file() else ""),
+            fix="save a fast tokenizer into the folder: AutoTokenizer.from_pretrained(folder).save_pretrained(folder)",
+        )
+    weights, weights_format = _weights(model_dir, trust_pickle)
+
+    if modules is None:
+        pooling: Pooling = "mean"
+        pooling_source = DEFAULT_POOLING_SOURCE
+        normalize = False
+    else:
+        pool_dir = _module_dir(root, modules, "Pooling")
+        if pool_dir is None:
+            pooling, pooling_source = "mean", "default (mean; modules.json has no Pooling module)"
+        else:
+            pooling, pooling_source = _read_pooling(pool_dir, hidden), "modules.json"
+        normalize = _module_dir(root, modules, "Normalize") is not None
+    max_len, max_len_source = _max_seq_length(model_dir, root, config, max_positions)
+    lower = False
+    sbert = model_dir / "sentence_bert_config.json"
+    if sbert.is_file():
+        lower = bool(_read_json(sbert, "", "").get("do_lower_case", False))
+    arch = config.get("architectures")
+    return EncoderInfo(
+        folder=root, model_folder=model_dir, model_type=model_type,
+        architecture=arch[0] if isinstance(arch, list) and arch else None,
+        hidden_size=int(hidden), vocab_size=int(config.get("vocab_size") or 0), pad_token_id=pad_id,
+        pooling=pooling, pooling_source=pooling_source, normalize=normalize,
+        max_seq_length=max_len, max_seq_length_source=max_len_source, max_positions=max_positions,
+        uses_token_type_ids=isinstance(type_vocab, int) and type_vocab > 1, do_lower_case=lower,
+        tokenizer_path=tokenizer, weights_path=weights, weights_format=weights_format, trust_pickle=trust_pickle,
+    )
+
+
+def encoder_spec(info: EncoderInfo) -> ModelSpec:
+    """Token ids + mask (+ token types) of any batch and length in, one float32 embedding per text out."""
+    inputs = [TensorSpec(name, "int64", ["batch", "sequence"]) for name in info.input_names()]
+    return ModelSpec(
+        inputs=inputs,
+        outputs=[TensorSpec("embedding", "float32", ["batch", info.hidden_size])],
+        task="embedding",
+        extra={
+            "family": "text-encoder",
+            "model_type": info.model_type,
+            "tokenizer": str(info.tokenizer_path),
+            "max_seq_length": info.max_seq_length,
+            "max_positions": info.max_positions,
+            "pooling": info.pooling,
+            "pooling_source": info.pooling_source,
+            "normalize": info.normalize,
+            "do_lower_case": info.do_lower_case,
+            "pad_token_id": info.pad_token_id,
+            "vocab_size": info.vocab_size,
+        },
+    )
+
+
+# --------------------------------------------------------------------------------------------- the torch module
+
+
+def _build_sentence_encoder_class() -> type:
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    class SentenceEncoder(nn.Module):
+        """A transformers ``AutoModel`` plus pooling and optional L2 normalization: ids in, sentence embedding out.
+
+        ``forward`` branches only on settings fixed at construction (never on tensor values), so
+        ``torch.export``, the ONNX exporters and ``torch.compile`` see one graph for every batch and length.
+        """
+
+        def __init__(self, model: nn.Module, pooling: str = "mean", normalize: bool = False, uses_token_type_ids: bool = True):
+            super().__init__()
+            if pooling not in POOLING_MODES:
+                raise UserError(f"unknown pooling {pooling!r}", fix="use one of " + ", ".join(POOLING_MODES))
+            self.model = model
+            self.pooling = pooling
+            self.normalize = normalize
+            self.uses_token_type_ids = uses_token_type_ids
+
+        @classmethod
+        def from_folder(
+            cls, folder: str | Path | EncoderInfo, *, trust_pickle: bool = False, attn_implementation: str | None = None
+        ) -> SentenceEncoder:
+            """Load with ``AutoModel.from_pretrained`` (local files only, float32) in eval mode.
+
+            ``attn_implementation``: None lets transformers choose (``sdpa`` where the family has it);
+            ``"eager"`` gives a plainer ONNX graph. Both export; see ``export_encoder_onnx``.
+            """
+            from transformers import AutoModel
+
+            info = folder if isinstance(folder, EncoderInfo) else inspect_encoder(folder, trust_pickle=trust_pickle)
+            kwargs: dict[str, Any] = {"local_files_only": True, "dtype": torch.float32, "output_loading_info": True}
+            if attn_implementation:
+                kwargs["attn_implementation"] = attn_implementation
+            if info.weights_format == "safetensors":
+                kwargs["use_safetensors"] = True  # never fall back to a pickle lying next to it
+            elif not (trust_pickle or info.trust_pickle):
+                raise UserError(f"{info.weights_path} is a pickle", fix="pass --trust-pickle, or convert it to safetensors")
+            try:
+                model, loading = AutoModel.from_pretrained(str(info.model_folder), **kwargs)
+            except UserError:
+                raise
+            except Exception as e:
+                raise UserError(
+                    f"transformers could not load {info.model_folder} ({type(e).__name__}: {str(e).splitlines()[0][:300]})",
+                    fix="check that the folder loads with transformers.AutoModel.from_pretrained",
+                ) from e
+            missing = [k for k in loading.get("missing_keys", []) if k.split(".", 1)[0] != "pooler" and ".pooler." not in k]
+            if missing:
+                raise UserError(
+                    f"{info.weights_path.name} lacks {len(missing)} parameter(s) the model needs "
+                    f"({', '.join(missing[:4])}{'…' if len(missing) > 4 else ''}): they would be random",
+                    fix="the weights do not match config.json: restore both from the original model",
+                )
+            if getattr(model, "pooler", None) is not None:
+                model.pooler = None  # the [CLS] dense+tanh head: unused by sentence-transformers, dead weight in exports
+            model.eval().requires_grad_(False)
+            # eval() on the wrapper too: a wrapper left in training mode makes the TorchScript exporter's
+            # "restore the training flag" step switch the inner model (and its dropout) back on after export.
+            return cls(model, info.pooling, info.normalize, info.uses_token_type_ids).eval()
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None):
+            kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if self.uses_token_type_ids:
+                kwargs["token_type_ids"] = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
+            hidden = self.model(**kwargs)[0].float()  # last_hidden_state [batch, sequence, hidden]
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            if self.pooling == "cls":
+                pooled = hidden[:, 0]
+            elif self.pooling == "max":
+                pooled = torch.where(mask > 0, hidden, torch.full_like(hidden, -1e9)).amax(dim=1)
+            else:
+                summed = (hidden * mask).sum(dim=1)
+                count = mask.sum(dim=1).clamp(min=1e-9)
+                pooled = summed / (count if self.pooling == "mean" else count.sqrt())
+            if self.normalize:
+                pooled = F.normalize(pooled, p=2.0, dim=1)
+            return pooled
+
+    SentenceEncoder.__module__ = __name__
+    SentenceEncoder.__qualname__ = "SentenceEncoder"
+    return SentenceEncoder
+
+
+def __getattr__(name: str) -> Any:
+    """``SentenceEncoder`` is defined on first access, so that importing this module does not import torch."""
+    if name == "SentenceEncoder":
+        cls = _build_sentence_encoder_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def load_sentence_encoder(
+    folder: str | Path | EncoderInfo, *, trust_pickle: bool = False, attn_implementation: str | None = None
+):
+    """The eval-mode ``SentenceEncoder`` of a folder (see ``SentenceEncoder.from_folder``)."""
+    return __getattr__("SentenceEncoder").from_folder(folder, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
+
+
+# --------------------------------------------------------------------------------------------- ONNX export
+
+
+def example_token_inputs(
+    spec: ModelSpec, batch: int, length: int, *, seed: int = 0, padded: bool = True
+) -> dict[str, np.ndarray]:
+    """Random token ids of one length; with ``padded``, rows after the first end early (mask 0, pad id), as real batches do."""
+    rng = np.random.default_rng(seed)
+    vocab = int(spec.extra.get("vocab_size") or 1000)
+    pad = int(spec.extra.get("pad_token_id") or 0)
+    low = min(1000, vocab // 2)  # BERT vocabularies keep special and unused tokens below 1000
+    ids = rng.integers(low, vocab, size=(batch, length), dtype=np.int64)
+    mask = np.ones((batch, length), np.int64)
+    if padded:
+        for row in range(1, batch):
+            keep = max(1, length - row * length // (batch + 1))
+            mask[row, keep:] = 0
+            ids[row, keep:] = pad
+    arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros((batch, length), np.int64)}
+    return {t.name: arrays[t.name] for t in spec.inputs}
+
+
+def _rename_value(graph, old: str, new: str) -> None:
+    for node in graph.node:
+        node.input[:] = [new if n == old else n for n in node.input]
+        node.output[:] = [new if n == old else n for n in node.output]
+    for vi in (*graph.output, *graph.value_info, *graph.input):
+        if vi.name == old:
+            vi.name = new
+
+
+def _name_output(proto, current: str, wanted: str) -> None:
+    """Rename the graph output ``current`` to ``wanted``, first moving any internal value already called ``wanted``.
+
+    The dynamo exporter names values after their aten op: BERT's token lookup is a value named ``embedding``,
+    so asking the exporter for an output named ``embedding`` writes a model ONNX Runtime refuses
+    ("Duplicate definition of name (embedding)").
+    """
+    graph = proto.graph
+    if current == wanted:
+        return
+    taken = {n for node in graph.node for n in (*node.input, *node.output)} | {i.name for i in graph.initializer}
+    if wanted in taken:
+        fresh = next(f"{wanted}_internal{i}" for i in range(10_000) if f"{wanted}_internal{i}" not in taken)
+        _rename_value(graph, wanted, fresh)
+    _rename_value(graph, current, wanted)
+
+
+def export_encoder_onnx(
+    module,
+    spec: ModelSpec,
+    out_path: str | Path,
+    opset: int = 18,
+    *,
+    exporter: Literal["auto", "dynamo", "torchscript"] = "auto",
+    lengths: tuple[int, ...] = (7, 32, 128),
+    batches: tuple[int, ...] = (1, 4),
+    tolerance: float = 1e-4,
+    verify_inputs: Sequence[dict[str, np.ndarray]] = (),
+) -> dict:
+    """Export a ``SentenceEncoder`` to ONNX with dynamic batch and sequence axes, check it, verify it at several lengths.
+
+    The dynamo exporter (``torch.export.Dim`` for both axes) runs first; the TorchScript exporter with
+    ``dynamic_axes`` is the fallback. Weights are inline under 2 GB. ONNX Runtime is compared with torch at every
+    length × batch (padded rows included), and on ``verify_inputs`` (real tokenized batches, e.g. from
+    ``data.text.TextTokenizer``) when given; past ``tolerance`` (absolute, scaled by max(1, max |torch|)) it raises.
+    """
+    import onnx
+    import torch
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    module.eval()  # an exported encoder is an inference graph: no dropout, in the file or in the torch reference
+    names = spec.input_names
+    out_name = spec.outputs[0].name if spec.outputs else "embedding"
+    tmp_out = "servopt_sentence_embedding"  # renamed after export, see _name_output
+    max_positions = spec.extra.get("max_positions") or 512
+    example = example_token_inputs(spec, 2, min(16, max_positions), seed=0)
+    args = tuple(torch.from_numpy(example[n]) for n in names)
+    inline = sum(p.numel() * p.element_size() for p in module.state_dict().values()) < PROTOBUF_LIMIT
+    report: dict[str, Any] = {"opset": opset, "weights_inline": inline}
+    errors: list[str] = []
+    used = None
+    start = time.perf_counter()
+    if exporter in ("auto", "dynamo"):
+        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+        try:
+            batch = torch.export.Dim("batch", min=1, max=4096)
+            seq = torch.export.Dim("sequence", min=1, max=max_positions)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(
+                    module, args, str(out_path), dynamo=True, input_names=names, output_names=[tmp_out],
+                    opset_version=opset, dynamic_shapes=tuple({0: batch, 1: seq} for _ in names),
+                    external_data=not inline, optimize=True, verbose=False,
+                )
+            used = "dynamo"
+        except Exception as e:  # noqa: BLE001 - any exporter failure falls back
+            errors.append(f"dynamo: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}")
+            log.warning("dynamo exporter failed, falling back to TorchScript: %s", errors[-1])
+    if used is None and exporter in ("auto", "torchscript"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # aten::index advanced-indexing notes from the mask code
+                torch.onnx.export(
+                    module, args, str(out_path), dynamo=False, input_names=names, output_names=[tmp_out],
+                    opset_version=min(opset, 17),
+                    dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in names}, tmp_out: {0: "batch"}},
+                )
+            used = "torchscript"
+            report["opset"] = min(opset, 17)
+        except Exception as e:  # noqa: BLE001 - reported with the dynamo error
+            errors.append(f"torchscript: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}")
+    if used is None:
+        raise UserError("ONNX export of the text encoder failed with every exporter: " + "; ".join(errors),
+                        fix="try attn_implementation='eager', another opset, or report the model family")
+    report["exporter"] = used
+    report["fallback_reasons"] = errors
+    report["export_seconds"] = round(time.perf_counter() - start, 2)
+
+    proto = onnx.load(str(out_path))
+    _name_output(proto, tmp_out, out_name)
+    from servopt.models.sources import ONNX_META_SPEC
+
+    meta = {"task": spec.task, "class_names": None, "preprocessing": None, "text": {
+        k: spec.extra.get(k) for k in ("model_type", "max_seq_length", "pooling", "normalize", "do_lower_case", "pad_token_id")
+    }}
+    onnx.helper.set_model_props(proto, {ONNX_META_SPEC: json.dumps(meta)})
+    if inline:
+        onnx.save(proto, str(out_path))
+        out_path.with_name(out_path.name + ".data").unlink(missing_ok=True)
+    else:
+        onnx.save(proto, str(out_path), save_as_external_data=True, location=out_path.name + ".data")
+    onnx.checker.check_model(str(out_path))
+    report["checker"] = "passed"
+    graph_inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in proto.graph.input}
+    report["inputs"] = graph_inputs
+    if sorted(graph_inputs) != sorted(names):
+        raise UserError(f"the exported model takes {sorted(graph_inputs)} but the spec says {sorted(names)}",
+                        fix="report the model family: an input was dropped or added by the exporter")
+    report.update(verify_encoder_onnx(module, spec, out_path, lengths=lengths, batches=batches, tolerance=tolerance,
+                                      verify_inputs=verify_inputs))
+    return report
+
+
+def verify_encoder_onnx(
+    module,
+    spec: ModelSpec,
+    onnx_path: str | Path,
+    *,
+    lengths: tuple[int, ...] = (7, 32, 128),
+    batches: tuple[int, ...] = (1, 4),
+    tolerance: float = 1e-4,
+    verify_inputs: Sequence[dict[str, np.ndarray]] = (),
+) -> dict:
+    """ONNX Runtime against torch at each sequence length × batch size (max |Δ| and min cosine per length),
+    then on each of ``verify_inputs``; raises ``UserError`` past ``tolerance``."""
+    import onnxruntime as ort
+    import torch
+
+    max_positions = spec.extra.get("max_positions") or 512
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    out_name = sess.get_outputs()[0].name
+
+    def compare(feed: dict[str, np.ndarray], where: str) -> tuple[float, float]:
+        with torch.inference_mode():
+            ref = module(*[torch.from_numpy(np.ascontiguousarray(feed[n])) for n in spec.input_names]).float().numpy()
+        try:
+            got = sess.run([out_name], {n: feed[n] for n in spec.input_names})[0]
+        except Exception as e:  # a shape the exported graph refuses is an export failure
+            raise UserError(
+                f"the exported model fails on {where}: {str(e).splitlines()[0][:300]}",
+                fix="the sequence axis was probably fixed during export; try the other exporter",
+            ) from e
+        if got.shape != ref.shape:
+            raise UserError(f"the exported model gives shape {got.shape} where torch gives {ref.shape} ({where})",
+                            fix="try the other exporter")
+        diff = float(np.abs(got - ref).max())
+        cos = float(((got * ref).sum(1) / np.maximum(np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1), 1e-12)).min())
+        scale = max(1.0, float(np.abs(ref).max()))
+        if diff > tolerance * scale or cos < 1 - 1e-4:
+            raise UserError(
+                f"the exported encoder differs from torch on {where}: "
+                f"max |Δ| {diff:.3g} (tolerance {tolerance * scale:.3g}), min cosine {cos:.6f}",
+                fix="try the other exporter or attn_implementation='eager', and report the model family",
+            )
+        return diff, cos
+
+    per_length = []
+    for length in sorted({min(int(n), max_positions) for n in lengths}):
+        figures = [compare(example_token_inputs(spec, b, length, seed=length * 31 + b), f"batch {b} × sequence {length}")
+                   for b in batches]
+        per_length.append({"sequence_length": length, "batch_sizes": list(batches),
+                           "max_abs_diff": max(f[0] for f in figures), "min_cosine": min(f[1] for f in figures)})
+    real = [compare(feed, f"verify_inputs[{i}]") for i, feed in enumerate(verify_inputs)]
+    figures = [(v["max_abs_diff"], v["min_cosine"]) for v in per_length] + real
+    report: dict[str, Any] = {"verification": per_length}
+    if real:
+        report["verification_real"] = {"batches": len(real), "max_abs_diff": max(f[0] for f in real),
+                                       "min_cosine": min(f[1] for f in real)}
+    report["max_abs_diff"] = max(f[0] for f in figures)
+    report["min_cosine"] = min(f[1] for f in figures)
+    return report
