@@ -327,6 +327,14 @@ def test_summary_and_report(quick_run):
     assert edge["recommended"] and edge["result"]["size_mb"] < 5
     assert summary["interleaved"]["reference"] == "ort-fp32"
     assert summary["interleaved"]["variants"]["ort-fp32"]["p50_ratio_vs_reference"] == 1.0
+    # cpu-server names an AVX2 EPYC: on a richer CPU its candidates are re-measured capped where runtimes allow
+    from servopt.machine import cpu_features, isa_rank
+
+    if isa_rank(cpu_features().level) > isa_rank("avx2"):
+        capped = summary["capped"]["avx2"]
+        assert capped["environment"]["isa_cap"] == "AVX2"
+        assert capped["variants"]["ort-fp32"]["isa_cap"] is None, "ONNX Runtime cannot be held to an ISA"
+        assert "instruction set" in summary["targets"][0]["reason"]
     html = (quick_run / "report.html").read_text()
     for section in ("Verdict per target", "Same-run ratios", "Latency against accuracy", "Every variant", "Throughput",
                     "Size on disk", "Latency distributions", "Where the time goes", "Environment", "<svg"):

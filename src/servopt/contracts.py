@@ -264,6 +264,7 @@ class SideBySide(Contract):
     p50_ratio_vs_reference: float
     throughput_ratio_vs_reference: float
     flagged_rounds: int
+    isa_cap: str | None = None  # the instruction set this variant's runtime was held to in this run (None: not capped)
 
 
 class Interleaved(Contract):

@@ -67,7 +67,7 @@ def print_summary(summary, records) -> None:
         il = Table(title="same-run ratios vs ONNX Runtime defaults (interleaved)", title_style="bold")
         for col in ("variant", "p50 ms", "batch/s", "p50 ratio", "throughput ratio"):
             il.add_column(col, justify="left" if col == "variant" else "right")
-        for row in interleave_rows(summary):
+        for row in interleave_rows(summary.interleaved):
             il.add_row(row.name, row.p50, row.tp, row.p50_ratio, row.tp_ratio)
         console.print(il)
     v = Table(title="verdict per target", title_style="bold", show_lines=True)

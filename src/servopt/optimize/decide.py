@@ -17,7 +17,7 @@ from pydantic import Field
 
 from servopt.contracts import Contract, Interleaved, Record
 from servopt.families.base import Family
-from servopt.machine import isa_rank, machine_label
+from servopt.machine import CpuFeatures, isa_rank, machine_label
 from servopt.optimize.targets import Target
 
 
@@ -34,6 +34,8 @@ class Figures(Contract):
     p50_ms: float | None
     throughput_ips: float | None
     source: Literal["interleaved", "sweep"]
+    isa_cap: str | None = None  # the runtime was held to this instruction set when these figures were taken
+    capped_run: bool = False  # the figures come from a run that capped every runtime it could
 
 
 class Verdict(Contract):
@@ -60,8 +62,10 @@ class Decision(Contract):
 def figures(rec: Record, interleaved: Interleaved | None) -> Figures:
     """p50 and batch throughput, from the interleaved run where it re-measured this variant."""
     il = interleaved.variants.get(rec.name) if interleaved else None
-    if il:
-        return Figures(p50_ms=il.p50_ms, throughput_ips=il.throughput_ips, source="interleaved")
+    if il and interleaved:
+        capped_run = bool(interleaved.environment and interleaved.environment.isa_cap)
+        return Figures(p50_ms=il.p50_ms, throughput_ips=il.throughput_ips, source="interleaved", isa_cap=il.isa_cap,
+                       capped_run=capped_run)
     return Figures(p50_ms=rec.p50_ms, throughput_ips=rec.batch_ips, source="sweep")
 
 
@@ -69,18 +73,18 @@ def eligible(target: Target, rec: Record) -> bool:
     return rec.status == "ok" and rec.needs_gpu == (target.device == "gpu")
 
 
-def isa_note(target: Target, rec: Record) -> str | None:
-    """Whether the machine that measured had a richer instruction set than the target's, and no cap held it."""
+def isa_note(target: Target, rec: Record, fig: Figures) -> str | None:
+    """Whether the figures were taken with the target's instruction set, capped to it, or with a richer one."""
     env = rec.environment
     if target.isa is None or env is None:
         return None
-    from servopt.machine import CpuFeatures
-
+    cap = fig.isa_cap or env.isa_cap
+    if cap:
+        return f"measured with the instruction set capped at {cap} (target: {target.isa})"
     measured = CpuFeatures(frozenset(env.cpu_flags)).level
-    if env.isa_cap:
-        return f"measured with the instruction set capped at {env.isa_cap} (target: {target.isa})"
     if isa_rank(measured) > isa_rank(target.isa):
-        return f"measured with a richer instruction set ({measured}) than the target's ({target.isa})"
+        why = f"; {rec.runtime} cannot be held to {target.isa}" if fig.capped_run else ""
+        return f"measured with a richer instruction set ({measured}) than the target's ({target.isa}){why}"
     return None
 
 
@@ -113,7 +117,7 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
         add("p50_ms", target.max_p50_ms, fig.p50_ms, True, speed_here, speed_note)
     if target.min_throughput_ips is not None:
         add("throughput_ips", target.min_throughput_ips, fig.throughput_ips, False, speed_here, speed_note)
-    notes = [n for n in [isa_note(target, rec)] if n]
+    notes = [n for n in [isa_note(target, rec, fig)] if n]
     return Verdict(variant=rec.name, passes=all(b.status != "fail" for b in bounds), bounds=bounds, figures=fig,
                    total_miss=sum(b.miss or 0 for b in bounds if b.status == "fail"), notes=notes)
 

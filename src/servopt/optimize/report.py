@@ -17,9 +17,9 @@ import numpy as np
 from jinja2 import Environment
 from markupsafe import Markup
 
-from servopt.contracts import Accuracy, Record
+from servopt.contracts import Accuracy, Interleaved, Record
 from servopt.families.base import Family, family_of
-from servopt.machine import CpuFeatures
+from servopt.machine import CpuFeatures, isa_rank
 from servopt.optimize.rundir import Summary, load_config, load_profile
 from servopt.results import write_text_atomic
 
@@ -74,6 +74,7 @@ class VerdictRow:
     recommended: str
     reason: str
     bounds: list[BoundRow] = field(default_factory=list)
+    isa: str = ""
 
 
 @dataclass
@@ -84,6 +85,7 @@ class RatioRow:
     p50_ratio: str
     tp_ratio: str
     flagged: int
+    capped: str = ""
 
 
 def precision_of(r: Record) -> str:
@@ -124,18 +126,44 @@ def verdict_rows(summary: Summary) -> list[VerdictRow]:
         recommended = d.recommended or (f"none (nearest: {d.nearest})" if d.nearest else "none")
         rows.append(VerdictRow(
             name=target.name, hardware=target.hardware + (f" ({target.isa})" if target.isa else ""), device=target.device,
-            status=d.status, recommended=recommended, reason=d.reason,
+            status=d.status, recommended=recommended, reason=d.reason, isa=isa_match(summary, target.isa),
             bounds=[BoundRow(bound=b.bound, limit=b.limit, value=_n(b.value, "{:.3g}"), status=b.status, note=b.note)
                     for b in (d.verdict.bounds if d.verdict else [])]))
     return rows
 
 
-def interleave_rows(summary: Summary) -> list[RatioRow]:
-    il = summary.interleaved
+def interleave_rows(il: Interleaved | None) -> list[RatioRow]:
     if il is None:
         return []
     return [RatioRow(name=n, p50=_n(v.p50_ms), tp=_n(v.throughput_ips, "{:.0f}"), p50_ratio=_n(v.p50_ratio_vs_reference, "{:.2f}×"),
-                     tp_ratio=_n(v.throughput_ratio_vs_reference, "{:.2f}×"), flagged=v.flagged_rounds) for n, v in il.variants.items()]
+                     tp_ratio=_n(v.throughput_ratio_vs_reference, "{:.2f}×"), flagged=v.flagged_rounds,
+                     capped=v.isa_cap or ("not cappable" if il.environment and il.environment.isa_cap else ""))
+            for n, v in il.variants.items()]
+
+
+@dataclass
+class CappedTable:
+    isa: str
+    rounds: int
+    rows: list[RatioRow]
+
+
+def capped_tables(summary: Summary) -> list[CappedTable]:
+    return [CappedTable(isa=isa, rounds=il.rounds, rows=interleave_rows(il)) for isa, il in summary.capped.items()]
+
+
+def isa_match(summary: Summary, target_isa: str | None) -> str:
+    """Whether the machine that measured has the target's instruction set (per target, for the verdicts)."""
+    env = summary.environment
+    if target_isa is None or env is None:
+        return ""
+    here = CpuFeatures(frozenset(env.cpu_flags)).level
+    if here == target_isa:
+        return f"measured on the target's instruction set ({here})"
+    if isa_rank(here) > isa_rank(target_isa):
+        how = "re-measured capped where runtimes allow" if target_isa in summary.capped else "not capped"
+        return f"this machine is {here}, richer than the target's {target_isa}: {how}"
+    return f"this machine is {here}, poorer than the target's {target_isa}"
 
 
 def charts(records: list[Record], reference: Record | None, pareto: list[str], family: Family,
@@ -224,7 +252,7 @@ Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
 {% for t in verdicts %}| {{ t.name }} | {{ t.hardware }} | {{ t.status }} | {{ t.recommended }} | {{ t.reason }} |
 {% endfor %}
 {% for t in verdicts %}{% if t.bounds %}
-**{{ t.name }}** ({{ t.recommended }}):
+**{{ t.name }}** ({{ t.recommended }}){% if t.isa %}; {{ t.isa }}{% endif %}:
 | bound | limit | value | verdict | note |
 |---|---|---|---|---|
 {% for b in t.bounds %}| {{ b.bound }} | {{ b.limit }} | {{ b.value }} | {{ b.status }} | {{ b.note }} |
@@ -234,7 +262,12 @@ Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
 | variant | p50 ms | batch/s | p50 vs ORT default | throughput vs ORT default | noisy rounds |
 |---|---|---|---|---|---|
 {% for r in interleaved %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.flagged }} |
-{% endfor %}{% endif %}
+{% endfor %}{% endif %}{% for c in capped %}
+## Same-run ratios with the instruction set capped at {{ c.isa }} ({{ c.rounds }} rounds)
+| variant | p50 ms | batch/s | p50 vs ORT default | throughput vs ORT default | held to {{ c.isa }} |
+|---|---|---|---|---|---|
+{% for r in c.rows %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.capped }} |
+{% endfor %}{% endfor %}
 ## Every variant
 | variant | status | size MB | accuracy | Δ points | agree | precision ran | p50 | p95 | p99 | batch/s | cold s | RSS MB | notes |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
@@ -276,7 +309,7 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 <h2>Verdict per target</h2>
 {% for t in verdicts %}<div class="card"><h3>{{ t.name }} <span class="muted">{{ t.hardware }}</span></h3>
 <div class="{{ 'pass' if t.status.startswith('pass') else 'fail' if t.status == 'fail' else 'nm' }}">{{ t.status }}</div>
-<p><b>{{ t.recommended }}</b><br><span class="muted">{{ t.reason }}</span></p>
+<p><b>{{ t.recommended }}</b><br><span class="muted">{{ t.reason }}</span></p>{% if t.isa %}<p class="muted">ISA: {{ t.isa }}</p>{% endif %}
 {% if t.bounds %}<table><tr><th>bound</th><th>limit</th><th>value</th><th>verdict</th></tr>
 {% for b in t.bounds %}<tr><td>{{ b.bound }}</td><td>{{ b.limit }}</td><td>{{ b.value }}</td>
 <td class="{{ 'pass' if b.status == 'pass' else 'fail' if b.status == 'fail' else 'nm' }}" title="{{ b.note }}">{{ b.status }}</td></tr>{% endfor %}
@@ -285,6 +318,10 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 <p class="muted">Re-measured side by side in one process, {{ rounds }} interleaved rounds (A B … reference, A B … reference); medians of per-round ratios.</p>
 <table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>noisy rounds</th></tr>
 {% for r in interleaved %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.flagged }}</td></tr>{% endfor %}</table>{% endif %}
+{% for c in capped %}<h2>Same-run ratios with the instruction set capped at {{ c.isa }}</h2>
+<p class="muted">The target names a poorer CPU than this one: its candidates re-measured with each runtime held to {{ c.isa }} where it can be (oneDNN's ONEDNN_MAX_CPU_ISA, ATen's ATEN_CPU_CAPABILITY); ONNX Runtime cannot be held and says so.</p>
+<table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>held to {{ c.isa }}</th></tr>
+{% for r in c.rows %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.capped }}</td></tr>{% endfor %}</table>{% endfor %}
 <h2>Latency against accuracy</h2>{% if charts.scatter %}{{ charts.scatter }}{% else %}<p class="muted">charts need matplotlib (pip install servopt[report])</p>{% endif %}
 <h2>Every variant</h2>
 <table><tr><th>variant</th><th>status</th><th>size MB</th><th>accuracy</th><th>Δ pts</th><th>agree</th><th>precision ran</th><th>p50</th><th>p95</th><th>p99</th><th>batch/s</th><th>cold s</th><th>RSS MB</th><th>notes</th></tr>
@@ -329,7 +366,8 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
     ctx = {
         "model": Path(config.model).name if config else "?", "run_dir": str(out), "created": summary.created,
         "machine": machine_line(summary), "verdicts": verdict_rows(summary),
-        "interleaved": interleave_rows(summary), "rounds": summary.interleaved.rounds if summary.interleaved else None,
+        "interleaved": interleave_rows(summary.interleaved), "rounds": summary.interleaved.rounds if summary.interleaved else None,
+        "capped": capped_tables(summary),
         "rows": variant_rows(records, reference, summary.pareto_front, family), "pareto": summary.pareto_front,
         "profiles": profiles, "search": search, "left_out": config.left_out if config else [],
         "environment": env_json, "note": config.note if config else "",

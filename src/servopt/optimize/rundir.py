@@ -58,6 +58,7 @@ class Summary(Contract):
     targets: list[Decision]
     pareto_front: list[str]
     interleaved: Interleaved | None = None
+    capped: dict[str, Interleaved] = Field(default_factory=dict)  # per target ISA: re-measured with the ISA capped
     counts: dict[str, int]
     environment: Environment | None = None
 

@@ -24,12 +24,12 @@ from servopt.contracts import ChainStep, Gate, Interleaved, OpProfile, Record
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
-from servopt.machine import environment, gpu_present
+from servopt.machine import cpu_features, environment, gpu_present, isa_rank
 from servopt.models.sources import LoadedModel
 from servopt.optimize.decide import decide, interleave_candidates, pareto_front
 from servopt.optimize.rundir import LeftOut, RunConfig, Summary, load_profile
 from servopt.optimize.targets import Target
-from servopt.optimize.variants import Variant, catalogue, is_linear_heavy, select
+from servopt.optimize.variants import Variant, catalogue, is_linear_heavy, left_out_reason, select
 from servopt.passes.base import BuildContext, build_chain, file_hash, source_artifact
 from servopt.results import append_jsonl, parse_record, read_jsonl, write_json_atomic
 from servopt.runtimes.base import all_libraries, get_runtime
@@ -108,7 +108,7 @@ def optimize(run: Run, progress: Progress | None = None) -> Summary:
     data_hash = file_hash([eval_path])
     start = source_artifact(model)
     drop = min((t.max_accuracy_drop for t in run.targets), default=1.0)
-    all_variants = catalogue(model, linear_heavy=_linear_heavy(model), accuracy_drop=drop)
+    all_variants = catalogue(model, linear_heavy=_linear_heavy(model), accuracy_drop=drop, cpu=cpu_features())
     chosen = select(all_variants, run.settings.variants, run.settings.include_all)
     reference_name = "torch-eager" if model.is_torch else REFERENCE_ORT
     ref_variant = next(v for v in all_variants if v.name == reference_name)
@@ -120,7 +120,7 @@ def optimize(run: Run, progress: Progress | None = None) -> Summary:
         model=str(model.path), model_kind=model.kind, source_hash=str(start.hash), spec=model.spec, targets=run.targets,
         variants=[v.name for v in chosen], protocol=proto.model_dump(),
         data={"eval": run.eval_data.source, "samples": len(run.eval_data)},
-        left_out=[LeftOut(name=v.name, why=v.description) for v in all_variants if v not in chosen], note=run.settings.note))
+        left_out=[LeftOut(name=v.name, why=left_out_reason(v)) for v in all_variants if v not in chosen], note=run.settings.note))
     ctx = BuildContext(source=model, calibration=run.calibration, tuning=run.tuning, log=progress.step)
     results_path = out / "results.jsonl"
     done = {r["key"]: r for r in read_jsonl(results_path)}
@@ -179,31 +179,57 @@ def _run_variant(v: Variant, key: str, run: Run, start, eval_path: Path, ctx: Bu
                                        "stage": "measure" if measured.status != "ok" else None})
 
 
-def run_interleave(run: Run, names: list[str], records: list[Record], eval_path: Path) -> Interleaved | None:
-    """Candidates and the ORT reference, side by side in one process (cached by the set measured)."""
+def run_interleave(run: Run, names: list[str], records: list[Record], eval_path: Path, isa: str | None = None) -> Interleaved | None:
+    """Candidates and the ORT reference, side by side in one process (cached by the set measured). With ``isa``, every
+    runtime that can be held to that instruction set is (its environment variables for the whole process), and each
+    variant's figures say whether its runtime was."""
     by_name = {r.name: r for r in records if r.status == "ok"}
     if REFERENCE_ORT not in by_name:
         return None
     names = [n for n in names if n in by_name and n != REFERENCE_ORT] + [REFERENCE_ORT]
+    caps = {n: get_runtime(by_name[n].runtime).isa_cap_env(isa) if isa else None for n in names}
     cache_key = json.dumps([sorted(str(by_name[n].key) for n in names), run.interleave_rounds,
-                            run.interleave_protocol.model_dump()])
-    path = run.out / "interleave.json"
+                            run.interleave_protocol.model_dump(), isa])
+    label = f"interleave-{isa}" if isa else "interleave"
+    path = run.out / f"{label}.json"
     if path.exists():
         previous = Interleaved.model_validate({k: v for k, v in json.loads(path.read_text()).items() if k != "protocol"})
         if previous.cache_key == cache_key:
             return previous
     env: dict[str, str] = {}
-    for n in names:  # torch variants want their allocator settings; the others do not mind them
+    for n in names:  # torch variants want their allocator settings (the others do not mind them), and the ISA caps
         env.update(by_name[n].env)
+        env.update(caps[n] or {})
     sessions = [OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
                 for n in names if by_name[n].artifact is not None]
     launched = launch(InterleaveJob(sessions=sessions, reference=REFERENCE_ORT, data=str(eval_path),
-                                    protocol=run.interleave_protocol, rounds=run.interleave_rounds, env=env), run.out / "work" / "interleave")
+                                    protocol=run.interleave_protocol, rounds=run.interleave_rounds, env=env), run.out / "work" / label)
     if launched.result is None:
-        raise UserError(f"interleaved re-measure failed: {launched.error}", fix="see work/interleave/job.log")
-    result = launched.result.model_copy(update={"cache_key": cache_key})
+        raise UserError(f"interleaved re-measure failed: {launched.error}", fix=f"see work/{label}/job.log")
+    variants = {n: v.model_copy(update={"isa_cap": isa if caps.get(n) else None}) for n, v in launched.result.variants.items()}
+    result = launched.result.model_copy(update={"cache_key": cache_key, "variants": variants})
     write_json_atomic(path, result)
     return result
+
+
+def run_capped(run: Run, records: list[Record], reference: Record | None, eval_path: Path, family: Family,
+               progress: Progress) -> dict[str, Interleaved]:
+    """For each CPU target that names a poorer instruction set than this machine's, its candidates re-measured with
+    the runtimes held to that instruction set where they can be (oneDNN / ATen caps)."""
+    capped: dict[str, Interleaved] = {}
+    here = cpu_features().level
+    for t in run.targets:
+        if t.device != "cpu" or t.isa is None or t.isa in capped or isa_rank(here) <= isa_rank(t.isa):
+            continue
+        progress.step(f"re-measuring {t.name}'s candidates with the instruction set capped at {t.isa}")
+        try:
+            result = run_interleave(run, interleave_candidates([t], records, reference, family), records, eval_path, isa=t.isa)
+        except UserError as e:
+            progress.note(e.problem)
+            continue
+        if result is not None:
+            capped[t.isa] = result
+    return capped
 
 
 def profile_variants(run: Run, names: list[str], records: list[Record], eval_path: Path, progress: Progress) -> None:
@@ -232,11 +258,12 @@ def finish(run: Run, records: list[Record], reference: Record | None, eval_path:
             interleaved = run_interleave(run, names, records, eval_path)
         except UserError as e:
             progress.note(e.problem)
-    decisions = [decide(t, records, reference, family, interleaved) for t in run.targets]
+    capped = run_capped(run, records, reference, eval_path, family, progress)
+    decisions = [decide(t, records, reference, family, capped.get(t.isa or "") or interleaved) for t in run.targets]
     summary = Summary(
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), run_dir=str(run.out), reference=reference.name if reference else None,
         reference_ort=REFERENCE_ORT if any(r.name == REFERENCE_ORT for r in records) else None, targets=decisions,
-        pareto_front=pareto_front(records, reference, family), interleaved=interleaved,
+        pareto_front=pareto_front(records, reference, family), interleaved=interleaved, capped=capped,
         counts={s: sum(r.status == s for r in records) for s in ("ok", "failed", "skipped")},
         environment=environment(libraries=all_libraries()))
     write_json_atomic(run.out / "summary.json", summary)

@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from servopt.errors import UserError
+from servopt.machine import CpuFeatures
 from servopt.models.sources import LoadedModel
 from servopt.runtimes.torch_runtime import MALLOC_TUNED_ENV
 
@@ -28,6 +29,7 @@ class Variant:
     default: bool = True
     description: str = ""
     needs_gpu: bool = False
+    left_out_why: str = ""  # why it is not in the default sweep on this machine (shown in the report)
 
     def key(self, source_hash: str, protocol: dict, data_hash: str) -> str:
         """Identity of a measurement: same key → same result, so a rerun skips it. Pass parameters enter with
@@ -35,7 +37,8 @@ class Variant:
         from servopt.passes.base import validate_params
 
         chain = [(name, validate_params(name, params).model_dump()) for name, params in self.chain]
-        body = json.dumps([{**asdict(self), "chain": chain}, source_hash, protocol, data_hash], sort_keys=True, default=str)
+        identity = {k: v for k, v in asdict(self).items() if k not in ("default", "description", "left_out_why")}
+        body = json.dumps([{**identity, "chain": chain}, source_hash, protocol, data_hash], sort_keys=True, default=str)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
@@ -44,9 +47,20 @@ def _static(fmt: str, act: str, wt: str, method: str = "MinMax", per_channel: bo
             "calibrate_method": method, "calibration_samples": samples}
 
 
-def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 1.0) -> list[Variant]:
-    """Every variant servopt knows for this model (torch ones only for torch sources)."""
+def _when(condition: bool, why: str) -> dict:
+    """``default`` and the reason it is off, for a variant that only pays on some CPUs."""
+    return {"default": condition, "left_out_why": "" if condition else why}
+
+
+def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 1.0, cpu: CpuFeatures | None = None) -> list[Variant]:
+    """Every variant servopt knows for this model (torch ones only for torch sources). Which run by default follows
+    the CPU's features (``cpu``: bf16, fp16 and 8-bit dot-product arithmetic), each exclusion with its reason."""
+    cpu = cpu or CpuFeatures(frozenset())
     export = [("export-onnx", {})] if model.is_torch else []
+    no_bf16 = "this CPU has no bf16 arithmetic (AVX512-BF16 / AMX-BF16): bf16 would be emulated, slower than fp32"
+    no_fp16 = "this CPU has no fp16 arithmetic (AVX512-FP16 / ARM fp16): OpenVINO would not run fp16 here"
+    no_vnni = "S8S8 QOperator kernels are slow without 8-bit dot-product instructions (VNNI); measured 4x slower than U8S8 on AVX2"
+    not_linear = "dynamic INT8 pays for Linear-heavy models (transformers); this one is convolution-heavy (10x slower measured)"
     v: list[Variant] = []
     if model.is_torch:
         v += [
@@ -57,10 +71,17 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
                     env=MALLOC_TUNED_ENV, description="torch.compile (inductor, freezing), malloc tuned; compile time counts as cold start"),
             Variant("torch-compile-max-autotune", "pytorch", "torch",
                     options={"compile": "max-autotune-no-cudagraphs", "freezing": True, "channels_last": True}, env=MALLOC_TUNED_ENV,
-                    default=False, description="torch.compile max-autotune-no-cudagraphs (minutes of autotuning)"),
+                    default=False, left_out_why="minutes of autotuning for little gain on CPU: opt in",
+                    description="torch.compile max-autotune-no-cudagraphs"),
             Variant("torch-int8-dynamic", "pytorch", "torch", chain=[("torch-quantize-dynamic", {})],
-                    options={"quantize_dynamic": True}, default=linear_heavy,
-                    description="torch dynamic INT8 of Linear layers (helps Linear-heavy models only)"),
+                    options={"quantize_dynamic": True}, description="torch dynamic INT8 of Linear layers",
+                    **_when(linear_heavy, not_linear)),
+            Variant("torch-bf16-autocast", "pytorch", "torch", options={"dtype": "bf16", "autocast": True, "channels_last": True},
+                    env=MALLOC_TUNED_ENV, description="eager under torch.autocast(bf16): oneDNN bf16 kernels on CPUs with bf16",
+                    **_when(cpu.bf16, no_bf16)),
+            Variant("torch-compile-bf16", "pytorch", "torch",
+                    options={"compile": "default", "freezing": True, "channels_last": True, "dtype": "bf16"}, env=MALLOC_TUNED_ENV,
+                    description="torch.compile (inductor, freezing) of the module cast to bf16", **_when(cpu.bf16, no_bf16)),
         ]
     v += [
         Variant("ort-fp32", "onnxruntime", "onnxruntime", export, {"graph_optimization_level": "all"},
@@ -77,8 +98,8 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
                          {"graph_optimization_level": "disable"},
                          description=f"graph optimized offline at level {level}, loaded with optimizations disabled"))
     v += [
-        Variant("ort-int8-dynamic", "int8", "onnxruntime", [*export, ("ort-quantize-dynamic", {})], default=linear_heavy,
-                description="ORT dynamic INT8 (weights ahead, activations at run time): for Linear-heavy models; slow for CNNs"),
+        Variant("ort-int8-dynamic", "int8", "onnxruntime", [*export, ("ort-quantize-dynamic", {})],
+                description="ORT dynamic INT8 (weights ahead, activations at run time)", **_when(linear_heavy, not_linear)),
         Variant("ort-int8-static-qdq", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QDQ", "S8", "S8"))],
                 description="static INT8, QDQ, S8S8, per-channel, MinMax"),
         Variant("ort-int8-static-qdq-u8s8", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QDQ", "U8", "S8"))],
@@ -88,7 +109,7 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
         Variant("ort-int8-static-qop-u8u8", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QOperator", "U8", "U8"))],
                 description="static INT8, QOperator, U8U8, per-channel, MinMax"),
         Variant("ort-int8-static-qop-s8s8", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QOperator", "S8", "S8"))],
-                default=False, description="static INT8, QOperator, S8S8 (slow without VNNI)"),
+                description="static INT8, QOperator, S8S8, per-channel, MinMax (VNNI)", **_when(cpu.int8_dot, no_vnni)),
         Variant("ort-int8-entropy", "int8", "onnxruntime",
                 [*export, ("ort-quantize-static", _static("QOperator", "U8", "S8", "Entropy", samples=64))],
                 description="static INT8, QOperator U8S8, Entropy calibration"),
@@ -99,17 +120,25 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
                 [*export, ("ort-quantize-accuracy-aware", {**_static("QOperator", "U8", "S8"), "max_drop": accuracy_drop})],
                 description=f"as much INT8 (QOperator U8S8) as fits a {accuracy_drop}-point drop; the fastest mix within it"),
         Variant("ort-fp16", "fp16", "onnxruntime", [*export, ("fp16", {})],
-                description="FP16 weights (half the size; CPUs without FP16 arithmetic run it slower)"),
-        Variant("ov-fp32-latency", "openvino", "openvino", [*export, ("openvino-convert", {})], {"hint": "LATENCY"},
-                description="OpenVINO fp32, LATENCY hint"),
-        Variant("ov-fp32-throughput", "openvino", "openvino", [*export, ("openvino-convert", {})], {"hint": "THROUGHPUT"},
-                description="OpenVINO fp32, THROUGHPUT hint"),
+                description="FP16 weights, half the size" + ("" if cpu.fp16 else
+                            "; this CPU has no fp16 arithmetic, so ONNX Runtime computes through casts (slower than fp32)")),
+        Variant("ov-fp32-latency", "openvino", "openvino", [*export, ("openvino-convert", {})], {"hint": "LATENCY", "precision": "fp32"},
+                description="OpenVINO fp32 (pinned: the plugin would pick bf16 on its own on bf16 CPUs), LATENCY hint"),
+        Variant("ov-fp32-throughput", "openvino", "openvino", [*export, ("openvino-convert", {})],
+                {"hint": "THROUGHPUT", "precision": "fp32"}, description="OpenVINO fp32 (pinned), THROUGHPUT hint"),
+        Variant("ov-bf16-latency", "openvino", "openvino", [*export, ("openvino-convert", {})], {"hint": "LATENCY", "precision": "bf16"},
+                description="OpenVINO bf16 inference precision, LATENCY hint", **_when(cpu.bf16, no_bf16)),
+        Variant("ov-bf16-throughput", "openvino", "openvino", [*export, ("openvino-convert", {})],
+                {"hint": "THROUGHPUT", "precision": "bf16"}, description="OpenVINO bf16 inference precision, THROUGHPUT hint",
+                **_when(cpu.bf16, no_bf16)),
+        Variant("ov-fp16-latency", "openvino", "openvino", [*export, ("openvino-convert", {})], {"hint": "LATENCY", "precision": "fp16"},
+                description="OpenVINO fp16 inference precision, LATENCY hint", **_when(cpu.fp16, no_fp16)),
         Variant("ov-int8-qdq", "openvino", "openvino", [*export, ("ort-quantize-static", _static("QDQ", "S8", "S8"))],
                 {"hint": "LATENCY"}, description="OpenVINO running ORT's QDQ INT8 model, LATENCY hint"),
         Variant("ov-int8-qdq-throughput", "openvino", "openvino", [*export, ("ort-quantize-static", _static("QDQ", "S8", "S8"))],
                 {"hint": "THROUGHPUT"}, description="OpenVINO running ORT's QDQ INT8 model, THROUGHPUT hint (parallel requests)"),
         Variant("nncf-int8-latency", "openvino", "openvino", [*export, ("nncf-quantize", {})], {"hint": "LATENCY"},
-                description="NNCF post-training INT8 (defaults), OpenVINO LATENCY hint"),
+                description="NNCF post-training INT8 (defaults), OpenVINO LATENCY hint" + (" (AMX-INT8 tiles)" if cpu.amx else "")),
         Variant("nncf-int8-throughput", "openvino", "openvino", [*export, ("nncf-quantize", {})], {"hint": "THROUGHPUT"},
                 description="NNCF post-training INT8 (defaults), OpenVINO THROUGHPUT hint"),
         Variant("nncf-int8-accuracy-control", "openvino", "openvino",
@@ -125,6 +154,10 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
         v.append(Variant("torch-cuda-fp16", "gpu", "torch-cuda", options={"fp16": True}, needs_gpu=True,
                          description="PyTorch on CUDA in FP16"))
     return v
+
+
+def left_out_reason(v: Variant) -> str:
+    return v.left_out_why or v.description
 
 
 def select(variants: list[Variant], patterns: list[str] | None, include_all: bool) -> list[Variant]:

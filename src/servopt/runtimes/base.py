@@ -92,6 +92,11 @@ class Runtime(ABC):
             return options
         return options.model_copy(update={self.thread_option: threads})
 
+    def isa_cap_env(self, level: str) -> dict[str, str] | None:
+        """Environment variables that hold this runtime to an instruction-set ``level`` (``avx2`` … ``amx``), or None
+        where it cannot be held (it then measures with whatever the CPU has, and verdicts say so)."""
+        return None
+
     def serving_options(self, options: RuntimeOptions) -> RuntimeOptions:
         """How a server should run it, given the variant's options (the event loop shares the cores)."""
         return options
@@ -103,6 +108,9 @@ class Runtime(ABC):
         """Whether this machine can run it, and why not."""
         return True, ""
 
+
+# oneDNN's names for the levels a target may name (ONEDNN_MAX_CPU_ISA): OpenVINO's and torch's CPU kernels use it.
+ONEDNN_ISA = {"avx2": "AVX2", "avx512": "AVX512_CORE", "avx512_vnni": "AVX512_CORE_VNNI", "amx": "AVX512_CORE_AMX"}
 
 RUNTIMES: Registry[Runtime] = Registry("runtime", "servopt.runtimes")
 register_runtime = RUNTIMES.register

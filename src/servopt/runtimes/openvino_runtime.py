@@ -17,7 +17,7 @@ import numpy as np
 
 from servopt.contracts import Artifact, OpProfile, SessionInfo
 from servopt.errors import UserError
-from servopt.runtimes.base import Runtime, RuntimeOptions, Session, register_runtime, top_ops
+from servopt.runtimes.base import ONEDNN_ISA, Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 # servopt's precision names → OpenVINO's element types for INFERENCE_PRECISION_HINT.
 PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
@@ -33,16 +33,22 @@ class OpenVinoOptions(RuntimeOptions):
     precision: Literal["fp32", "bf16", "fp16", "default"] = "fp32"
 
 
-def compute_precision(compiled) -> tuple[str, dict[str, int]]:
-    """The precision most compute layers (convolutions, matrix products) of the compiled model run in."""
-    counts: Counter[str] = Counter()
+def compute_layers(compiled) -> tuple[str, dict[str, int], dict[str, int]]:
+    """What the compiled model's compute layers (convolutions, matrix products) run: the most common precision, the
+    count per precision, and the count per kernel (``brgconv_avx512_f32``, ``gemm_mlas_f32`` …: the ISA path)."""
+    precisions: Counter[str] = Counter()
+    kernels: Counter[str] = Counter()
     for op in compiled.get_runtime_model().get_ordered_ops():
         info = op.get_rt_info()
         layer = info["layerType"].astype(str) if "layerType" in info else ""
-        if layer in _COMPUTE_LAYERS and "runtimePrecision" in info:
+        if layer not in _COMPUTE_LAYERS:
+            continue
+        if "runtimePrecision" in info:
             ran = info["runtimePrecision"].astype(str).lower()
-            counts[_RUNTIME_PRECISION.get(ran, ran)] += 1
-    return (counts.most_common(1)[0][0] if counts else "unknown"), dict(counts)
+            precisions[_RUNTIME_PRECISION.get(ran, ran)] += 1
+        if "primitiveType" in info:
+            kernels[info["primitiveType"].astype(str)] += 1
+    return (precisions.most_common(1)[0][0] if precisions else "unknown"), dict(precisions), dict(kernels)
 
 
 class OpenVinoSession(Session):
@@ -85,15 +91,15 @@ class OpenVinoSession(Session):
         return np.concatenate([parts[i] for i in range(len(bounds) - 1)])
 
     def info(self) -> SessionInfo:
-        hint = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
-        actual, layers = compute_precision(self.compiled)
+        hint = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        actual, layers, kernels = compute_layers(self.compiled)
         return SessionInfo(
             runtime="openvino", provider_requested="CPU", provider_actual="CPU",
             precision_requested=None if self.options.precision == "default" else self.options.precision,
             precision_actual=actual, threads=int(self.compiled.get_property("INFERENCE_NUM_THREADS")) or "default",
             details={"hint": self.options.hint, "streams": int(self.compiled.get_property("NUM_STREAMS")),
                      "parallel_requests": len(self.queue) if self.queue is not None else 1,
-                     "inference_precision_hint": hint, "compute_layer_precisions": layers,
+                     "inference_precision_hint": hint, "compute_layer_precisions": layers, "kernels": kernels,
                      "precision_source": "the compiled model's runtime precision of its compute layers"},
         )
 
@@ -133,6 +139,12 @@ class OpenVinoRuntime(Runtime):
         except ImportError:
             return False, "openvino is not installed (pip install servopt[openvino])"
         return True, ""
+
+    def isa_cap_env(self, level: str) -> dict[str, str] | None:
+        """oneDNN honours ONEDNN_MAX_CPU_ISA (convolutions: brgconv_avx512 → brgconv_avx2, read back in ``kernels``);
+        OpenVINO's own JIT kernels and its MLAS fully-connected path are not capped in release builds, so the cap is
+        partial and the session's ``kernels`` say which ran."""
+        return {"ONEDNN_MAX_CPU_ISA": ONEDNN_ISA[level]} if level in ONEDNN_ISA else None
 
     def open(self, artifact: Artifact, options: OpenVinoOptions) -> Session:
         return OpenVinoSession(artifact, options)

@@ -1,0 +1,112 @@
+"""The variant space follows the hardware: CPU features decide the catalogue, precision is read back from the runtime,
+a variant that runs another precision than its name fails verification, and ISA caps are recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import channel_mean_onnx
+from servopt.bench.protocol import Protocol, measure_session
+from servopt.contracts import Artifact, SessionInfo
+from servopt.data.dataset import Dataset
+from servopt.families import FAMILIES
+from servopt.machine import CpuFeatures, isa_rank
+from servopt.models.sources import load_model
+from servopt.optimize.variants import catalogue, select
+from servopt.runtimes import Session, get_runtime, open_session
+
+AVX2 = CpuFeatures(frozenset({"avx2", "fma"}))
+ZEN4 = CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}))
+SAPPHIRE = CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_int8", "amx_bf16"}))
+
+
+@pytest.fixture(scope="module")
+def onnx_model(tmp_path_factory) -> Path:
+    return channel_mean_onnx(tmp_path_factory.mktemp("hw") / "m.onnx", size=8)
+
+
+def test_feature_levels():
+    assert (AVX2.level, ZEN4.level, SAPPHIRE.level) == ("avx2", "avx512_vnni", "amx")
+    assert not AVX2.int8_dot and ZEN4.int8_dot and ZEN4.bf16 and not ZEN4.fp16 and SAPPHIRE.fp16 and SAPPHIRE.amx
+    assert isa_rank("avx2") < isa_rank("avx512_vnni") < isa_rank("amx") and isa_rank("arm") < isa_rank("avx2")
+    assert CpuFeatures(frozenset({"asimd", "asimddp", "asimdhp"})).int8_dot
+
+
+def test_the_catalogue_follows_the_cpu(onnx_model):
+    model = load_model(onnx_model)
+
+    def defaults(cpu: CpuFeatures) -> set[str]:
+        return {v.name for v in select(catalogue(model, linear_heavy=False, cpu=cpu), None, False)}
+
+    avx2, zen4, spr = defaults(AVX2), defaults(ZEN4), defaults(SAPPHIRE)
+    assert "ort-int8-static-qop-s8s8" not in avx2 and "ort-int8-static-qop-s8s8" in zen4
+    assert "ov-bf16-latency" not in avx2 and {"ov-bf16-latency", "ov-bf16-throughput"} <= zen4
+    assert "ov-fp16-latency" not in zen4 and "ov-fp16-latency" in spr
+    left = {v.name: v.left_out_why for v in catalogue(model, linear_heavy=False, cpu=AVX2) if not v.default}
+    assert "VNNI" in left["ort-int8-static-qop-s8s8"] and "bf16" in left["ov-bf16-latency"], "each exclusion says why"
+    fp16 = next(v for v in catalogue(model, linear_heavy=False, cpu=AVX2) if v.name == "ort-fp16")
+    assert "no fp16 arithmetic" in fp16.description
+
+
+def test_openvino_precision_is_pinned_and_read_back(onnx_model):
+    """The plugin picks bf16 on its own on bf16 CPUs; servopt pins what the variant asks for and reads back what ran."""
+    if not get_runtime("openvino").available()[0]:
+        pytest.skip("openvino not installed")
+    from servopt.machine import cpu_features
+
+    artifact = Artifact(format="onnx", path=str(onnx_model))
+    fp32 = open_session(artifact, "openvino", {"precision": "fp32"}).info()
+    assert fp32.precision_requested == "fp32" and fp32.details["inference_precision_hint"] == "f32"
+    bf16 = open_session(artifact, "openvino", {"precision": "bf16"}).info()
+    assert bf16.precision_requested == "bf16"
+    if cpu_features().bf16:
+        assert bf16.details["inference_precision_hint"] == "bf16"
+
+
+class _LyingSession(Session):
+    """Asks for fp32, runs bf16: what OpenVINO's default did here before servopt pinned it."""
+
+    def __init__(self) -> None:
+        self.input_names = ["input"]
+
+    def run_prepared(self, prepared):
+        return prepared["input"].mean(axis=(2, 3))
+
+    def info(self) -> SessionInfo:
+        return SessionInfo(runtime="openvino", provider_requested="CPU", provider_actual="CPU", precision_requested="fp32",
+                           precision_actual="bf16", details={"precision_source": "simulated"})
+
+
+def test_a_precision_other_than_the_label_fails_verification():
+    x = np.random.default_rng(0).standard_normal((8, 3, 8, 8)).astype(np.float32)
+    data = Dataset({"input": x}, None, None, "t")
+    measured = measure_session(_LyingSession(), data, x.mean(axis=(2, 3)), FAMILIES.get("image-classification"), Protocol.quick())
+    assert measured.status == "failed" and "asked for fp32 but openvino runs bf16" in measured.error
+    assert measured.latency_ms is None, "never timed"
+
+
+def test_isa_caps_are_runtime_facts():
+    assert get_runtime("onnxruntime").isa_cap_env("avx2") is None, "MLAS picks its kernels from cpuid: no cap"
+    assert get_runtime("openvino").isa_cap_env("avx2") == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert get_runtime("torch").isa_cap_env("avx2") == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def test_an_isa_capped_measurement_records_the_cap(onnx_model, tmp_path):
+    """A job run under the cap records it in its environment, and OpenVINO's kernels read back show the capped path."""
+    if not get_runtime("openvino").available()[0]:
+        pytest.skip("openvino not installed")
+    from servopt.bench.jobs import MeasureJob, OpenSpec
+    from servopt.bench.launcher import launch
+
+    x = np.random.default_rng(0).standard_normal((8, 3, 8, 8)).astype(np.float32)
+    Dataset({"input": x}, None, None, "t").save(tmp_path / "d.npz")
+    job = MeasureJob(session=OpenSpec(name="ov", artifact=Artifact(format="onnx", path=str(onnx_model)), runtime="openvino"),
+                     data=str(tmp_path / "d.npz"), family="image-classification", protocol=Protocol.quick(),
+                     env=get_runtime("openvino").isa_cap_env("avx2"))
+    measured = launch(job, tmp_path / "job").result
+    assert measured is not None and measured.status == "ok"
+    assert measured.environment.isa_cap == "AVX2"
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in (tmp_path / "job" / "replay.sh").read_text()
