@@ -108,6 +108,13 @@ class Agreement(Contract):
     error: str | None = None
 
 
+class PairsQuality(Contract):
+    """How well embedding similarity ranks scored pairs: Spearman correlation of cosine with the scores."""
+
+    spearman: float
+    pairs: int
+
+
 class Gate(Contract):
     """Verification bounds: a variant outside them is recorded as failed with its figures and never timed."""
 
@@ -161,6 +168,27 @@ class ColdStart(Contract):
     error: str | None = None
 
 
+class GridPoint(Contract):
+    """Latency and throughput at one batch size × sequence length (text encoders)."""
+
+    batch: int
+    sequence: int
+    p50_ms: float
+    throughput_ips: float
+    tokens_per_s: float
+
+
+class LengthBatching(Contract):
+    """Throughput on the real texts, batched as they come vs sorted by length, and the padding each wastes."""
+
+    batch_size: int
+    first_come_ips: float
+    sorted_ips: float
+    first_come_waste: float  # padded tokens per real token
+    sorted_waste: float
+    sorted_tokens_per_s: float
+
+
 class Phase(Contract):
     """A timed phase with wall-clock start/stop (seconds since the epoch): proves measurements never overlapped."""
 
@@ -177,12 +205,15 @@ class Measured(Contract):
     error: str | None = None
     accuracy: Accuracy | None = None
     agreement: Agreement | None = None
+    pairs: PairsQuality | None = None
     latency_ms: Latency | None = None
     batch_latency_ms: Latency | None = None
     latency_samples_ms: list[float] | None = None
     throughput_ips: Throughput | None = None
     interference: Interference | None = None
     stopped_by: dict[str, str] | None = None
+    grid: list[GridPoint] | None = None
+    length_batching: LengthBatching | None = None
     environment: Environment | None = None
     load_s: float | None = None
     compile_s: float | None = None
@@ -215,6 +246,7 @@ class Record(Contract):
     batch_size: int | None = None
     accuracy: Accuracy | None = None
     agreement: Agreement | None = None
+    pairs: PairsQuality | None = None
     latency_ms: Latency | None = None
     batch_latency_ms: Latency | None = None
     latency_samples_ms: list[float] | None = None
@@ -222,6 +254,8 @@ class Record(Contract):
     cold_start: ColdStart | None = None
     interference: Interference | None = None
     stopped_by: dict[str, str] | None = None  # per timed phase: "rule" (both minimums met) or "max_seconds"
+    grid: list[GridPoint] | None = None  # text encoders: batch × sequence length
+    length_batching: LengthBatching | None = None  # text encoders: real texts, first-come vs sorted by length
     environment: Environment | None = None
     load_s: float | None = None
     compile_s: float | None = None

@@ -40,6 +40,7 @@ def export_onnx(
     exporter: str = "auto",
     verify_data: Dataset | None = None,
     tolerance: float = 1e-3,
+    attention: str = "default",
 ) -> dict:
     """Write ``out_path`` and return a report: exporter used, opset, checker, verification figures."""
     import onnx
@@ -48,6 +49,13 @@ def export_onnx(
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     module = model.torch_module()
+    if model.kind == "hf_encoder":  # dynamic batch AND sequence axes, verified at several lengths
+        from servopt.models.hf_encoder import export_encoder_onnx, load_sentence_encoder
+
+        if attention == "eager":
+            module = load_sentence_encoder(model.path, trust_pickle=model.trust_pickle, attn_implementation="eager")
+        feeds = [verify_data.batch(min(8, len(verify_data)))] if verify_data is not None else []
+        return export_encoder_onnx(module, model.spec, out_path, opset=opset, exporter=exporter, verify_inputs=feeds)  # type: ignore[arg-type]
     spec = model.spec
     example = synthetic_inputs(spec, count=2)
     args = tuple(torch.from_numpy(example.inputs[t.name]) for t in spec.inputs)

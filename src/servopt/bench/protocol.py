@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from servopt.bench.interference import DEFAULT_THRESHOLD, CpuMonitor
 from servopt.bench.stats import latency_summary, throughput, timed_loop
-from servopt.contracts import CpuReport, Gate, Interference, Latency, Measured, Phase, Throughput
+from servopt.contracts import CpuReport, Gate, GridPoint, Interference, Latency, LengthBatching, Measured, Phase, Throughput
 from servopt.data.dataset import Dataset
 from servopt.families.base import Family
 from servopt.runtimes.base import Session
@@ -37,6 +37,8 @@ class Protocol(BaseModel):
     batch_min_runs: int = 20
     batch_min_seconds: float = 5.0
     sweep: list[int] = Field(default_factory=list)
+    grid: list[tuple[int, int]] = Field(default_factory=list)  # (batch, sequence length) points for text encoders
+    length_batching: bool = False  # text encoders: real texts first-come vs sorted by length
     cold_start: bool = True
     interference_threshold: float = DEFAULT_THRESHOLD
 
@@ -94,20 +96,60 @@ def measure_session(session: Session, data: Dataset, reference: np.ndarray | Non
     precision = _precision_mismatch(session)
     failed = failed or precision
     if failed:
-        return Measured(status="failed", error=f"verification failed: {failed}", accuracy=judged.accuracy, agreement=judged.agreement)
+        return Measured(status="failed", error=f"verification failed: {failed}", accuracy=judged.accuracy, agreement=judged.agreement,
+                        pairs=judged.pairs)
     single = measure_latency(session, data, proto)
     batch = measure_batch(session, data, proto, proto.batch_size)
     sweep = {str(bs): measure_batch(session, data, proto, bs, name=f"batch-{bs}") for bs in proto.sweep}
+    grid, batching, more = measure_text_axes(session, data, family, proto)
     return Measured(
-        accuracy=judged.accuracy, agreement=judged.agreement, latency_ms=single.latency,
+        accuracy=judged.accuracy, agreement=judged.agreement, pairs=judged.pairs, latency_ms=single.latency,
         throughput_ips=Throughput(single=single.throughput, batch=batch.throughput,
                                   sweep={k: v.throughput for k, v in sweep.items()} or None),
         batch_latency_ms=batch.latency, latency_samples_ms=single.samples_ms,
         interference=Interference(single=single.interference, batch=batch.interference,
                                   flagged=single.interference.flagged or batch.interference.flagged),
         stopped_by={"single": single.stopped_by, "batch": batch.stopped_by},
-        phases=[single.phase, batch.phase, *(p.phase for p in sweep.values())],
+        phases=[single.phase, batch.phase, *(p.phase for p in sweep.values()), *more],
+        grid=grid, length_batching=batching,
     )
+
+
+def measure_text_axes(session: Session, data: Dataset, family: Family, proto: Protocol
+                      ) -> tuple[list[GridPoint] | None, LengthBatching | None, list[Phase]]:
+    """The batch × sequence-length grid, and the real samples batched first-come vs sorted by length, where the
+    family has those axes (text encoders); timed with the same loop and stopping rule as every phase."""
+    grid: list[GridPoint] = []
+    phases: list[Phase] = []
+    for batch, length in proto.grid:
+        feed = family.grid_feed(data, batch, length)
+        if feed is None:
+            break
+        r = _phase(f"grid-{batch}x{length}", session.run_prepared, [session.prepare(feed)], proto, proto.batch_min_runs,
+                   proto.batch_min_seconds, 1, batch)
+        grid.append(GridPoint(batch=batch, sequence=length, p50_ms=r.latency.p50, throughput_ips=r.throughput,
+                              tokens_per_s=r.throughput * length))
+        phases.append(r.phase)
+    batching = None
+    lb = family.length_batches(data, proto.batch_size) if proto.length_batching else None
+    if lb is not None:
+        timed = {}
+        for name, feeds in (("first_come", lb.first_come), ("sorted", lb.sorted)):
+            prepared = [session.prepare(f) for f in feeds]
+            start = time.time()
+            session.run_prepared(prepared[0])  # warm-up
+            t0 = time.perf_counter()
+            rounds = 0
+            while rounds < 2 or time.perf_counter() - t0 < proto.batch_min_seconds:  # whole passes over the texts
+                for p in prepared:
+                    session.run_prepared(p)
+                rounds += 1
+            timed[name] = rounds * len(data) / (time.perf_counter() - t0)
+            phases.append(Phase(name=f"texts-{name}", start=start, stop=time.time()))
+        batching = LengthBatching(batch_size=proto.batch_size, first_come_ips=timed["first_come"], sorted_ips=timed["sorted"],
+                                  first_come_waste=lb.first_come_waste, sorted_waste=lb.sorted_waste,
+                                  sorted_tokens_per_s=timed["sorted"] * lb.real_tokens / len(data))
+    return grid or None, batching, phases
 
 
 def _precision_mismatch(session: Session) -> str | None:

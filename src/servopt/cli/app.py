@@ -31,6 +31,9 @@ ResizeOpt = Annotated[int | None, typer.Option("--resize", help="shorter side af
 CropOpt = Annotated[int | None, typer.Option("--crop", help="center-crop size (default 224)")]
 MeanOpt = Annotated[str | None, typer.Option("--mean", help="normalization mean, e.g. 0.485,0.456,0.406")]
 StdOpt = Annotated[str | None, typer.Option("--std", help="normalization std, e.g. 0.229,0.224,0.225")]
+TextsOpt = Annotated[Path | None, typer.Option("--texts", help="text encoders: texts, one per line (.txt), or .jsonl/.csv with --column")]
+ColumnOpt = Annotated[str | None, typer.Option("--column", help="the JSONL key / CSV column with the text (default: text)")]
+PairsOpt = Annotated[Path | None, typer.Option("--pairs", help="text encoders: scored pairs (text_a, text_b, score; STS-benchmark TSV too)")]
 
 
 def run_cli(fn):

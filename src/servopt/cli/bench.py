@@ -11,16 +11,19 @@ import typer
 from servopt.cli.app import (
     ArchOpt,
     ClassesOpt,
+    ColumnOpt,
     CropOpt,
     DataOpt,
     LimitOpt,
     MeanOpt,
     ModelArg,
+    PairsOpt,
     ResizeOpt,
     ShapeOpt,
     SplitOpt,
     StdOpt,
     StrictOpt,
+    TextsOpt,
     TrustOpt,
     app,
     console,
@@ -44,6 +47,9 @@ def bench(
     crop: CropOpt = None,
     mean: MeanOpt = None,
     std: StdOpt = None,
+    texts: TextsOpt = None,
+    column: ColumnOpt = None,
+    pairs: PairsOpt = None,
     runtime: Annotated[list[str] | None, typer.Option(help="runtimes to measure (default: torch and onnxruntime for torch models)")] = None,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="runtime option KEY=VALUE, for every runtime that has it")] = None,
     graph_level: Annotated[str | None, typer.Option(help="shorthand for -o graph_optimization_level=… (disable, basic, extended, all)")] = None,
@@ -70,10 +76,10 @@ def bench(
         from servopt.runtimes import get_runtime
 
         loaded = open_model(model, arch, num_classes, trust_pickle, input_shape)
-        dataset, real = open_data(loaded, data=data, split=split, limit=limit, strict=strict, resize=resize, crop=crop,
-                                  mean=mean, std=std)
-        if not real:
-            console.print("[yellow]no data: inputs are made from the model's signature; accuracy cannot be measured[/yellow]")
+        dataset, note = open_data(loaded, data=data, split=split, limit=limit, strict=strict, resize=resize, crop=crop,
+                                  mean=mean, std=std, texts=texts, column=column, pairs=pairs)
+        if note:
+            console.print(f"[yellow]{note}[/yellow]")
         runtimes = runtime or (["torch", "onnxruntime"] if loaded.is_torch else ["onnxruntime"])
         proto = Protocol(min_runs=min_runs, min_seconds=min_seconds, batch_size=batch_size,
                          sweep=parse_int_list(sweep, "--sweep"), cold_start=not no_cold_start, batch_min_seconds=min_seconds)
@@ -126,8 +132,8 @@ def export(
         loaded = open_model(model, arch, num_classes, trust_pickle, input_shape)
         if not loaded.is_torch:
             raise UserError(f"{model} is already ONNX", fix="pass a torch model")
-        dataset, real = open_data(loaded, data=data, split=split, limit=64)
-        report = export_onnx(loaded, out, opset=opset, exporter=exporter, verify_data=dataset if real else None, tolerance=tolerance)
+        dataset, note = open_data(loaded, data=data, split=split, limit=64)
+        report = export_onnx(loaded, out, opset=opset, exporter=exporter, verify_data=None if note else dataset, tolerance=tolerance)
         console.print_json(json.dumps(report))
 
     run_cli(go)

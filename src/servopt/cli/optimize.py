@@ -22,16 +22,19 @@ from rich.table import Table
 from servopt.cli.app import (
     ArchOpt,
     ClassesOpt,
+    ColumnOpt,
     CropOpt,
     DataOpt,
     LimitOpt,
     MeanOpt,
     ModelArg,
+    PairsOpt,
     ResizeOpt,
     ShapeOpt,
     SplitOpt,
     StdOpt,
     StrictOpt,
+    TextsOpt,
     TrustOpt,
     app,
     console,
@@ -113,7 +116,7 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
     tune, notes = family.read_tuning(loaded.spec, options)
     if not quiet and not json_out:
         if not family.has_data(options):
-            console.print("[yellow]no data: inputs made from the model's signature; only agreement with the original is measured[/yellow]")
+            console.print(f"[yellow]{family.no_data_note}[/yellow]")
         for n in notes:
             console.print(f"[yellow]{escape(n)}[/yellow]")
     count = settings.calibration_samples
@@ -155,6 +158,9 @@ def optimize(
     crop: CropOpt = None,
     mean: MeanOpt = None,
     std: StdOpt = None,
+    texts: TextsOpt = None,
+    column: ColumnOpt = None,
+    pairs: PairsOpt = None,
     targets: TargetsOpt = None,
     out: OutOpt = None,
     variants: VariantsOpt = None,
@@ -173,7 +179,7 @@ def optimize(
                                      calibration_samples=calibration_samples, quick=quick)
         run_optimize(open_model(model, arch, num_classes, trust_pickle, input_shape),
                      {"data": data, "split": split, "limit": limit, "strict": strict, "resize": resize, "crop": crop,
-                      "mean": mean, "std": std}, settings, quiet, json_out)
+                      "mean": mean, "std": std, "texts": texts, "column": column, "pairs": pairs}, settings, quiet, json_out)
 
     run_cli(go)
 

@@ -28,22 +28,38 @@ FOOD11_SPLITS = ("training", "validation", "evaluation")
 
 @dataclass
 class Dataset:
+    """Named input arrays (batch first) with optional labels.
+
+    Variable-length inputs (token ids) are stored padded to the longest sample, with each sample's real ``lengths``:
+    ``slice``, ``batch`` and ``rows`` then cut the padded axis 1 to the longest sample they take, so every batch is
+    padded to its own longest, as a real batcher does. ``extras`` carries family data beside the inputs (the pairs
+    and scores a text encoder is judged on); ``meta`` what the data taught (token length distribution …)."""
+
     inputs: dict[str, np.ndarray]
     labels: np.ndarray | None = None
     class_names: list[str] | None = None
     source: str = "synthetic"
     skipped: dict[str, int] = field(default_factory=dict)  # reason → count
+    lengths: np.ndarray | None = None
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(next(iter(self.inputs.values())))
 
+    def rows(self, idx: np.ndarray | slice) -> dict[str, np.ndarray]:
+        """The samples at ``idx`` (variable-length inputs cut to the longest of them)."""
+        if self.lengths is None:
+            return {k: np.ascontiguousarray(v[idx]) for k, v in self.inputs.items()}
+        width = max(1, int(self.lengths[idx].max()))
+        return {k: np.ascontiguousarray(v[idx, :width]) for k, v in self.inputs.items()}
+
     def slice(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        return {k: np.ascontiguousarray(v[start:stop]) for k, v in self.inputs.items()}
+        return self.rows(slice(start, stop))
 
     def batch(self, size: int, offset: int = 0) -> dict[str, np.ndarray]:
         """``size`` samples starting at ``offset``, wrapping round (so any batch size works on a small set)."""
-        idx = (np.arange(size) + offset) % len(self)
-        return {k: np.ascontiguousarray(v[idx]) for k, v in self.inputs.items()}
+        return self.rows((np.arange(size) + offset) % len(self))
 
     def subset(self, indices: np.ndarray) -> Dataset:
         return Dataset(
@@ -51,13 +67,17 @@ class Dataset:
             None if self.labels is None else self.labels[indices],
             self.class_names,
             self.source,
+            lengths=None if self.lengths is None else self.lengths[indices],
         )
 
     def save(self, path: Path) -> None:
         arrays = {f"input:{k}": v for k, v in self.inputs.items()}
+        arrays.update({f"extra:{k}": v for k, v in self.extras.items()})
         if self.labels is not None:
             arrays["labels"] = self.labels
-        meta = {"class_names": self.class_names, "source": self.source, "skipped": self.skipped}
+        if self.lengths is not None:
+            arrays["lengths"] = self.lengths
+        meta = {"class_names": self.class_names, "source": self.source, "skipped": self.skipped, "meta": self.meta}
         tmp = path.with_suffix(".tmp.npz")
         np.savez(tmp, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
         os.replace(tmp, path)
@@ -67,8 +87,10 @@ class Dataset:
         with np.load(path) as z:
             meta = json.loads(bytes(z["__meta__"]).decode())
             inputs = {k.removeprefix("input:"): z[k] for k in z.files if k.startswith("input:")}
+            extras = {k.removeprefix("extra:"): z[k] for k in z.files if k.startswith("extra:")}
             labels = z["labels"] if "labels" in z.files else None
-        return cls(inputs, labels, meta["class_names"], meta["source"], meta.get("skipped", {}))
+            lengths = z["lengths"] if "lengths" in z.files else None
+        return cls(inputs, labels, meta["class_names"], meta["source"], meta.get("skipped", {}), lengths, extras, meta.get("meta", {}))
 
 
 def resolve_split(root: Path, split: str | None) -> Path:

@@ -17,12 +17,12 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from servopt.contracts import Accuracy, Agreement, Gate, Record
+from servopt.contracts import Accuracy, Agreement, Gate, PairsQuality, Record
 from servopt.data.dataset import Dataset, synthetic_inputs
 from servopt.errors import UserError
 from servopt.families.metrics import agreement
 from servopt.registry import Registry
-from servopt.spec import ModelSpec, Task
+from servopt.spec import ModelSpec, Task, TensorSpec
 
 
 class DataOptions(BaseModel):
@@ -34,9 +34,22 @@ class DataOptions(BaseModel):
     strict: bool = False  # fail on an unreadable sample instead of skipping it
 
 
+class LengthBatches(BaseModel):
+    """The same samples batched as they come and sorted by length, with the padding each wastes."""
+
+    model_config = {"arbitrary_types_allowed": True}
+
+    first_come: list[Any]  # feeds
+    sorted: list[Any]
+    first_come_waste: float
+    sorted_waste: float
+    real_tokens: int
+
+
 class Judgement(BaseModel):
     accuracy: Accuracy | None = None
     agreement: Agreement | None = None
+    pairs: PairsQuality | None = None
 
 
 class Family(ABC):
@@ -46,6 +59,8 @@ class Family(ABC):
     convenience_route: ClassVar[str | None] = None  # POST /v2/models/{name}/<route> on the server
     convenience_media_types: ClassVar[tuple[str, ...]] = ()
     convenience_accepts: ClassVar[str] = ""  # what the endpoint takes, in words (for a 415)
+    convenience_body: ClassVar[str] = "bytes"  # "json": the data plane decodes the body before the family sees it
+    no_data_note: ClassVar[str] = "no data: inputs are made from the model's signature; only agreement with the original is measured"
 
     def data_options(self, raw: dict[str, Any]) -> DataOptions:
         """The user's data options for this family; ``None`` values are unset. A flag meant for another family
@@ -84,6 +99,16 @@ class Family(ABC):
             return feeds[0]
         return {n: np.concatenate([f[n] for f in feeds]) for n in feeds[0]}
 
+    # Inputs for measurements beyond the protocol's single-sample and batch phases (the protocol times them);
+    # None where the family has no such axis.
+    def grid_feed(self, data: Dataset, batch: int, length: int) -> dict[str, np.ndarray] | None:
+        """A batch of ``batch`` samples of sequence length ``length`` (text encoders)."""
+        return None
+
+    def length_batches(self, data: Dataset, batch_size: int) -> LengthBatches | None:
+        """The evaluation samples batched first-come and sorted by length (text encoders)."""
+        return None
+
     @abstractmethod
     def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> Judgement:
         """Quality of a variant's outputs: against labels where the data has them, against the original always."""
@@ -104,8 +129,16 @@ class Family(ABC):
     def tuning_metric(self, data: Dataset) -> str:
         """What ``tuning_score`` measures on this data, for the report."""
 
+    # What clients send over the inference protocol, when it is not the model's own inputs (a text encoder takes
+    # strings and tokenizes them here); ``model_inputs`` turns them into the model's, with what it found.
+    def served_inputs(self, spec: ModelSpec) -> list[TensorSpec]:
+        return spec.inputs
+
+    def model_inputs(self, spec: ModelSpec, inputs: dict[str, np.ndarray], params: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict]:
+        return inputs, {}
+
     # The server's convenience endpoint (e.g. an image in, labels out). Families without one keep the defaults.
-    def convenience_inputs(self, spec: ModelSpec, body: bytes, max_pixels: int) -> dict[str, np.ndarray]:
+    def convenience_inputs(self, spec: ModelSpec, body: Any, max_pixels: int) -> dict[str, np.ndarray]:
         raise UserError(f"a {self.name} model has no convenience endpoint", fix="use /v2/models/{name}/infer")
 
     def convenience_params(self, params: dict[str, str]) -> dict[str, Any]:

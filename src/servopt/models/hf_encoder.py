@@ -283,14 +283,19 @@ def inspect_encoder(folder: str | Path, trust_pickle: bool = False) -> EncoderIn
 
 def encoder_spec(info: EncoderInfo) -> ModelSpec:
     """Token ids + mask (+ token types) of any batch and length in, one float32 embedding per text out."""
-    inputs = [TensorSpec(name, "int64", ["batch", "sequence"]) for name in info.input_names()]
+    inputs = [TensorSpec(name=name, dtype="int64", shape=["batch", "sequence"]) for name in info.input_names()]
     return ModelSpec(
         inputs=inputs,
-        outputs=[TensorSpec("embedding", "float32", ["batch", info.hidden_size])],
+        outputs=[TensorSpec(name="embedding", dtype="float32", shape=["batch", info.hidden_size])],
         task="embedding",
+        family="text-embedding",
+        # The text family's input preparation: what the server needs to turn strings into these inputs.
+        preprocessing={"tokenizer": str(info.tokenizer_path), "max_length": info.max_seq_length,
+                       "lowercase": info.do_lower_case, "pad_id": info.pad_token_id},
         extra={
-            "family": "text-encoder",
             "model_type": info.model_type,
+            "hidden_size": info.hidden_size,
+            "num_heads": int(json.loads((info.model_folder / "config.json").read_text()).get("num_attention_heads") or 0),
             "tokenizer": str(info.tokenizer_path),
             "max_seq_length": info.max_seq_length,
             "max_positions": info.max_positions,
@@ -533,7 +538,7 @@ def export_encoder_onnx(
     _name_output(proto, tmp_out, out_name)
     from servopt.models.sources import ONNX_META_SPEC
 
-    meta = {"task": spec.task, "class_names": None, "preprocessing": None, "text": {
+    meta = {"task": spec.task, "family": spec.family, "class_names": None, "preprocessing": spec.preprocessing, "text": {
         k: spec.extra.get(k) for k in ("model_type", "max_seq_length", "pooling", "normalize", "do_lower_case", "pad_token_id")
     }}
     onnx.helper.set_model_props(proto, {ONNX_META_SPEC: json.dumps(meta)})

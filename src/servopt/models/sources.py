@@ -37,6 +37,11 @@ class LoadedModel:
         return self.kind != "onnx"
 
     def files(self) -> list[Path]:
+        if self.kind == "hf_encoder":
+            from servopt.models.hf_encoder import inspect_encoder
+
+            info = inspect_encoder(self.path, trust_pickle=self.trust_pickle)
+            return [f for f in (info.weights_path, info.model_folder / "config.json", info.tokenizer_path) if f.exists()]
         return model_files(self.path) if self.kind == "onnx" else [self.path]
 
     def size_mb(self) -> float:
@@ -86,7 +91,7 @@ def artifact_files(artifact: Artifact) -> list[Path]:
         return [Path(artifact.size_file)]
     if artifact.format == "torch":
         assert artifact.ref is not None
-        return [Path(artifact.ref.path)]
+        return LoadedModel.from_ref(artifact.ref).files()
     path = Path(str(artifact.path))
     if artifact.format == "openvino":
         return [path, path.with_suffix(".bin")]
@@ -111,7 +116,13 @@ def load_model(
     if not path.exists():
         raise UserError(f"model file {path} does not exist", fix="check the path")
     if path.is_dir():
-        raise UserError(f"{path} is a folder, not a model file", fix="pass the .onnx/.pt/.pth/.pt2 file itself")
+        from servopt.models.hf_encoder import encoder_spec, inspect_encoder, is_hf_encoder_folder
+
+        if not is_hf_encoder_folder(path):
+            raise UserError(f"{path} is a folder but not a Hugging Face encoder (no config.json with weights and a tokenizer)",
+                            fix="pass a model file (.onnx/.pt/.pth/.pt2), or a folder saved with save_pretrained")
+        info = inspect_encoder(path, trust_pickle=trust_pickle)
+        return LoadedModel("hf_encoder", path, encoder_spec(info), trust_pickle=trust_pickle)
     suffix = path.suffix.lower()
     if suffix == ".onnx":
         model = _load_onnx(path)
@@ -163,6 +174,7 @@ def _load_onnx(path: Path) -> LoadedModel:
         spec.family = stored.get("family", "")
         spec.class_names = stored.get("class_names")
         spec.preprocessing = stored.get("preprocessing")
+        spec.extra.update(stored.get("text") or {})
     elif outputs and len(outputs[0].shape) != 2:
         spec.task, spec.family = "embedding", "embedding"
     return LoadedModel("onnx", path, spec)
@@ -282,6 +294,13 @@ class _zoo_pickle_module:  # noqa: N801 - stands in for the ``pickle`` module to
 def _load_torch_module(path: Path, kind: str, arch: str | None, num_classes: int | None, trust_pickle: bool):
     import torch
 
+    if kind == "hf_encoder":
+        from transformers.utils import logging as hf_logging
+
+        from servopt.models.hf_encoder import load_sentence_encoder
+
+        hf_logging.disable_progress_bar()  # its "Loading weights" bar would tear servopt's own progress display
+        return load_sentence_encoder(path, trust_pickle=trust_pickle)
     if kind == "torchscript":
         module = torch.jit.load(str(path), map_location="cpu")
     elif kind == "exported_program":

@@ -20,6 +20,9 @@ from servopt.families.base import Family
 from servopt.machine import CpuFeatures, isa_rank, machine_label
 from servopt.optimize.targets import Target
 
+QUALITY_BOUNDS = ("accuracy_drop_points", "cosine_mean", "spearman_drop_points")
+LOWER_BOUNDS = ("throughput_ips", "cosine_mean")  # bounds a value must reach; the others it must stay under
+
 
 class Bound(Contract):
     bound: str
@@ -106,6 +109,13 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
 
     drop = family.quality_drop(rec, ref)
     add("accuracy_drop_points", target.max_accuracy_drop, drop, True, drop is not None, "against the original model")
+    is_ref = ref is not None and rec.name == ref.name
+    if target.min_cosine is not None:
+        cos = 1.0 if is_ref else rec.agreement.cosine_mean if rec.agreement else None
+        add("cosine_mean", target.min_cosine, cos, False, cos is not None, "embeddings against the original's")
+    if target.max_spearman_drop is not None:
+        sp = (ref.pairs.spearman - rec.pairs.spearman) * 100 if rec.pairs and ref and ref.pairs else None
+        add("spearman_drop_points", target.max_spearman_drop, sp, True, sp is not None, "Spearman on the scored pairs")
     if target.max_size_mb is not None:
         add("size_mb", target.max_size_mb, rec.size_mb, True, True, "size on disk holds everywhere")
     on_gpu = bool(env and env.gpu)
@@ -131,8 +141,8 @@ def _objective_key(target: Target, verdict: Verdict) -> float:
 
 def shortfall(verdict: Verdict) -> str:
     return ", ".join(
-        f"{b.bound} {b.value:.3g} vs {'≤' if b.bound != 'throughput_ips' else '≥'} {b.limit:g} "
-        f"({'short' if b.bound == 'throughput_ips' else 'over'} by {b.miss:.0%})"
+        f"{b.bound} {b.value:.3g} vs {'≥' if b.bound in LOWER_BOUNDS else '≤'} {b.limit:g} "
+        f"({'short' if b.bound in LOWER_BOUNDS else 'over'} by {b.miss:.0%})"
         for b in verdict.bounds if b.status == "fail" and b.value is not None and b.miss is not None)
 
 
@@ -198,7 +208,7 @@ def interleave_candidates(targets: list[Target], records: list[Record], ref: Rec
         if t.device != "cpu":
             continue
         verdicts = [judge(t, r, ref, family) for r in records if eligible(t, r)]
-        acc_ok = [v for v in verdicts if all(b.status != "fail" for b in v.bounds if b.bound == "accuracy_drop_points")]
+        acc_ok = [v for v in verdicts if all(b.status != "fail" for b in v.bounds if b.bound in QUALITY_BOUNDS)]
         ranked = sorted(acc_ok, key=lambda v: (not v.passes, _objective_key(t, v)))
         for v in ranked[:per_target]:
             if v.variant not in chosen:

@@ -281,10 +281,10 @@ Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}
 {% for o in p.ops %}| {{ o.op }} | {{ "%.3f"|format(o.ms_per_run) }} | {{ "%.1f"|format(o.share * 100) }}% |
 {% endfor %}{% endfor %}
 {% if search %}
-## Accuracy-aware INT8 search ({{ search.metric }} on {{ search.tuning_samples }} tuning samples, reference {{ "%.2f"|format(search.reference_top1 * 100) }}%)
-| step | what | float layers | top-1 | drop (points) | within tolerance | p50 ms |
+## Accuracy-aware INT8 search ({{ search.metric }} on {{ search.tuning_samples }} tuning samples, reference {{ "%.4f"|format(search.reference_score) }})
+| step | what | float layers | score | drop (points) | within tolerance | p50 ms |
 |---|---|---|---|---|---|---|
-{% for s in search.steps %}| {{ s.step }} | {{ s.label }} | {{ s.float_layers }} | {{ "%.2f"|format(s.top1 * 100) }}% | {{ "%.2f"|format(s.drop_points) }} | {{ s.within_tolerance }} | {{ "%.2f"|format(s.p50_ms) if s.p50_ms is defined else "—" }} |
+{% for s in search.steps %}| {{ s.step }} | {{ s.label }} | {{ s.float_layers }} | {{ "%.4f"|format(s.score) }} | {{ "%.2f"|format(s.drop_points) }} | {{ s.within_tolerance }} | {{ "%.2f"|format(s.p50_ms) if s.p50_ms is defined else "—" }} |
 {% endfor %}
 Chosen: step {{ search.chosen_step }} (the fastest within tolerance); layers kept in float: {{ search.float_layers|join(", ") or "none" }}
 {% endif %}
@@ -336,9 +336,9 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 <table><tr><th>op</th><th>ms/sample</th><th>share</th><th></th></tr>{% for o in p.ops %}<tr><td>{{ o.op }}</td><td>{{ "%.3f"|format(o.ms_per_run) }}</td><td>{{ "%.1f"|format(o.share * 100) }}%</td>
 <td class="l"><div style="background:#1f77b4;height:9px;width:{{ (o.share * 300)|int }}px"></div></td></tr>{% endfor %}</table>{% else %}<p class="muted">no recommended variant to profile</p>{% endfor %}
 {% if search %}<h2>Accuracy-aware INT8 search</h2>
-<p class="muted">{{ search.metric }} on {{ search.tuning_samples }} tuning samples (validation split), float reference {{ "%.2f"|format(search.reference_top1 * 100) }}%, tolerance {{ search.tolerance.max_drop }} ({{ search.tolerance.drop_type }}).</p>
-<table><tr><th>step</th><th>what</th><th>float layers</th><th>top-1</th><th>drop</th><th>within</th><th>p50 ms</th></tr>
-{% for s in search.steps %}<tr><td>{{ s.step }}</td><td class="l">{{ s.label }}</td><td>{{ s.float_layers }}</td><td>{{ "%.2f"|format(s.top1 * 100) }}%</td><td>{{ "%.2f"|format(s.drop_points) }}</td><td>{{ s.within_tolerance }}</td><td>{{ "%.2f"|format(s.p50_ms) if s.p50_ms is defined else "—" }}</td></tr>{% endfor %}</table>
+<p class="muted">{{ search.metric }} on {{ search.tuning_samples }} tuning samples (validation split), float reference {{ "%.4f"|format(search.reference_score) }}, tolerance {{ search.tolerance.max_drop }} ({{ search.tolerance.drop_type }}).</p>
+<table><tr><th>step</th><th>what</th><th>float layers</th><th>score</th><th>drop</th><th>within</th><th>p50 ms</th></tr>
+{% for s in search.steps %}<tr><td>{{ s.step }}</td><td class="l">{{ s.label }}</td><td>{{ s.float_layers }}</td><td>{{ "%.4f"|format(s.score) }}</td><td>{{ "%.2f"|format(s.drop_points) }}</td><td>{{ s.within_tolerance }}</td><td>{{ "%.2f"|format(s.p50_ms) if s.p50_ms is defined else "—" }}</td></tr>{% endfor %}</table>
 <p>Chosen: step {{ search.chosen_step }} (the fastest within tolerance). Layers kept in float: {{ search.float_layers|join(", ") or "none" }}</p>{% endif %}
 {% if left_out %}<h2>Left out of this sweep</h2><ul>{% for v in left_out %}<li><code>{{ v.name }}</code>: {{ v.why }}</li>{% endfor %}</ul>
 <p class="muted">Include them with <code>--variants NAME</code> (globs and group names work) or <code>--include-all</code>.</p>{% endif %}

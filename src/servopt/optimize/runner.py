@@ -119,7 +119,7 @@ def optimize(run: Run, progress: Progress | None = None) -> Summary:
     write_json_atomic(out / "config.json", RunConfig(
         model=str(model.path), model_kind=model.kind, source_hash=str(start.hash), spec=model.spec, targets=run.targets,
         variants=[v.name for v in chosen], protocol=proto.model_dump(),
-        data={"eval": run.eval_data.source, "samples": len(run.eval_data)},
+        data={"eval": run.eval_data.source, "samples": len(run.eval_data), **run.eval_data.meta},
         left_out=[LeftOut(name=v.name, why=left_out_reason(v)) for v in all_variants if v not in chosen], note=run.settings.note))
     ctx = BuildContext(source=model, calibration=run.calibration, tuning=run.tuning, log=progress.step)
     results_path = out / "results.jsonl"
@@ -167,7 +167,7 @@ def _run_variant(v: Variant, key: str, run: Run, start, eval_path: Path, ctx: Bu
     ref_outputs = run.out / "reference_outputs.npy"
     is_ref = reference is None
     s = run.settings
-    gate = None if is_ref else Gate(
+    gate = None if is_ref or not v.gate else Gate(
         reference_top1=reference.accuracy.top1 if reference and reference.accuracy else None, max_drop_points=s.verify_max_drop,
         min_agreement=s.verify_min_agreement, min_cosine=s.verify_min_cosine)
     job = MeasureJob(session=OpenSpec(name=v.name, artifact=artifact, runtime=v.runtime, options=v.options),

@@ -27,6 +27,9 @@ class Target(BaseModel):
     min_throughput_ips: PositiveFloat | None = Field(None, description="batch throughput bound, samples/s")
     max_size_mb: PositiveFloat | None = Field(None, description="model size on disk bound")
     max_accuracy_drop: NonNegativeFloat = Field(1.0, description="accuracy points lost against the original, at most")
+    min_cosine: float | None = Field(None, ge=-1, le=1, description="embeddings: mean cosine similarity to the original's, at least")
+    max_spearman_drop: NonNegativeFloat | None = Field(
+        None, description="embeddings with scored pairs: Spearman points lost against the original, at most")
     isa: Literal["avx2", "avx512", "avx512_vnni", "amx"] | None = Field(
         None, description="the target CPU's instruction set: its candidates are measured capped to it where a runtime allows")
 

@@ -30,6 +30,7 @@ class Variant:
     description: str = ""
     needs_gpu: bool = False
     left_out_why: str = ""  # why it is not in the default sweep on this machine (shown in the report)
+    gate: bool = True  # verified before timing; False: a baseline timed whatever its quality (never chosen if it fails)
 
     def key(self, source_hash: str, protocol: dict, data_hash: str) -> str:
         """Identity of a measurement: same key → same result, so a rerun skips it. Pass parameters enter with
@@ -37,7 +38,7 @@ class Variant:
         from servopt.passes.base import validate_params
 
         chain = [(name, validate_params(name, params).model_dump()) for name, params in self.chain]
-        identity = {k: v for k, v in asdict(self).items() if k not in ("default", "description", "left_out_why")}
+        identity = {k: v for k, v in asdict(self).items() if k not in ("default", "description", "left_out_why", "gate")}
         body = json.dumps([{**identity, "chain": chain}, source_hash, protocol, data_hash], sort_keys=True, default=str)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
@@ -52,13 +53,18 @@ def _when(condition: bool, why: str) -> dict:
     return {"default": condition, "left_out_why": "" if condition else why}
 
 
+NO_BF16 = "this CPU has no bf16 arithmetic (AVX512-BF16 / AMX-BF16): bf16 would be emulated, slower than fp32"
+NO_FP16 = "this CPU has no fp16 arithmetic (AVX512-FP16 / ARM fp16): it would be emulated or refused"
+
+
 def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 1.0, cpu: CpuFeatures | None = None) -> list[Variant]:
     """Every variant servopt knows for this model (torch ones only for torch sources). Which run by default follows
     the CPU's features (``cpu``: bf16, fp16 and 8-bit dot-product arithmetic), each exclusion with its reason."""
     cpu = cpu or CpuFeatures(frozenset())
+    if model.spec.family_name == "text-embedding":
+        return text_catalogue(model, accuracy_drop=accuracy_drop, cpu=cpu)
     export = [("export-onnx", {})] if model.is_torch else []
-    no_bf16 = "this CPU has no bf16 arithmetic (AVX512-BF16 / AMX-BF16): bf16 would be emulated, slower than fp32"
-    no_fp16 = "this CPU has no fp16 arithmetic (AVX512-FP16 / ARM fp16): OpenVINO would not run fp16 here"
+    no_bf16, no_fp16 = NO_BF16, NO_FP16
     no_vnni = "S8S8 QOperator kernels are slow without 8-bit dot-product instructions (VNNI); measured 4x slower than U8S8 on AVX2"
     not_linear = "dynamic INT8 pays for Linear-heavy models (transformers); this one is convolution-heavy (10x slower measured)"
     v: list[Variant] = []
@@ -151,8 +157,86 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
                 description="ONNX Runtime TensorRT execution provider, FP16"),
     ]
     if model.is_torch:
-        v.append(Variant("torch-cuda-fp16", "gpu", "torch-cuda", options={"fp16": True}, needs_gpu=True,
+        v.append(Variant("torch-cuda-fp16", "gpu", "torch-cuda", options={"dtype": "fp16"}, needs_gpu=True,
                          description="PyTorch on CUDA in FP16"))
+    return v
+
+
+def text_catalogue(model: LoadedModel, *, accuracy_drop: float, cpu: CpuFeatures) -> list[Variant]:
+    """Sentence encoders: what the lab compares (eval / no_grad / inference_mode, torch.compile modes, dynamic INT8,
+    bf16/fp16 autocast, ONNX export with dynamic batch and sequence, ORT online vs offline and its transformer
+    optimizer, dynamic and static INT8, OpenVINO fp32/bf16/INT8), for any encoder; judged by the embeddings."""
+    export = [("export-onnx", {})] if model.is_torch else []
+    # ONNX Runtime's transformer optimizer recognises attention in the TorchScript exporter's graph of eager
+    # attention (the dynamo graph fuses only BiasGelu): that chain exports that way.
+    fusable = [("export-onnx", {"exporter": "torchscript", "attention": "eager"})] if model.is_torch else []
+    fused = [*fusable, ("ort-transformers-optimize", {})]
+    dyn = "ort-quantize-dynamic"
+    v: list[Variant] = []
+    if model.is_torch:
+        v += [
+            Variant("torch-eager", "pytorch", "torch", description="PyTorch eval() + inference_mode (the original)"),
+            Variant("torch-plain", "pytorch", "torch", options={"grad_mode": "plain"}, gate=False,
+                    description="the module as a notebook calls it: training mode (dropout on), autograd on; measured as the "
+                                "baseline, never chosen (dropout changes its embeddings)"),
+            Variant("torch-eval", "pytorch", "torch", options={"grad_mode": "eval"}, description="eval(), autograd on"),
+            Variant("torch-no-grad", "pytorch", "torch", options={"grad_mode": "no_grad"}, description="eval() + no_grad"),
+            Variant("torch-compile", "pytorch", "torch", options={"compile": "default", "compile_dynamic": True}, env=MALLOC_TUNED_ENV,
+                    description="torch.compile, dynamic shapes (no recompile per length); compile time counts as cold start"),
+            Variant("torch-compile-max-autotune", "pytorch", "torch", options={"compile": "max-autotune", "compile_dynamic": True},
+                    env=MALLOC_TUNED_ENV, default=False, left_out_why="minutes of autotuning: opt in",
+                    description="torch.compile max-autotune, dynamic shapes"),
+            Variant("torch-compile-max-autotune-no-cudagraphs", "pytorch", "torch",
+                    options={"compile": "max-autotune-no-cudagraphs", "compile_dynamic": True}, env=MALLOC_TUNED_ENV, default=False,
+                    left_out_why="minutes of autotuning: opt in", description="torch.compile max-autotune-no-cudagraphs"),
+            Variant("torch-int8-dynamic", "pytorch", "torch", chain=[("torch-quantize-dynamic", {})], options={"quantize_dynamic": True},
+                    description="torch.ao dynamic INT8 of nn.Linear (state_dict size on disk measured)"),
+            Variant("torch-bf16-autocast", "pytorch", "torch", options={"dtype": "bf16", "autocast": True},
+                    description="torch.autocast(bf16) over fp32 weights", **_when(cpu.bf16, NO_BF16)),
+            Variant("torch-fp16-autocast", "pytorch", "torch", options={"dtype": "fp16", "autocast": True},
+                    description="torch.autocast(fp16) over fp32 weights", **_when(cpu.fp16, NO_FP16)),
+        ]
+    v += [
+        Variant("ort-fp32", "onnxruntime", "onnxruntime", export, {"graph_optimization_level": "all"},
+                description="ONNX Runtime defaults, graph optimized online at load (the reference every ratio is taken against)"),
+        Variant("ort-offline-all", "onnxruntime", "onnxruntime", [*export, ("ort-graph-offline", {"level": "all"})],
+                {"graph_optimization_level": "disable"}, description="graph optimized offline, loaded with optimizations off (faster cold start)"),
+        Variant("ort-transformers", "onnxruntime", "onnxruntime", fused,
+                description="ONNX Runtime's transformer optimizer: attention, LayerNorm, GELU fusions (which applied: build report)"),
+        Variant("ort-int8-dynamic", "int8", "onnxruntime", [*export, (dyn, {})], description="ORT dynamic INT8, S8 weights per tensor"),
+        Variant("ort-int8-dynamic-per-channel", "int8", "onnxruntime", [*export, (dyn, {"per_channel": True})],
+                description="ORT dynamic INT8, S8 weights per channel"),
+        Variant("ort-int8-dynamic-u8", "int8", "onnxruntime", [*export, (dyn, {"weight_type": "U8"})],
+                description="ORT dynamic INT8, U8 weights"),
+        Variant("ort-transformers-int8-dynamic", "int8", "onnxruntime", [*fused, (dyn, {"per_channel": True})],
+                description="transformer-optimized graph, then dynamic INT8 (S8 weights per channel)"),
+        Variant("ort-int8-static-qdq", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QDQ", "S8", "S8"))],
+                description="static INT8 QDQ S8S8 per channel, calibrated on the tuning texts", **_when(cpu.int8_dot,
+                "static INT8 of activations needs 8-bit dot products (VNNI) to pay on transformers")),
+        Variant("ort-int8-accuracy-aware", "int8", "onnxruntime",
+                [*fused, ("ort-quantize-accuracy-aware", {"mode": "dynamic", "per_channel": True, "max_drop": accuracy_drop})],
+                description=f"as much dynamic INT8 as keeps mean cosine within {accuracy_drop / 100:.3g} of the original; the fastest mix"),
+        Variant("ort-fp16", "fp16", "onnxruntime", [*export, ("fp16", {})],
+                description="FP16 weights, half the size" + ("" if cpu.fp16 else "; no fp16 arithmetic here: computed through casts")),
+        Variant("ov-fp32-latency", "openvino", "openvino", [*export, ("openvino-convert", {})], {"hint": "LATENCY", "precision": "fp32"},
+                description="OpenVINO fp32 (pinned), LATENCY hint"),
+        Variant("ov-fp32-throughput", "openvino", "openvino", [*export, ("openvino-convert", {})],
+                {"hint": "THROUGHPUT", "precision": "fp32"}, description="OpenVINO fp32 (pinned), THROUGHPUT hint"),
+        Variant("ov-bf16-latency", "openvino", "openvino", [*export, ("openvino-convert", {})], {"hint": "LATENCY", "precision": "bf16"},
+                description="OpenVINO bf16, LATENCY hint", **_when(cpu.bf16, NO_BF16)),
+        Variant("ov-bf16-throughput", "openvino", "openvino", [*export, ("openvino-convert", {})],
+                {"hint": "THROUGHPUT", "precision": "bf16"}, description="OpenVINO bf16, THROUGHPUT hint", **_when(cpu.bf16, NO_BF16)),
+        Variant("nncf-int8-latency", "openvino", "openvino", [*export, ("nncf-quantize", {"model_type": "transformer"})],
+                {"hint": "LATENCY"}, description="NNCF INT8 with the transformer model type, OpenVINO LATENCY hint"),
+        Variant("nncf-int8-throughput", "openvino", "openvino", [*export, ("nncf-quantize", {"model_type": "transformer"})],
+                {"hint": "THROUGHPUT"}, description="NNCF INT8 with the transformer model type, OpenVINO THROUGHPUT hint"),
+        Variant("ort-cuda-fp32", "gpu", "onnxruntime-cuda", export, needs_gpu=True, description="ONNX Runtime CUDA execution provider"),
+        Variant("ort-tensorrt-fp16", "gpu", "onnxruntime-cuda", export,
+                {"providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"]}, needs_gpu=True,
+                description="ONNX Runtime TensorRT execution provider, FP16"),
+    ]
+    if model.is_torch:
+        v.append(Variant("torch-cuda-fp16", "gpu", "torch-cuda", options={"dtype": "fp16"}, needs_gpu=True, description="PyTorch on CUDA in FP16"))
     return v
 
 

@@ -39,13 +39,15 @@ from servopt.contracts import Artifact
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.passes.base import BuildContext, Pass, PassOutput, register_pass
-from servopt.passes.onnx_passes import StaticParams, preprocess_for_quantization, quantize_static_onnx
+from servopt.passes.onnx_passes import QTYPES, StaticParams, preprocess_for_quantization, quantize_static_onnx
 from servopt.runtimes import open_session
 
-WEIGHTED = {"Conv", "Gemm", "MatMul", "ConvTranspose"}
+WEIGHTED = {"Conv", "Gemm", "MatMul", "ConvTranspose", "Attention"}
 
 
 class AccuracyAwareParams(StaticParams):
+    # static: weights and activations calibrated ahead (CNNs); dynamic: activations quantized at run time (transformers)
+    mode: Literal["static", "dynamic"] = "static"
     max_drop: float = 1.0  # accuracy points (absolute) or a fraction of the reference (relative)
     drop_type: Literal["absolute", "relative"] = "absolute"
     max_steps: int = 10
@@ -92,7 +94,18 @@ def fallback_units(model_path: str) -> list[tuple[str, list[str]]]:
     return units
 
 
-def rank_sensitivity(float_path: str, params: StaticParams, calibration: Dataset, probe: Dataset, work: Path,
+def quantize(src: str, dst: Path, params: AccuracyAwareParams, calibration: Dataset | None, cache: Path | None) -> None:
+    """INT8 of ``src`` with ``params`` (its ``nodes_to_exclude`` kept in float), statically or dynamically."""
+    if params.mode == "static":
+        quantize_static_onnx(src, dst, params, calibration, cache)
+        return
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(src, str(dst), weight_type=getattr(QuantType, QTYPES[params.weight_type]), per_channel=params.per_channel,
+                     nodes_to_exclude=params.nodes_to_exclude or None)
+
+
+def rank_sensitivity(float_path: str, params: AccuracyAwareParams, calibration: Dataset, probe: Dataset, work: Path,
                      cache: Path, limit: int = 64) -> list[tuple[str, list[str], float]]:
     """Measure, per weighted layer, how much of INT8's output error disappears when that layer stays float.
 
@@ -103,7 +116,7 @@ def rank_sensitivity(float_path: str, params: StaticParams, calibration: Dataset
 
     def error(excluded: list[str]) -> float:
         path = work / "probe.onnx"
-        quantize_static_onnx(float_path, path, params.model_copy(update={"nodes_to_exclude": excluded}), calibration, cache)
+        quantize(float_path, path, params.model_copy(update={"nodes_to_exclude": excluded}), calibration, cache)
         out = _predict(str(path), probe)
         path.unlink(missing_ok=True)
         return float(np.mean((out - float_out) ** 2))
@@ -131,24 +144,26 @@ class AccuracyAwareInt8(Pass):
         allowed = params.max_drop / 100 if params.drop_type == "absolute" else ref * params.max_drop
         steps: list[dict] = []
 
-        def attempt(excluded: list[str], label: str, config: AccuracyAwareParams, cache: Path) -> PassOutput:
+        def attempt(excluded: list[str], label: str, config: AccuracyAwareParams, cache: Path) -> dict:
             """Quantize with ``config`` minus ``excluded`` (ranges calibrated once per method, cached), score it."""
             path = out_dir / f"candidate-{len(steps)}.onnx"
-            quantize_static_onnx(src, path, config.model_copy(update={"nodes_to_exclude": excluded}), ctx.calibration, cache)
+            quantize(src, path, config.model_copy(update={"nodes_to_exclude": excluded}), ctx.calibration, cache)
             score = score_of(_predict(str(path), tuning), tuning, float_out)
             step = {"step": len(steps), "label": label, "calibration": config.calibrate_method, "float_layers": len(excluded), "excluded": excluded,
-                    "top1": score, "drop_points": (ref - score) * 100, "within_tolerance": ref - score <= allowed + 1e-12,
+                    "score": score, "drop_points": (ref - score) * 100, "within_tolerance": ref - score <= allowed + 1e-12,
                     "path": str(path)}
             steps.append(step)
-            ctx.log(f"accuracy-aware step {step['step']}: {len(excluded)} float layer(s), top-1 {score:.2%}")
+            ctx.log(f"accuracy-aware step {step['step']}: {len(excluded)} float layer(s), score {score:.4f}")
             return step
 
         # Full INT8 under each calibration method first: a better range estimate often meets the tolerance at full speed.
         base = params
-        for method in dict.fromkeys([params.calibrate_method, *params.try_calibrations]):
+        methods = [params.calibrate_method, *params.try_calibrations] if params.mode == "static" else [params.calibrate_method]
+        for method in dict.fromkeys(methods):
             trial = params.model_copy(update={"calibrate_method": method})
-            step = attempt([], f"full INT8, {method} calibration", trial, out_dir / f"calibration_cache_{method}.json")
-            if step["top1"] > max((s["top1"] for s in steps[:-1]), default=-1.0):
+            label = f"full INT8, {method} calibration" if params.mode == "static" else "full dynamic INT8"
+            step = attempt([], label, trial, out_dir / f"calibration_cache_{method}.json")
+            if step["score"] > max((s["score"] for s in steps[:-1]), default=-1.0):
                 base = trial
         ranking: list[tuple[str, list[str], float]] = []
         cache = out_dir / f"calibration_cache_{base.calibrate_method}.json"
@@ -188,7 +203,7 @@ class AccuracyAwareInt8(Pass):
         Path(out_dir / "preprocessed.onnx").unlink(missing_ok=True)
         for f in out_dir.glob("calibration_cache_*.json"):
             f.unlink()
-        report = {"reference_top1": ref, "tolerance": {"max_drop": params.max_drop, "drop_type": params.drop_type},
+        report = {"reference_score": ref, "tolerance": {"max_drop": params.max_drop, "drop_type": params.drop_type},
                   "metric": ctx.family.tuning_metric(tuning),
                   "tuning_samples": len(tuning), "steps": steps, "chosen_step": best["step"],
                   "float_layers": best["excluded"], "calibration": best["calibration"], "weighted_layers": weighted_layers,

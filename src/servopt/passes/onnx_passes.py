@@ -34,6 +34,8 @@ class ExportOnnx(Pass):
     class Params(PassParams):
         opset: int = 18
         exporter: Literal["auto", "dynamo", "torchscript"] = "auto"
+        # Text encoders: "eager" exports plain attention (the graph ONNX Runtime's transformer optimizer fuses).
+        attention: Literal["default", "eager"] = "default"
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         from servopt.export import export_onnx
@@ -41,8 +43,36 @@ class ExportOnnx(Pass):
 
         model = LoadedModel.from_ref(artifact.ref)
         report = export_onnx(model, out_dir / "model.onnx", opset=params.opset, exporter=params.exporter,
-                             verify_data=ctx.calibration)
+                             verify_data=ctx.calibration, attention=params.attention)
         return PassOutput(format="onnx", file="model.onnx", report=report)
+
+
+@register_pass
+class OrtTransformersOptimize(Pass):
+    """ONNX Runtime's transformer optimizer (``onnxruntime.transformers.optimizer``): fuses attention, LayerNorm,
+    GELU and embeddings into ORT's contrib operators; the report lists which fusions applied."""
+
+    name = "ort-transformers-optimize"
+    input_format = "onnx"
+    output_format = "onnx"
+
+    class Params(PassParams):
+        model_type: Literal["bert", "bart", "gpt2", "vit", "t5"] = "bert"  # the fusion patterns (BERT covers MiniLM/BGE/E5)
+        opt_level: int = 0  # 0: the Python fusions only; ONNX Runtime applies its own graph optimizations at load
+
+    def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
+        import logging
+
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+        extra = ctx.source.spec.extra
+        heads, hidden = int(extra.get("num_heads") or 0), int(extra.get("hidden_size") or 0)  # 0: detected from the graph
+        optimized = optimize_model(str(artifact.path), model_type=params.model_type, num_heads=heads, hidden_size=hidden,
+                                   opt_level=params.opt_level)
+        fused = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
+        optimized.save_model_to_file(str(out_dir / "model.onnx"))
+        return PassOutput(format="onnx", file="model.onnx", report={"fusions": fused, "model_type": params.model_type})
 
 
 @register_pass

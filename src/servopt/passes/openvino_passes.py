@@ -46,8 +46,8 @@ def _calibration(ctx: BuildContext, count: int):
 
     if ctx.calibration is None:
         raise UserError("NNCF quantization needs calibration data", fix="pass --data (its validation split is used)")
-    name = next(iter(ctx.calibration.inputs))
-    samples = [ctx.calibration.slice(i, i + 1)[name] for i in range(min(count, len(ctx.calibration)))]
+    # Every input of the model, one sample at a time (a text encoder has several, each cut to the sample's length).
+    samples = [ctx.calibration.slice(i, i + 1) for i in range(min(count, len(ctx.calibration)))]
     return nncf.Dataset(samples)
 
 
@@ -63,13 +63,16 @@ class NncfQuantize(Pass):
         preset: Literal["performance", "mixed"] = "performance"
         subset_size: int = 100
         fast_bias_correction: bool = True
+        model_type: Literal["default", "transformer"] = "default"  # transformer: NNCF's rules for attention blocks
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import nncf
 
         preset = nncf.QuantizationPreset.PERFORMANCE if params.preset == "performance" else nncf.QuantizationPreset.MIXED
+        model_type = nncf.ModelType.TRANSFORMER if params.model_type == "transformer" else None
         quantized = nncf.quantize(_read(str(artifact.path)), _calibration(ctx, params.subset_size), preset=preset,
-                                  subset_size=params.subset_size, fast_bias_correction=params.fast_bias_correction)
+                                  subset_size=params.subset_size, fast_bias_correction=params.fast_bias_correction,
+                                  model_type=model_type)
         return _save(quantized, out_dir)
 
 

@@ -1,0 +1,240 @@
+"""Sentence encoders (MiniLM, MPNet, BERT, BGE, E5): texts in, one embedding per text out, judged by the embeddings.
+
+Data: a text file (one text per line), JSONL or CSV (``--texts``, ``--column``)
+and optional scored pairs (``--pairs``, the STS-benchmark layout too), tokenized
+with the model's own ``tokenizer.json`` (the ``tokenizers`` library: no torch).
+Three texts in four are the evaluation set, the fourth the tuning set
+(calibration, the accuracy-aware search); pairs are judged on the evaluation
+side. Without texts, the sentences servopt ships are used, and the report says so.
+
+Judgement against the original: cosine similarity of each embedding (mean,
+minimum, 1st percentile), top-10 retrieval agreement (overlap of each text's
+nearest neighbours), and Spearman correlation of cosine with the pair scores.
+Server: OIP v2 with a ``BYTES`` input ``text`` (tokenized in the server),
+``POST /v2/models/{name}/embed``, and OpenAI's ``POST /v1/embeddings``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servopt.contracts import Agreement, Gate, PairsQuality, Record
+from servopt.data.dataset import Dataset
+from servopt.data.text import DEMO_PAIRS, DEMO_SENTENCES, TextTokenizer, batching_waste, read_pairs, read_texts, spearman
+from servopt.data.text import token_length_stats as length_stats
+from servopt.errors import UserError
+from servopt.families.base import DataOptions, EmbeddingBase, Judgement, LengthBatches, register_family
+from servopt.families.metrics import agreement, cosine
+from servopt.spec import ModelSpec, TensorSpec
+
+TUNING_EVERY = 4  # every 4th text tunes (calibration, the accuracy-aware search); the other three evaluate
+RETRIEVAL_K = 10
+# A text is cut to this many characters per allowed token before tokenizing: beyond it no character can reach the
+# model, and a 1 MB string costs the server nothing more than a long sentence.
+CHARS_PER_TOKEN_CAP = 32
+
+
+class TextDataOptions(DataOptions):
+    texts: Path | None = None  # .txt (a text per line), .jsonl or .csv/.tsv
+    column: str | None = None  # the JSONL key / CSV column holding the text (default "text")
+    pairs: Path | None = None  # scored pairs: text_a, text_b, score (or the STS-benchmark TSV)
+
+
+@lru_cache(maxsize=8)
+def _tokenizer(path: str, max_length: int, lowercase: bool) -> TextTokenizer:
+    return TextTokenizer(path, max_length, lowercase=lowercase)
+
+
+def tokenizer_of(spec: ModelSpec) -> TextTokenizer:
+    pp = spec.preprocessing or {}
+    if not pp.get("tokenizer"):
+        raise UserError("this text model has no tokenizer recorded", fix="load it from its Hugging Face folder")
+    return _tokenizer(str(pp["tokenizer"]), int(pp.get("max_length") or 512), bool(pp.get("lowercase")))
+
+
+def _rows(spec: ModelSpec, texts: list[str], source: str) -> Dataset:
+    """Texts tokenized into the model's inputs, padded to the longest, with each text's real length."""
+    tok = tokenizer_of(spec)
+    cap = tok.max_length * CHARS_PER_TOKEN_CAP
+    encoded = tok.encode([t[:cap] for t in texts])
+    from servopt.data.text import pad_batch
+
+    names = [t.name for t in spec.inputs]
+    inputs = pad_batch(encoded, names, pad_id=tok.pad_id)
+    lengths = np.array([len(e.ids) for e in encoded], dtype=np.int64)
+    stats = length_stats([e.full_length for e in encoded], [e.truncated for e in encoded])
+    meta = {"tokens": {**stats, "max_length": tok.max_length}, "padding_waste_b32": batching_waste(lengths, 32)}
+    return Dataset(inputs, None, None, source, lengths=lengths, meta=meta)
+
+
+@register_family
+class TextEmbedding(EmbeddingBase):
+    name = "text-embedding"
+    DataOptions = TextDataOptions
+    convenience_route = "embed"
+    convenience_media_types = ("application/json", "")
+    convenience_accepts = 'JSON: {"texts": ["…", …]}'
+    convenience_body = "json"
+    no_data_note = "no --texts: servopt's shipped sample sentences and pairs are used (pass --texts/--pairs for your own)"
+
+    def has_data(self, options: TextDataOptions) -> bool:
+        return options.texts is not None or options.pairs is not None
+
+    def _texts(self, options: TextDataOptions) -> tuple[list[str], list[tuple[str, str, float]], str]:
+        if not self.has_data(options):
+            return read_texts(DEMO_SENTENCES), read_pairs(DEMO_PAIRS), "servopt's shipped sample sentences and pairs"
+        texts = read_texts(options.texts, options.column) if options.texts else []
+        pairs = read_pairs(options.pairs) if options.pairs else []
+        return texts, pairs, str(options.texts or options.pairs)
+
+    def read_eval(self, spec: ModelSpec, options: TextDataOptions) -> tuple[Dataset, ModelSpec]:
+        texts, pairs, source = self._texts(options)
+        held = [t for i, t in enumerate(texts) if i % TUNING_EVERY != TUNING_EVERY - 1] if len(texts) >= TUNING_EVERY else texts
+        if options.limit is not None:
+            held = held[:options.limit]
+        unique_pair_texts = list(dict.fromkeys(t for a, b, _ in pairs for t in (a, b)))
+        rows = held + [t for t in unique_pair_texts if t not in set(held)]
+        if not rows:
+            raise UserError("no texts to evaluate on", fix="pass --texts FILE (one text per line) and/or --pairs FILE")
+        data = _rows(spec, rows, source)
+        if pairs:
+            index = {t: i for i, t in enumerate(rows)}
+            data.extras = {"pair_a": np.array([index[a] for a, _, _ in pairs]), "pair_b": np.array([index[b] for _, b, _ in pairs]),
+                           "pair_score": np.array([s for _, _, s in pairs], dtype=np.float64)}
+        data.meta["texts"] = len(held)
+        data.meta["pairs"] = len(pairs)
+        return data, spec
+
+    def read_tuning(self, spec: ModelSpec, options: TextDataOptions) -> tuple[Dataset, list[str]]:
+        texts, pairs, _ = self._texts(options)
+        notes = [] if self.has_data(options) else ["no --texts: servopt's shipped sample sentences and pairs are used"]
+        tuning = [t for i, t in enumerate(texts) if i % TUNING_EVERY == TUNING_EVERY - 1]
+        if not tuning:
+            tuning = list(dict.fromkeys(t for a, b, _ in pairs for t in (a, b))) or texts
+            notes.append("fewer than 4 texts: tuning uses the evaluation texts")
+        return _rows(spec, tuning, "tuning"), notes
+
+    def synthetic(self, spec: ModelSpec, count: int = 64, seed: int = 0) -> Dataset:
+        return _rows(spec, read_texts(DEMO_SENTENCES)[:count], "servopt's shipped sample sentences")
+
+    def collate(self, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Requests of different lengths into one batch, each padded to the longest of the batch (pad id 0 is
+        masked out, so its value does not matter)."""
+        if len(feeds) == 1:
+            return feeds[0]
+        width = max(f["attention_mask"].shape[1] for f in feeds)
+        return {n: np.concatenate([np.pad(f[n], ((0, 0), (0, width - f[n].shape[1]))) for f in feeds]) for n in feeds[0]}
+
+    def grid_feed(self, data: Dataset, batch: int, length: int) -> dict[str, np.ndarray] | None:
+        """Real token ids (the evaluation texts' own, repeated to fill ``length``), every row ``length`` long."""
+        ids = data.inputs["input_ids"]
+        real = np.concatenate([ids[i, 1:max(2, int(n) - 1)] for i, n in enumerate(data.lengths)]) if data.lengths is not None \
+            else ids.reshape(-1)
+        body = np.resize(real, (batch, max(1, length - 2)))
+        first, last = ids[0, 0], ids[0, int(data.lengths[0]) - 1] if data.lengths is not None else ids[0, -1]
+        full = np.concatenate([np.full((batch, 1), first), body, np.full((batch, 1), last)], axis=1)[:, :length]
+        feed = {"input_ids": full.astype(np.int64), "attention_mask": np.ones_like(full, dtype=np.int64),
+                "token_type_ids": np.zeros_like(full, dtype=np.int64)}
+        return {n: feed[n] for n in data.inputs}
+
+    def length_batches(self, data: Dataset, batch_size: int) -> LengthBatches | None:
+        if data.lengths is None:
+            return None
+        from servopt.data.text import first_come_batches, length_sorted_batches, padding_waste
+
+        fc, st = first_come_batches(len(data), batch_size), length_sorted_batches(data.lengths, batch_size)
+        return LengthBatches(first_come=[data.rows(b) for b in fc], sorted=[data.rows(b) for b in st],
+                             first_come_waste=padding_waste(fc, data.lengths), sorted_waste=padding_waste(st, data.lengths),
+                             real_tokens=int(data.lengths.sum()))
+
+    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> Judgement:
+        agr: Agreement | None = None
+        if reference is not None:
+            agr = agreement(outputs, reference, task="embedding")
+            if agr.error is None:
+                agr.retrieval_top10 = retrieval_agreement(outputs, reference, RETRIEVAL_K)
+        pairs = None
+        if "pair_a" in data.extras:
+            a, b, gold = data.extras["pair_a"], data.extras["pair_b"], data.extras["pair_score"]
+            pairs = PairsQuality(spearman=spearman(cosine(outputs[a], outputs[b]), gold), pairs=len(gold))
+        return Judgement(agreement=agr, pairs=pairs)
+
+    def gate_failure(self, judgement: Judgement, gate: Gate) -> str | None:
+        agr = judgement.agreement
+        if agr and agr.error:
+            return agr.error
+        if agr and gate.min_cosine is not None and agr.cosine_mean is not None and agr.cosine_mean < gate.min_cosine:
+            return f"mean cosine similarity to the original {agr.cosine_mean:.4f} < {gate.min_cosine}"
+        return None
+
+    def quality_drop(self, record: Record, reference: Record | None) -> float | None:
+        """Points of Spearman lost on the pairs where there are pairs, else (1 − mean cosine) in points."""
+        if record.pairs and reference and reference.pairs:
+            return (reference.pairs.spearman - record.pairs.spearman) * 100
+        return super().quality_drop(record, reference)
+
+    # serving: strings in, tokenized here ----------------------------------------------------------------------
+    def served_inputs(self, spec: ModelSpec) -> list[TensorSpec]:
+        return [TensorSpec(name="text", dtype="object", shape=["batch"])]
+
+    def model_inputs(self, spec: ModelSpec, inputs: dict[str, np.ndarray], params: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict]:
+        raw = inputs["text"].reshape(-1)
+        texts = [_decode(x, i) for i, x in enumerate(raw)]
+        return self.tokenize(spec, texts, truncate=params.get("truncate", True) is not False)
+
+    def tokenize(self, spec: ModelSpec, texts: list[str], truncate: bool = True) -> tuple[dict[str, np.ndarray], dict]:
+        """Model inputs for ``texts`` and what tokenizing found (tokens, truncated texts). With ``truncate=False`` a
+        text over the model's limit is refused instead of cut."""
+        tok = tokenizer_of(spec)
+        cap = tok.max_length * CHARS_PER_TOKEN_CAP
+        encoded = tok.encode([t[:cap] for t in texts])
+        cut = [i for i, e in enumerate(encoded) if e.truncated]
+        if cut and not truncate:
+            raise UserError(f"{len(cut)} text(s) are longer than the model's {tok.max_length} tokens (first: #{cut[0]}, "
+                            f"{encoded[cut[0]].full_length} tokens)", fix="shorten them, or allow truncation (the default)")
+        from servopt.data.text import pad_batch
+
+        feed = pad_batch(encoded, [t.name for t in spec.inputs], pad_id=tok.pad_id)
+        return feed, {"tokens": int(sum(len(e.ids) for e in encoded)), "truncated": len(cut)}
+
+    def convenience_inputs(self, spec: ModelSpec, body: Any, max_pixels: int) -> dict[str, np.ndarray]:
+        texts = body.get("texts") if isinstance(body, dict) else None
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise UserError('the body needs "texts": a non-empty list of strings', fix='e.g. {"texts": ["a sentence"]}')
+        return self.tokenize(spec, texts)[0]
+
+    def convenience_output(self, spec: ModelSpec, output: np.ndarray, params: dict[str, Any]) -> dict[str, Any]:
+        return {"embeddings": output.astype(np.float32).tolist(), "dimensions": int(output.shape[1])}
+
+
+def _decode(item: Any, i: int) -> str:
+    if isinstance(item, str):
+        return item
+    try:
+        return bytes(item).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"text #{i} is not valid UTF-8 (byte 0x{bytes(item)[e.start]:02x} at offset {e.start})",
+                        fix="send UTF-8 text") from e
+
+
+def retrieval_agreement(outputs: np.ndarray, reference: np.ndarray, k: int = RETRIEVAL_K) -> float:
+    """Mean overlap of each text's ``k`` nearest neighbours (cosine, itself excluded) under the variant and under the
+    original: 1.0 means a search index built on the variant returns the same results."""
+    n = len(outputs)
+    if n < 2:
+        return 1.0
+    k = min(k, n - 1)
+
+    def neighbours(x: np.ndarray) -> np.ndarray:
+        x = x.reshape(n, -1).astype(np.float64)
+        x /= np.linalg.norm(x, axis=1, keepdims=True) + 1e-12
+        sim = x @ x.T
+        np.fill_diagonal(sim, -np.inf)
+        return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+
+    a, b = neighbours(outputs), neighbours(reference)
+    return float(np.mean([len(set(a[i]) & set(b[i])) / k for i in range(n)]))
