@@ -482,3 +482,60 @@ def test_field_numbers_match_tritonclient():
     for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         assert their_methods[m.name] == (m.input_type.name, m.output_type.name)
     assert pb.DESCRIPTOR.package == service_pb2.DESCRIPTOR.package == "inference"
+
+
+# --- the codec and the status mapping, without a server -------------------------------------------------------------
+
+@pytest.mark.parametrize(("status", "message", "code"), [
+    (400, "bad", "INVALID_ARGUMENT"), (415, "not an image", "INVALID_ARGUMENT"), (418, "odd", "INVALID_ARGUMENT"),
+    (401, "token", "UNAUTHENTICATED"), (404, "unknown model", "NOT_FOUND"), (413, "too large", "RESOURCE_EXHAUSTED"),
+    (503, "overloaded: queue full", "RESOURCE_EXHAUSTED"), (503, "the server is not ready", "UNAVAILABLE"),
+    (504, "took longer", "DEADLINE_EXCEEDED"), (500, "bug", "INTERNAL"),
+])
+def test_status_codes(status, message, code):
+    from servopt.serve.grpc_server import status_code
+    from servopt.serve.protocol import BadRequest
+
+    assert status_code(BadRequest(message, status=status)).name == code
+
+
+def test_decode_every_datatype_typed_and_raw():
+    from servopt.serve.grpc_server import decode_infer_request, encode_infer_response
+    from servopt.serve.protocol import DATATYPES, InferResponse, encode_bytes_tensor
+
+    typed = {"BOOL": ("bool_contents", [True, False]), "INT8": ("int_contents", [-128, 127]), "UINT16": ("uint_contents", [0, 65535]),
+             "INT32": ("int_contents", [-5, 5]), "INT64": ("int64_contents", [-(2**40), 2**40]), "UINT64": ("uint64_contents", [0, 2**63]),
+             "FP32": ("fp32_contents", [0.5, -1.5]), "FP64": ("fp64_contents", [0.25, 1e300]), "BYTES": ("bytes_contents", [b"a", b"\x00bc"])}
+    inputs = [pb.ModelInferRequest.InferInputTensor(name=dt, datatype=dt, shape=[1, 2], contents=pb.InferTensorContents(**{field: values}))
+              for dt, (field, values) in typed.items()]
+    req = decode_infer_request(pb.ModelInferRequest(model_name="m", id="x", inputs=inputs,
+                                                    parameters={"priority": pb.InferParameter(int64_param=3)}))
+    assert req.id == "x" and req.parameters == {"priority": 3} and req.requested_outputs is None
+    for t in req.inputs:
+        expected = np.array(typed[t.datatype][1], dtype=object if t.datatype == "BYTES" else None).reshape(1, 2)
+        assert t.data.shape == (1, 2) and t.data.tolist() == expected.tolist(), t.datatype
+        assert t.data.dtype == DATATYPES[t.datatype], t.datatype
+    half = np.array([[1.5, -2.0]], np.float16)
+    strings = np.array([b"hello", b""], dtype=object)
+    raw = decode_infer_request(pb.ModelInferRequest(model_name="m", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="h", datatype="FP16", shape=[1, 2]),
+        pb.ModelInferRequest.InferInputTensor(name="s", datatype="BYTES", shape=[2])],
+        raw_input_contents=[half.tobytes(), encode_bytes_tensor(strings)]))
+    assert raw.inputs[0].data.dtype == np.float16 and raw.inputs[0].data.tolist() == half.tolist()
+    assert raw.inputs[1].data.tolist() == [b"hello", b""]
+    out = encode_infer_response(InferResponse(model_name="m", id=None, outputs={"s": strings, "h": half}))
+    assert [(o.name, o.datatype, list(o.shape)) for o in out.outputs] == [("s", "BYTES", [2]), ("h", "FP16", [1, 2])]
+    assert out.raw_output_contents[0] == encode_bytes_tensor(strings) and out.raw_output_contents[1] == half.tobytes()
+    assert out.id == "" and out.model_version == "1"
+
+
+def test_not_ready_is_unavailable(stack):
+    stack.plane.ready = False
+    try:
+        assert not stack.stub.ServerReady(pb.ServerReadyRequest()).ready
+        with pytest.raises(grpc.RpcError) as e:
+            stack.stub.ModelInfer(request(), timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "not ready" in e.value.details()
+    finally:
+        stack.plane.ready = True
+    assert stack.stub.ServerReady(pb.ServerReadyRequest()).ready
