@@ -13,6 +13,7 @@ its own status (HTTP 4xx, gRPC ``INVALID_ARGUMENT`` …); never a 500.
 from __future__ import annotations
 
 import asyncio
+import hmac
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,24 @@ class DataPlane:
 
     def full(self) -> bool:
         return any(b.depth >= b.max_queue for b in self.batchers.values())
+
+    def require_ready(self) -> None:
+        """Refuse work while starting or shutting down (503; gRPC ``UNAVAILABLE``)."""
+        if not self.ready:
+            raise BadRequest("the server is not ready (starting or shutting down)", status=503, headers={"Retry-After": "1"})
+
+    # auth -------------------------------------------------------------------------------------------------------
+    def authorized(self, authorization: str | bytes | None) -> bool:
+        """Whether a request's ``Authorization`` value (an HTTP header, gRPC metadata) carries the bearer token;
+        always when no key is set. Compared in constant time. Health checks are exempt: each front end skips them."""
+        key = self.settings.api_key
+        if not key:
+            return True
+        if authorization is None:
+            return False
+        if isinstance(authorization, str):
+            authorization = authorization.encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(authorization, f"Bearer {key}".encode())
 
     # metadata ---------------------------------------------------------------------------------------------------
     def server_metadata(self) -> ServerMetadata:
@@ -162,8 +181,7 @@ class DataPlane:
 
     async def infer(self, name: str, request: InferRequest, arrival: Arrival | None = None) -> InferResponse:
         m = self.model(name)
-        if not self.ready:
-            raise BadRequest("the server is not ready (starting or shutting down)", status=503, headers={"Retry-After": "1"})
+        self.require_ready()
         inputs = self.validate(m, request)
         if request.requested_outputs and any(o != m.output_name for o in request.requested_outputs):
             raise BadRequest(f"unknown output(s) {request.requested_outputs}; the model gives {[m.output_name]}")

@@ -135,6 +135,31 @@ def encode_bytes_tensor(arr: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
+def decode_raw_tensor(raw: memoryview | bytes, datatype: str, shape: list[int], name: str, source: str) -> np.ndarray:
+    """One tensor's raw bytes (REST binary data, gRPC ``raw_input_contents``) → a flat array: little-endian elements,
+    or Triton's BYTES serialization. ``source`` names the bytes in the error ("binary_data_size 12" …)."""
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return decode_bytes_tensor(raw, count, name)
+    dtype = DATATYPES[datatype]
+    if len(raw) != count * dtype.itemsize:
+        raise BadRequest(f"input {name!r}: {source} does not match shape {shape} of {datatype} ({count * dtype.itemsize} bytes)")
+    arr = np.frombuffer(raw, dtype=dtype.newbyteorder("<"))
+    if arr.dtype != dtype:  # only a big-endian host needs the byte swap; elsewhere the body is used as is
+        arr = arr.astype(dtype)
+    return arr
+
+
+def tensor_datatype(arr: np.ndarray) -> str:
+    return "BYTES" if arr.dtype == object else datatype_of(arr.dtype.name)
+
+
+def encode_raw_tensor(arr: np.ndarray) -> bytes:
+    """An output's raw bytes (REST binary data, gRPC ``raw_output_contents``): little-endian, or BYTES serialized."""
+    arr = np.ascontiguousarray(arr)
+    return encode_bytes_tensor(arr) if arr.dtype == object else arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
 def _json_bytes_data(data: Any, name: str) -> np.ndarray:
     flat = list(_flatten(data))
     if not all(isinstance(x, str) for x in flat):
@@ -191,16 +216,7 @@ def decode_rest_request(body: bytes, header_length: str | None) -> InferRequest:
                 raise BadRequest(f"input {name!r}: the body holds {len(binary) - offset} bytes of binary data, {size} expected")
             chunk = binary[offset:offset + size]
             offset += size
-            if datatype == "BYTES":
-                arr = decode_bytes_tensor(chunk, count, name)
-            else:
-                dtype = DATATYPES[datatype]
-                if size != count * dtype.itemsize:
-                    raise BadRequest(f"input {name!r}: binary_data_size {size} does not match shape {shape} of {datatype} "
-                                     f"({count * dtype.itemsize} bytes)")
-                arr = np.frombuffer(chunk, dtype=dtype.newbyteorder("<"))
-                if arr.dtype != dtype:  # only a big-endian host needs the byte swap; elsewhere the body is used as is
-                    arr = arr.astype(dtype)
+            arr = decode_raw_tensor(chunk, datatype, shape, name, f"binary_data_size {size}")
         else:
             if "data" not in tensor:
                 raise BadRequest(f"input {name!r} has no 'data' (or binary_data_size)")
@@ -235,9 +251,9 @@ def encode_rest_response(response: InferResponse, binary: bool) -> tuple[bytes, 
     for name, arr in response.outputs.items():
         arr = np.ascontiguousarray(arr)
         is_bytes = arr.dtype == object
-        entry: dict[str, Any] = {"name": name, "shape": list(arr.shape), "datatype": "BYTES" if is_bytes else datatype_of(arr.dtype.name)}
+        entry: dict[str, Any] = {"name": name, "shape": list(arr.shape), "datatype": tensor_datatype(arr)}
         if binary:
-            raw = encode_bytes_tensor(arr) if is_bytes else arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+            raw = encode_raw_tensor(arr)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:

@@ -10,7 +10,6 @@ stops the server.
 
 from __future__ import annotations
 
-import hmac
 import time
 from contextlib import asynccontextmanager
 from typing import Protocol
@@ -73,8 +72,6 @@ class GuardMiddleware:
 
     def __init__(self, app, *, plane: DataPlane, max_body: int) -> None:
         self.app, self.plane, self.max_body = app, plane, max_body
-        key = plane.settings.api_key
-        self.expected_auth = f"Bearer {key}".encode() if key else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -105,8 +102,7 @@ class GuardMiddleware:
 
     def _refusal(self, scope, path: str) -> JSONResponse | None:
         headers = dict(scope["headers"])
-        if (self.expected_auth and not path.startswith("/v2/health")
-                and not hmac.compare_digest(headers.get(b"authorization", b""), self.expected_auth)):
+        if not path.startswith("/v2/health") and not self.plane.authorized(headers.get(b"authorization")):
             return _error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
         length = headers.get(b"content-length")
         if length is not None:
