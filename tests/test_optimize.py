@@ -450,7 +450,8 @@ def test_a_variant_that_cannot_be_built_is_recorded_and_the_sweep_goes_on(tmp_pa
     records = {r["name"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     failed = records["nncf-int8-accuracy-control"]
     assert failed["status"] == "failed" and failed["stage"] == "build" and "labelled data" in failed["error"]
-    assert (out / "work" / "nncf-int8-accuracy-control" / "build_error.txt").exists()
+    build = out / "work" / "nncf-int8-accuracy-control" / "build"
+    assert (build / "job.log").exists() and (build / "replay.sh").exists(), "the failed build can be replayed alone"
     assert records["ort-offline-all"]["status"] == "ok" and records["ort-fp32"]["status"] == "ok"
     assert records["ort-offline-all"]["accuracy"] is None and records["ort-offline-all"]["agreement"]["top1_agreement"] == 1.0
     assert "failed" in (out / "report.md").read_text()

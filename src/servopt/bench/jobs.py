@@ -1,4 +1,4 @@
-"""Typed measurement jobs, each run in a fresh process: ``python -m servopt.bench.jobs job.json out.json``.
+"""Typed measurement jobs, each run in a fresh process (``launcher.launch``, entry ``servopt.runjob``).
 
 Running each job in its own process means one variant's allocator state,
 thread pools or compiled kernels cannot disturb the next (optimum-benchmark,
@@ -9,13 +9,12 @@ result it returns; ``launcher.launch`` starts any of them the same way.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, TypeAdapter
+from pydantic import Field
 
 from servopt.bench.protocol import Protocol, measure_batch, measure_latency, measure_session
 from servopt.contracts import (
@@ -49,13 +48,30 @@ class OpenSpec(Contract):
 
 
 class JobBase(Contract):
+    """A unit of work run in a fresh process by ``launcher.launch``: ``python -m servopt.runjob job.json out.json``.
+    Each kind declares its inputs (fields), its typed result, its time limit, and ``run`` (executed in that process);
+    kinds register by name, so a layer above this one (passes: builds) adds its own."""
+
     kind: str
     result_type: ClassVar[type[Contract]]
     timeout_s: ClassVar[float] = 1800.0
     env: dict[str, str] = Field(default_factory=dict)  # extra environment variables (allocator settings, ISA caps)
     python: str | None = None  # the interpreter to run it with (a runtime's own environment); default: this one
 
+    def run(self, started: float) -> Contract:
+        """Do the work (in the job's own process); ``started`` is when that process started (perf_counter)."""
+        raise NotImplementedError
 
+
+JOB_KINDS: dict[str, type[JobBase]] = {}
+
+
+def register_job(cls: type[JobBase]) -> type[JobBase]:
+    JOB_KINDS[cls.model_fields["kind"].default] = cls
+    return cls
+
+
+@register_job
 class MeasureJob(JobBase):
     """Verify one variant against the original, then time it (the protocol)."""
 
@@ -69,7 +85,11 @@ class MeasureJob(JobBase):
     protocol: Protocol
     gate: Gate | None = None
 
+    def run(self, started: float) -> Measured:
+        return run_measure(self)
 
+
+@register_job
 class ColdStartJob(JobBase):
     """Imports, load and one answer in a fresh process, timed from outside (spawn to answer)."""
 
@@ -79,7 +99,11 @@ class ColdStartJob(JobBase):
     session: OpenSpec
     spec: ModelSpec
 
+    def run(self, started: float) -> ColdStart:
+        return run_coldstart(self, started)
 
+
+@register_job
 class InterleaveJob(JobBase):
     """Candidates and a reference side by side in one process: A B … ref, A B … ref (same-run ratios)."""
 
@@ -91,7 +115,11 @@ class InterleaveJob(JobBase):
     protocol: Protocol
     rounds: int = 3
 
+    def run(self, started: float) -> Interleaved:
+        return run_interleave(self)
 
+
+@register_job
 class ProfileJob(JobBase):
     """Where the time goes, op by op, for one variant."""
 
@@ -103,9 +131,10 @@ class ProfileJob(JobBase):
     runs: int = 30
     top: int = 12
 
+    def run(self, started: float) -> OpProfile:
+        return run_profile(self)
 
-Job = Annotated[MeasureJob | ColdStartJob | InterleaveJob | ProfileJob, Field(discriminator="kind")]
-JOB_ADAPTER: TypeAdapter = TypeAdapter(Job)
+
 
 
 def _environment(session):
@@ -200,28 +229,3 @@ def run_profile(job: ProfileJob) -> OpProfile:
     feeds = [data.slice(i, i + 1) for i in range(min(job.runs, len(data)))]
     session.warm_up(feeds[0])
     return session.profile(feeds, job.runs, job.top).model_copy(update={"variant": job.session.name})
-
-
-def main(job_path: str, out_path: str) -> None:
-    t0 = time.perf_counter()
-    from servopt.errors import UserError
-    from servopt.results import write_json_atomic
-
-    job = JOB_ADAPTER.validate_json(Path(job_path).read_text())
-    try:
-        if isinstance(job, MeasureJob):
-            result: Contract = run_measure(job)
-        elif isinstance(job, ColdStartJob):
-            result = run_coldstart(job, t0)
-        elif isinstance(job, InterleaveJob):
-            result = run_interleave(job)
-        else:
-            result = run_profile(job)
-    except UserError as e:  # a clean, explained failure: the launcher records it and the sweep goes on
-        write_json_atomic(Path(out_path), {"job_error": e.problem})
-        return
-    write_json_atomic(Path(out_path), result)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])

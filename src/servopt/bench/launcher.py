@@ -65,7 +65,7 @@ def write_replay(job: JobBase, workdir: Path) -> Path:
     script.write_text(
         "#!/bin/sh\n"
         f"# Replays this {job.kind} job alone (same interpreter, environment and inputs); the result goes to replay-out.json.\n"
-        f"exec env {env} {shlex.quote(python)} -m servopt.bench.jobs {shlex.quote(str(workdir / 'job.json'))} "
+        f"exec env {env} {shlex.quote(python)} -m servopt.runjob {shlex.quote(str(workdir / 'job.json'))} "
         f"{shlex.quote(str(workdir / 'replay-out.json'))}\n")
     script.chmod(0o755)
     return script
@@ -79,7 +79,7 @@ def launch(job: JobBase, workdir: Path, timeout_s: float | None = None) -> Launc
     job_path.write_text(job.model_dump_json(indent=1))
     replay = write_replay(job, workdir)
     timeout = timeout_s or type(job).timeout_s
-    cmd = [job.python or sys.executable, "-m", "servopt.bench.jobs", str(job_path), str(out_path)]
+    cmd = [job.python or sys.executable, "-m", "servopt.runjob", str(job_path), str(out_path)]
     start = time.perf_counter()
     ready: dict[str, float] = {}
     with open(log_path, "w") as log:

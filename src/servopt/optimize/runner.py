@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,8 @@ from servopt.optimize.decide import decide, interleave_candidates, pareto_front
 from servopt.optimize.rundir import LeftOut, RunConfig, Summary, load_profile
 from servopt.optimize.targets import Target
 from servopt.optimize.variants import Variant, catalogue, is_linear_heavy, left_out_reason, select
-from servopt.passes.base import BuildContext, build_chain, file_hash, source_artifact
+from servopt.passes.base import BuildContext, cached_artifact, file_hash, source_artifact
+from servopt.passes.build_job import BuildJob
 from servopt.results import append_jsonl, parse_record, read_jsonl, write_json_atomic
 from servopt.runtimes.base import all_libraries, get_runtime
 from servopt.settings import OptimizeSettings
@@ -121,7 +121,14 @@ def optimize(run: Run, progress: Progress | None = None) -> Summary:
         variants=[v.name for v in chosen], protocol=proto.model_dump(),
         data={"eval": run.eval_data.source, "samples": len(run.eval_data), **run.eval_data.meta},
         left_out=[LeftOut(name=v.name, why=left_out_reason(v)) for v in all_variants if v not in chosen], note=run.settings.note))
-    ctx = BuildContext(source=model, calibration=run.calibration, tuning=run.tuning, log=progress.step)
+    saved: dict[str, str | None] = {}
+    for name, data in (("calib", run.calibration), ("tune", run.tuning)):  # for the build processes
+        saved[name] = None
+        if data is not None:
+            data.save(out / "data" / f"{name}.npz")
+            saved[name] = str(out / "data" / f"{name}.npz")
+    ctx = BuildContext(source=model, calibration=run.calibration, tuning=run.tuning, log=progress.step,
+                       calibration_path=saved["calib"], tuning_path=saved["tune"])
     results_path = out / "results.jsonl"
     done = {r["key"]: r for r in read_jsonl(results_path)}
     progress.start(len(chosen))
@@ -156,13 +163,14 @@ def _run_variant(v: Variant, key: str, run: Run, start, eval_path: Path, ctx: Bu
         return base.model_copy(update={"status": "skipped", "error": why})
     work = run.out / "work" / v.name
     t0 = time.perf_counter()
-    try:
-        artifact = build_chain(start, v.chain, run.out / "artifacts", ctx)
-    except Exception as e:  # noqa: BLE001 - a variant that cannot be built is recorded and the sweep goes on
-        msg = e.problem if isinstance(e, UserError) else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        work.mkdir(parents=True, exist_ok=True)
-        (work / "build_error.txt").write_text(traceback.format_exc())
-        return base.model_copy(update={"status": "failed", "stage": "build", "error": f"build failed: {msg}"})
+    artifact = cached_artifact(start, v.chain, run.out / "artifacts")
+    if artifact is None:  # built in a process of its own: a crashing or noisy quantizer cannot take the sweep down
+        ctx.log(f"building {v.name}")
+        built = launch(BuildJob(start=start, chain=base.chain, cache=str(run.out / "artifacts"), source=run.model.ref(),
+                                calibration=ctx.calibration_path, tuning=ctx.tuning_path, env=v.env), work / "build")
+        if built.result is None:
+            return base.model_copy(update={"status": "failed", "stage": "build", "error": f"build failed: {built.error}"})
+        artifact = built.result
     build_s = time.perf_counter() - t0
     ref_outputs = run.out / "reference_outputs.npy"
     is_ref = reference is None

@@ -41,6 +41,8 @@ class BuildContext:
     calibration: Dataset | None = None  # drawn from the validation split
     tuning: Dataset | None = None  # labelled data for accuracy-aware passes (validation split)
     log: Callable[[str], None] = field(default=lambda _m: None)
+    calibration_path: str | None = None  # the same data saved, for a build in another process
+    tuning_path: str | None = None
 
     @property
     def family(self) -> Family:
@@ -108,16 +110,34 @@ def resolve(artifact_dir: Path, start: Artifact) -> Artifact:
         hash=meta["hash"], built_by=meta.get("pass"), params=meta.get("params"), report=meta.get("report"))
 
 
+def _step_dir(artifact: Artifact, name: str, params: dict, cache: Path) -> tuple[Path, PassParams]:
+    """Where one step of a chain is cached: a content hash of its input, the pass and its parameters."""
+    p = get_pass(name)
+    parsed = validate_params(name, params)
+    if artifact.format != p.input_format:
+        raise UserError(f"pass {name} takes {p.input_format}, got {artifact.format}", fix="reorder the chain")
+    key = hashlib.sha256(json.dumps([artifact.hash, name, parsed.model_dump()], sort_keys=True).encode()).hexdigest()[:16]
+    return cache / f"{name}-{key}", parsed
+
+
+def cached_artifact(start: Artifact, chain: list[tuple[str, dict]], cache: Path) -> Artifact | None:
+    """The chain's result when every step is already built, else None (nothing is built)."""
+    artifact = start
+    for name, params in chain:
+        out, _ = _step_dir(artifact, name, params, cache)
+        if not (out / "artifact.json").exists():
+            return None
+        artifact = resolve(out, start)
+    return artifact
+
+
 def build_chain(start: Artifact, chain: list[tuple[str, dict]], cache: Path, ctx: BuildContext) -> Artifact:
     """Apply ``chain`` to ``start``, reusing every step already built under ``cache``."""
     artifact = start
     for name, params in chain:
         p = get_pass(name)
-        parsed = validate_params(name, params)
-        if artifact.format != p.input_format:
-            raise UserError(f"pass {name} takes {p.input_format}, got {artifact.format}", fix="reorder the chain")
-        key = hashlib.sha256(json.dumps([artifact.hash, name, parsed.model_dump()], sort_keys=True).encode()).hexdigest()[:16]
-        out = cache / f"{name}-{key}"
+        out, parsed = _step_dir(artifact, name, params, cache)
+        key = out.name.rsplit("-", 1)[1]
         if not (out / "artifact.json").exists():
             tmp = cache / f".tmp-{name}-{key}"
             shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,34 @@
+"""The entry point of every job process: ``python -m servopt.runjob job.json out.json``.
+
+It sits above every layer so it can know every kind of job: measurement jobs (``bench.jobs``) and builds
+(``passes.build_job``). It writes the typed result, or ``{"job_error": …}`` for a clean, explained failure (the
+launcher records it and the sweep goes on); anything else is a crash the launcher reports with the log's tail.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def main(job_path: str, out_path: str) -> None:
+    started = time.perf_counter()
+    from servopt.bench.jobs import JOB_KINDS
+    from servopt.errors import UserError
+    from servopt.passes import build_job  # noqa: F401  (registers the build job)
+    from servopt.results import write_json_atomic
+
+    raw = json.loads(Path(job_path).read_text())
+    job = JOB_KINDS[raw["kind"]].model_validate(raw)
+    try:
+        result = job.run(started)
+    except UserError as e:
+        write_json_atomic(Path(out_path), {"job_error": e.problem})
+        return
+    write_json_atomic(Path(out_path), result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
