@@ -153,7 +153,8 @@ def test_encoder_spec(minilm_info):
     assert spec.extra["tokenizer"] == str(minilm_info.tokenizer_path) and spec.extra["max_seq_length"] == 256
     assert spec.extra["pooling"] == "mean" and spec.extra["normalize"] is True and spec.extra["pooling_source"] == "modules.json"
     assert spec.inputs[0].concrete_shape(4, {"sequence": 32}) == [4, 32]
-    assert type(spec).from_dict(spec.to_dict()) == spec
+    assert type(spec).model_validate(spec.model_dump()) == spec
+    assert spec.family == "text-embedding" and spec.preprocessing["max_length"] == 256
 
 
 def test_lean_imports_need_no_torch():
