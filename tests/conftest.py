@@ -74,3 +74,39 @@ def channel_mean_onnx(path: Path, size: int = 32) -> Path:
 
 def rng_images(n: int = 4) -> np.ndarray:
     return np.random.default_rng(0).standard_normal((n, 3, 32, 32)).astype(np.float32)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Running:
+    """An ASGI app served by uvicorn in a thread on a free loopback port (``with Running(app) as url: …``)."""
+
+    def __init__(self, app) -> None:
+        import threading
+
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Running:
+        import time
+
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started and time.time() < deadline:
+            time.sleep(0.05)
+        assert self.server.started, "the server did not start"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

@@ -131,6 +131,10 @@ class Family(ABC):
 
     # What clients send over the inference protocol, when it is not the model's own inputs (a text encoder takes
     # strings and tokenizes them here); ``model_inputs`` turns them into the model's, with what it found.
+    def sequence_length(self, feed: dict[str, np.ndarray]) -> int | None:
+        """A request's sequence length, for batching requests of similar length together (None: no such axis)."""
+        return None
+
     def served_inputs(self, spec: ModelSpec) -> list[TensorSpec]:
         return spec.inputs
 

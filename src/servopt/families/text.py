@@ -177,6 +177,9 @@ class TextEmbedding(EmbeddingBase):
             return (reference.pairs.spearman - record.pairs.spearman) * 100
         return super().quality_drop(record, reference)
 
+    def sequence_length(self, feed: dict[str, np.ndarray]) -> int | None:
+        return int(feed["attention_mask"].shape[1]) if "attention_mask" in feed else None
+
     # serving: strings in, tokenized here ----------------------------------------------------------------------
     def served_inputs(self, spec: ModelSpec) -> list[TensorSpec]:
         return [TensorSpec(name="text", dtype="object", shape=["batch"])]

@@ -536,6 +536,9 @@ def export_encoder_onnx(
 
     proto = onnx.load(str(out_path))
     _name_output(proto, tmp_out, out_name)
+    out_dims = proto.graph.output[0].type.tensor_type.shape.dim  # exporters may leave the width symbolic
+    if len(out_dims) == 2 and isinstance(spec.outputs[0].shape[1], int):
+        out_dims[0].dim_param, out_dims[1].dim_value = "batch", int(spec.outputs[0].shape[1])
     from servopt.models.sources import ONNX_META_SPEC
 
     meta = {"task": spec.task, "family": spec.family, "class_names": None, "preprocessing": spec.preprocessing, "text": {

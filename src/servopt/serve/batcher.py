@@ -2,7 +2,12 @@
 
 Requests wait at most ``max_delay_us`` after the first one arrives, to be
 merged into a batch of at most ``max_batch`` samples; a request may carry
-several samples, and each caller gets exactly its own rows back. The queue is
+several samples, and each caller gets exactly its own rows back. For models
+whose inputs have a sequence length (text), a batch is also held to
+``max_batch_tokens`` padded tokens, and requests of similar length are batched
+together (the oldest request always goes first; the others are taken nearest in
+length to it), so short texts are not padded to a long one's length — TEI's
+``max-batch-tokens`` plus the length bucketing it does not do. The queue is
 bounded: when it is full, ``submit`` raises ``QueueFull`` at once (the server
 answers 503 with Retry-After) instead of letting latency grow without bound.
 Model calls run in worker threads, one per model instance, off the event loop.
@@ -45,6 +50,7 @@ class _Pending:
     inputs: dict[str, np.ndarray]
     size: int
     future: asyncio.Future
+    length: int = 0  # sequence length (0: the model has no such axis)
     enqueued: float = field(default_factory=time.perf_counter)
 
 
@@ -85,9 +91,12 @@ def _concatenate(feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 class DynamicBatcher:
     def __init__(self, run_fns: list[Callable[[dict[str, np.ndarray]], np.ndarray]], *,
                  collate: Callable[[list[dict[str, np.ndarray]]], dict[str, np.ndarray]] | None = None, max_batch: int = 32,
-                 max_delay_us: int = 2000, max_queue: int = 256, stats: BatchStats | None = None) -> None:
+                 max_delay_us: int = 2000, max_queue: int = 256, stats: BatchStats | None = None,
+                 length: Callable[[dict[str, np.ndarray]], int | None] | None = None, max_batch_tokens: int | None = None) -> None:
         self.run_fns = run_fns
         self.collate = collate or _concatenate
+        self.length = length or (lambda _feed: None)
+        self.max_batch_tokens = max_batch_tokens
         self.max_batch = max(1, max_batch)
         self.max_delay = max_delay_us / 1e6
         self.max_queue = max_queue
@@ -130,7 +139,7 @@ class DynamicBatcher:
             raise QueueFull("the server is shutting down")
         if self.queued_samples + size > self.max_queue:
             raise QueueFull(f"queue full ({self.queued_samples} samples waiting, limit {self.max_queue})")
-        pending = _Pending(inputs, size, asyncio.get_running_loop().create_future())
+        pending = _Pending(inputs, size, asyncio.get_running_loop().create_future(), self.length(inputs) or 0)
         self.queue.append(pending)
         if arrival is not None:
             arrival.close()
@@ -154,15 +163,39 @@ class DynamicBatcher:
                 await asyncio.wait_for(self._wakeup.wait(), remaining)
             except TimeoutError:
                 break
-        batch, samples = [], 0
-        while self.queue and (not batch or samples + self.queue[0].size <= self.max_batch):
-            p = self.queue.popleft()
-            if p.future.done():  # the caller gave up (timeout): skip its work
+        return self._take()
+
+    def _take(self) -> list[_Pending]:
+        """The next batch: the oldest request, then (FIFO, or nearest in length for sequence models) as many others as
+        fit ``max_batch`` samples and ``max_batch_tokens`` padded tokens."""
+        while self.queue and self.queue[0].future.done():  # callers that gave up (timeout): skip their work
+            self.queued_samples -= self.queue.popleft().size
+        if not self.queue:
+            return []
+        first = self.queue.popleft()
+        batch, samples, longest = [first], first.size, first.length
+        rest = list(self.queue)
+        if first.length:
+            rest.sort(key=lambda p: (abs(p.length - first.length), p.enqueued))
+        taken: set[int] = set()
+        for p in rest:
+            if p.future.done():
+                taken.add(id(p))
                 self.queued_samples -= p.size
                 continue
+            width = max(longest, p.length)
+            if samples + p.size > self.max_batch:
+                if not first.length:
+                    break  # FIFO: no overtaking for models without a sequence axis
+                continue
+            if self.max_batch_tokens and first.length and width * (samples + p.size) > self.max_batch_tokens:
+                continue
             batch.append(p)
-            samples += p.size
-            self.queued_samples -= p.size
+            taken.add(id(p))
+            samples, longest = samples + p.size, width
+        if taken:
+            self.queue = deque(p for p in self.queue if id(p) not in taken)
+        self.queued_samples -= samples
         return batch
 
     async def _worker(self, run_fn: Callable[[dict[str, np.ndarray]], np.ndarray]) -> None:

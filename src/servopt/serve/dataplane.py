@@ -31,6 +31,7 @@ from servopt.serve.protocol import (
     ServerMetadata,
     TensorMetadata,
     datatype_of,
+    decode_json,
 )
 from servopt.settings import ServeSettings
 from servopt.spec import TensorSpec
@@ -60,9 +61,10 @@ class DataPlane:
                 await loop.run_in_executor(None, m.load)
             stats = BatchStats(on_batch=lambda n, secs: (self.metrics.batch.observe(n), self.metrics.compute.observe(secs)),
                                on_queue_wait=self.metrics.queue.observe)
-            fns = [lambda feed, sess=sess: sess.run(feed) for sess in m.sessions]
+            fns = [self._runner(sess) for sess in m.sessions]
             b = DynamicBatcher(fns, collate=m.family.collate, max_batch=s.max_batch if s.batching else 1,
-                               max_delay_us=s.max_delay_us if s.batching else 0, max_queue=s.max_queue, stats=stats)
+                               max_delay_us=s.max_delay_us if s.batching else 0, max_queue=s.max_queue, stats=stats,
+                               length=m.family.sequence_length, max_batch_tokens=s.max_batch_tokens)
             b.start()
             self.batchers[name] = b
         self.ready = True
@@ -71,6 +73,21 @@ class DataPlane:
         """Graceful shutdown: refuse new work, finish what is queued."""
         self.ready = False
         await asyncio.gather(*(b.stop() for b in self.batchers.values()))
+
+    def _runner(self, session):
+        def run(feed: dict[str, np.ndarray]) -> np.ndarray:
+            self._count_tokens(feed)
+            return session.run(feed)
+
+        return run
+
+    def _count_tokens(self, feed: dict[str, np.ndarray]) -> None:
+        """Real and padding tokens of every batch a text model runs (padding waste and tokens/s in /metrics)."""
+        mask = feed.get("attention_mask")
+        if mask is not None:
+            real = int(mask.sum())
+            self.metrics.tokens.labels("real").inc(real)
+            self.metrics.tokens.labels("padding").inc(mask.size - real)
 
     def full(self) -> bool:
         return any(b.depth >= b.max_queue for b in self.batchers.values())
@@ -112,8 +129,12 @@ class DataPlane:
         def meta(t: TensorSpec) -> TensorMetadata:
             return TensorMetadata(name=t.name, datatype=datatype_of(t.dtype), shape=_dims(t.shape))
 
-        return ModelMetadata(name=name, platform=m.backend.triton_platform, inputs=[meta(t) for t in m.spec.inputs],
-                             outputs=[meta(t) for t in m.spec.outputs], parameters=m.parameters)
+        served = m.family.served_inputs(m.spec)
+        params = dict(m.parameters)
+        if served != m.spec.inputs:  # e.g. a text encoder: strings in, tokenized here; its token inputs work too
+            params["also_accepts"] = ", ".join(f"{t.name} ({datatype_of(t.dtype)})" for t in m.spec.inputs)
+        return ModelMetadata(name=name, platform=m.backend.triton_platform, inputs=[meta(t) for t in served],
+                             outputs=[meta(t) for t in m.spec.outputs], parameters=params)
 
     def model_config(self, name: str) -> dict[str, Any]:
         """Triton's model configuration (perf_analyzer reads max_batch_size here); dims exclude the batch axis."""
@@ -124,7 +145,7 @@ class DataPlane:
 
         s = self.settings
         return {"name": name, "platform": m.backend.triton_platform, "max_batch_size": s.max_batch,
-                "input": [triton(t) for t in m.spec.inputs], "output": [triton(t) for t in m.spec.outputs],
+                "input": [triton(t) for t in m.family.served_inputs(m.spec)], "output": [triton(t) for t in m.spec.outputs],
                 "instance_group": [{"count": len(m.sessions) or m.instances, "kind": "KIND_CPU"}],
                 "dynamic_batching": {"max_queue_delay_microseconds": s.max_delay_us} if s.batching else None,
                 "parameters": {k: {"string_value": str(v)} for k, v in m.parameters.items()}}
@@ -136,9 +157,12 @@ class DataPlane:
         self.model(name)
         return self.batchers[name].arrival()
 
-    def validate(self, m: ServedModel, request: InferRequest) -> dict[str, np.ndarray]:
-        """The request's tensors checked against the model's inputs: names, datatypes, shapes, finite values."""
-        expected = {t.name: t for t in m.spec.inputs}
+    def validate(self, m: ServedModel, request: InferRequest) -> tuple[dict[str, np.ndarray], bool]:
+        """The request's tensors checked against what the model is served with (its family's served inputs, e.g. text
+        strings) or its own inputs: names, datatypes, shapes, finite values. True when they are the served inputs."""
+        served = {t.name: t for t in m.family.served_inputs(m.spec)}
+        as_served = any(t.name in served for t in request.inputs) or served.keys() == {t.name for t in m.spec.inputs}
+        expected = served if as_served else {t.name: t for t in m.spec.inputs}
         inputs: dict[str, np.ndarray] = {}
         for tensor in request.inputs:
             name = tensor.name
@@ -151,6 +175,9 @@ class DataPlane:
             if tensor.datatype != want:
                 raise BadRequest(f"input {name!r} has datatype {tensor.datatype}; the model expects {want}")
             shape = tensor.shape
+            if len(spec.shape) == 1 and len(shape) == 2 and shape[1] == 1:  # [n, 1] for a per-sample scalar, as Triton
+                shape = shape[:1]
+                tensor = tensor.model_copy(update={"shape": shape, "data": tensor.data.reshape(shape)})
             if len(shape) != len(spec.shape):
                 raise BadRequest(f"input {name!r} has {len(shape)} dimensions {shape}; the model expects "
                                  f"{len(spec.shape)} {_dims(spec.shape)}")
@@ -169,7 +196,11 @@ class DataPlane:
             raise BadRequest(f"missing input(s) {missing}")
         if len({a.shape[0] for a in inputs.values()}) != 1:
             raise BadRequest(f"inputs disagree on the batch size: {sorted({a.shape[0] for a in inputs.values()})}")
-        return inputs
+        batch = next(iter(inputs.values())).shape[0]
+        if batch > self.settings.max_request_samples:
+            raise BadRequest(f"{batch} samples in one request; this server takes at most {self.settings.max_request_samples}",
+                             status=413)
+        return inputs, as_served and served.keys() != {t.name for t in m.spec.inputs}
 
     async def _run(self, name: str, inputs: dict[str, np.ndarray], arrival: Arrival | None) -> np.ndarray:
         try:
@@ -179,14 +210,43 @@ class DataPlane:
         except TimeoutError as e:
             raise BadRequest(f"the request took longer than {self.settings.request_timeout_s} s", status=504) from e
 
+    async def prepare(self, m: ServedModel, inputs: dict[str, np.ndarray], params: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict]:
+        """The family turns served inputs into the model's (a text encoder tokenizes): CPU work, off the event loop."""
+        try:
+            feed, found = await asyncio.get_running_loop().run_in_executor(None, m.family.model_inputs, m.spec, inputs, params)
+        except UserError as e:
+            raise BadRequest(e.problem + (f" ({e.fix})" if e.fix else "")) from e
+        if found.get("truncated"):
+            self.metrics.truncated.inc(found["truncated"])
+        return feed, found
+
     async def infer(self, name: str, request: InferRequest, arrival: Arrival | None = None) -> InferResponse:
         m = self.model(name)
         self.require_ready()
-        inputs = self.validate(m, request)
+        inputs, served = self.validate(m, request)
         if request.requested_outputs and any(o != m.output_name for o in request.requested_outputs):
             raise BadRequest(f"unknown output(s) {request.requested_outputs}; the model gives {[m.output_name]}")
+        found: dict = {}
+        if served:
+            inputs, found = await self.prepare(m, inputs, request.parameters)
         out = await self._run(name, inputs, arrival)
-        return InferResponse(model_name=name, id=request.id, outputs={m.output_name: out})
+        return InferResponse(model_name=name, id=request.id, outputs={m.output_name: out}, parameters=found)
+
+    async def embed(self, name: str, texts: list[str], truncate: bool = True) -> tuple[np.ndarray, dict]:
+        """Sentence embeddings of ``texts`` (OpenAI's /v1/embeddings and the family's /embed), batched like any
+        request. Refuses models that do not take text."""
+        m = self.model(name)
+        self.require_ready()
+        if m.family.served_inputs(m.spec) == m.spec.inputs or m.spec.task != "embedding":
+            raise BadRequest(f"model {name!r} is not a text encoder")
+        if len(texts) > self.settings.max_request_samples:
+            raise BadRequest(f"{len(texts)} texts in one request; this server takes at most {self.settings.max_request_samples}",
+                             status=413)
+        arr = np.empty(len(texts), dtype=object)
+        arr[:] = texts
+        with self.arrival(name) as arrival:
+            feed, found = await self.prepare(m, {"text": arr}, {"truncate": truncate})
+            return await self._run(name, feed, arrival), found
 
     # the family's convenience endpoint --------------------------------------------------------------------------
     def convenience_route(self, name: str, route: str) -> ServedModel:
@@ -204,10 +264,11 @@ class DataPlane:
                           arrival: Arrival | None = None) -> dict[str, Any]:
         """The family's endpoint: decode (off the event loop: CPU work), batch with everything else, answer."""
         m = self.convenience_route(name, route)
+        payload = decode_json(body) if m.family.convenience_body == "json" else body
         try:
             parsed = m.family.convenience_params(params)
             inputs = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: m.family.convenience_inputs(m.spec, body, self.settings.max_image_pixels))
+                None, lambda: m.family.convenience_inputs(m.spec, payload, self.settings.max_image_pixels))
         except UserError as e:
             raise BadRequest(e.problem + (f" ({e.fix})" if e.fix else "")) from e
         out = await self._run(name, inputs, arrival)

@@ -18,6 +18,9 @@ class Metrics:
         self.compute = Histogram("servopt_compute_seconds", "model execution time per batch", buckets=LATENCY_BUCKETS, registry=r)
         self.batch = Histogram("servopt_batch_size", "samples per model call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
         self.depth = Gauge("servopt_queue_depth", "samples waiting in the batching queues", registry=r)
+        # Text models: tokens per batch, real and padding (waste = padding / real; tokens/s = rate of real).
+        self.tokens = Counter("servopt_tokens", "tokens run by text models, by kind (real, padding)", ["kind"], registry=r)
+        self.truncated = Counter("servopt_truncated_texts", "texts cut to the model's maximum length", registry=r)
 
     def observe_request(self, endpoint: str, code: int | str, seconds: float) -> None:
         self.requests.labels(endpoint, str(code)).inc()

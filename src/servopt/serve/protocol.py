@@ -95,6 +95,7 @@ class InferResponse(BaseModel):
     model_name: str
     id: str | None = None
     outputs: dict[str, Any]  # name → np.ndarray
+    parameters: dict[str, Any] = Field(default_factory=dict)  # e.g. a text model's tokens and truncated texts
 
 
 def decode_json(body: bytes | str) -> Any:
@@ -261,6 +262,8 @@ def encode_rest_response(response: InferResponse, binary: bool) -> tuple[bytes, 
             entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in flat] if is_bytes else flat.tolist()
         header_outputs.append(entry)
     body: dict[str, Any] = {"model_name": response.model_name, "model_version": "1", "outputs": header_outputs}
+    if response.parameters:
+        body["parameters"] = response.parameters
     if response.id is not None:
         body["id"] = response.id
     head = json.dumps(body).encode()

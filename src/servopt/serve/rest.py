@@ -10,10 +10,12 @@ stops the server.
 
 from __future__ import annotations
 
+import base64
 import time
 from contextlib import asynccontextmanager
 from typing import Protocol
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -24,7 +26,7 @@ from servopt import __version__
 from servopt.serve.dataplane import DataPlane
 from servopt.serve.metrics import Metrics
 from servopt.serve.model import ServedModel
-from servopt.serve.protocol import HEADER, BadRequest, decode_rest_request, encode_rest_response
+from servopt.serve.protocol import HEADER, BadRequest, decode_json, decode_rest_request, encode_rest_response
 from servopt.settings import ServeSettings
 
 
@@ -38,7 +40,7 @@ def _known_endpoints() -> set[str]:
     FAMILIES.load()
     routes = {cls.convenience_route for cls in FAMILIES.classes.values() if cls.convenience_route}
     return {"v2", "v2/health/live", "v2/health/ready", "v2/models/{name}", "v2/models/{name}/ready", "v2/models/{name}/config",
-            "v2/models/{name}/infer", "metrics", "docs", "openapi.json", *(f"v2/models/{{name}}/{r}" for r in routes)}
+            "v2/models/{name}/infer", "v1/embeddings", "metrics", "docs", "openapi.json", *(f"v2/models/{{name}}/{r}" for r in routes)}
 
 
 KNOWN_ENDPOINTS = _known_endpoints()
@@ -229,6 +231,38 @@ def create_app(models: dict[str, ServedModel] | DataPlane, settings: ServeSettin
                 plane.check_media_type(m, ctype)
                 body = await read_body(request)
             return await plane.convenience(name, route, body, dict(request.query_params), arrival)
+
+    @app.post("/v1/embeddings")
+    async def openai_embeddings(request: Request):
+        """OpenAI's embeddings API (what LangChain, LlamaIndex and the ``openai`` client speak), on a text encoder:
+        ``{"model", "input": str | [str], "encoding_format": "float" | "base64"}``."""
+        try:
+            doc = decode_json(await read_body(request))
+            if not isinstance(doc, dict):
+                raise BadRequest("the body must be a JSON object with 'model' and 'input'")
+            texts = doc.get("input")
+            texts = [texts] if isinstance(texts, str) else texts
+            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+                raise BadRequest("'input' must be a string or a non-empty list of strings (token arrays are not accepted)")
+            fmt = doc.get("encoding_format", "float")
+            if fmt not in ("float", "base64"):
+                raise BadRequest(f"encoding_format {fmt!r} must be 'float' or 'base64'")
+            name = doc.get("model")
+            if not isinstance(name, str) or name not in plane.models:
+                texts_models = [n for n, m in plane.models.items() if m.spec.task == "embedding"]
+                raise BadRequest(f"unknown model {name!r}; this server embeds with {texts_models}", status=404)
+            dims = doc.get("dimensions")
+            embeddings, found = await plane.embed(name, texts)
+        except BadRequest as e:  # OpenAI's error shape, so its clients raise their usual exceptions
+            return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error", "param": None, "code": e.status}},
+                                status_code=e.status, headers=e.headers)
+        if isinstance(dims, int) and 0 < dims < embeddings.shape[1]:  # Matryoshka-style truncation, renormalized
+            embeddings = embeddings[:, :dims] / (np.linalg.norm(embeddings[:, :dims], axis=1, keepdims=True) + 1e-12)
+        vectors = embeddings.astype("<f4")
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.tobytes()).decode() if fmt == "base64" else v.tolist()} for i, v in enumerate(vectors)]
+        tokens = found.get("tokens", 0)
+        return {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     @app.get("/metrics")
     async def prometheus():
