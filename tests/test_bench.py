@@ -13,9 +13,8 @@ from conftest import channel_mean_onnx, write_color_folder
 from servopt.bench.interference import CpuMonitor
 from servopt.bench.stats import latency_summary, median_ci95, timed_loop
 from servopt.cli import app
-from servopt.families.image import classification_accuracy
+from servopt.families.image import classification_accuracy, format_accuracy
 from servopt.families.metrics import agreement
-from servopt.optimize.report import format_accuracy
 from servopt.results import read_jsonl, validate_result, write_json_atomic
 
 runner = CliRunner()

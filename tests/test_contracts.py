@@ -65,6 +65,9 @@ def test_runtime_contract(name, colour_model, colour_data, tmp_path):
         assert getattr(rt.with_threads(defaults, 1), rt.thread_option) == 1
     if not ok:
         pytest.skip(f"{name} is not available here: {why}")
+    if rt.environment() is not None:
+        assert rt.environment().requirements, "an environment names what it installs"
+        pytest.skip(f"{name} runs in its own Python environment (test_runtime_envs creates it)")
     artifact = _artifact_for(rt, colour_model, tmp_path)
     session = open_session(artifact, name)
     feed = colour_data.slice(0, 4)

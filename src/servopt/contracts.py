@@ -79,6 +79,7 @@ class Environment(Contract):
     platform: str = ""
     libraries: dict[str, str] = Field(default_factory=dict)
     isa_cap: str | None = None  # an instruction-set cap the measurement ran under (oneDNN / ATen)
+    runtime_env: str | None = None  # the runtime's own Python environment it ran in (servopt.envs: name-key)
     session: SessionInfo | None = None
 
 

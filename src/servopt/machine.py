@@ -138,7 +138,8 @@ def environment(session: SessionInfo | None = None, libraries: tuple[str, ...] |
         cores_usable=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         gpu=gpu_present(), gpu_name=gpu_name(), node=socket.gethostname(), python=platform.python_version(),
         platform=platform.platform(), libraries=library_versions(libraries),
-        isa_cap=os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("ATEN_CPU_CAPABILITY"), session=session,
+        isa_cap=os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("ATEN_CPU_CAPABILITY"),
+        runtime_env=os.environ.get("SERVOPT_RUNTIME_ENV"), session=session,
     )
 
 

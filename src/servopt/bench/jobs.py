@@ -62,6 +62,10 @@ class JobBase(Contract):
         """Do the work (in the job's own process); ``started`` is when that process started (perf_counter)."""
         raise NotImplementedError
 
+    def runtimes(self) -> list[str]:
+        """The runtimes this job opens: the launcher runs it in their Python environment when they have one."""
+        return []
+
 
 JOB_KINDS: dict[str, type[JobBase]] = {}
 
@@ -88,6 +92,9 @@ class MeasureJob(JobBase):
     def run(self, started: float) -> Measured:
         return run_measure(self)
 
+    def runtimes(self) -> list[str]:
+        return [self.session.runtime]
+
 
 @register_job
 class ColdStartJob(JobBase):
@@ -101,6 +108,9 @@ class ColdStartJob(JobBase):
 
     def run(self, started: float) -> ColdStart:
         return run_coldstart(self, started)
+
+    def runtimes(self) -> list[str]:
+        return [self.session.runtime]
 
 
 @register_job
@@ -118,6 +128,9 @@ class InterleaveJob(JobBase):
     def run(self, started: float) -> Interleaved:
         return run_interleave(self)
 
+    def runtimes(self) -> list[str]:
+        return [s.runtime for s in self.sessions]
+
 
 @register_job
 class ProfileJob(JobBase):
@@ -133,6 +146,9 @@ class ProfileJob(JobBase):
 
     def run(self, started: float) -> OpProfile:
         return run_profile(self)
+
+    def runtimes(self) -> list[str]:
+        return [self.session.runtime]
 
 
 

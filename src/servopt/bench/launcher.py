@@ -22,8 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from pydantic import ValidationError
+
 from servopt.bench.jobs import READY, JobBase
 from servopt.contracts import Contract
+from servopt.errors import UserError
 
 R = TypeVar("R", bound=Contract)
 SRC = str(Path(__file__).resolve().parents[2])  # servopt's source folder, importable by any interpreter
@@ -58,9 +61,32 @@ def job_env(job: JobBase) -> dict[str, str]:
     return env
 
 
-def write_replay(job: JobBase, workdir: Path) -> Path:
-    python = job.python or sys.executable
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {"PYTHONPATH": SRC, **job.env}.items())
+def interpreter(job: JobBase, progress=lambda _m: None) -> tuple[str, dict[str, str]]:
+    """The interpreter and environment variables to run ``job`` with: this Python, or the environment its runtimes
+    declare (created on first use; ``servopt.envs``). Raises ``UserError`` when that environment cannot be made."""
+    from servopt.envs import job_env as env_for
+    from servopt.runtimes import get_runtime
+
+    envs = [get_runtime(r).environment() for r in dict.fromkeys(job.runtimes())]
+    specs = {s.key(): s for s in envs if s is not None}
+    if not specs:
+        return job.python or sys.executable, job_env(job)
+    if len(specs) > 1 or any(s is None for s in envs):
+        raise UserError(f"the runtimes {sorted(set(job.runtimes()))} need different Python environments: one job cannot run them",
+                        fix="measure them in separate jobs")
+    from servopt.envs import ensure_env
+
+    spec = next(iter(specs.values()))
+    ready = ensure_env(spec, progress)
+    env = env_for(ready, base={**os.environ, **job.env})
+    env["SERVOPT_RUNTIME_ENV"] = f"{ready.name}-{ready.key}"  # recorded in the measurement's environment
+    return str(ready.python), env
+
+
+def write_replay(job: JobBase, workdir: Path, python: str, env_vars: dict[str, str]) -> Path:
+    keep = {k: v for k, v in env_vars.items() if k in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONNOUSERSITE", "SERVOPT_RUNTIME_ENV")
+            or k in job.env}
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in keep.items())
     script = workdir / "replay.sh"
     script.write_text(
         "#!/bin/sh\n"
@@ -77,13 +103,17 @@ def launch(job: JobBase, workdir: Path, timeout_s: float | None = None) -> Launc
     job_path, out_path, log_path = workdir / "job.json", workdir / "out.json", workdir / "job.log"
     out_path.unlink(missing_ok=True)
     job_path.write_text(job.model_dump_json(indent=1))
-    replay = write_replay(job, workdir)
+    try:
+        python, env_vars = interpreter(job)
+    except UserError as e:
+        return Launched(None, JobFailure(error=e.problem, log=str(log_path), replay=""), 0.0)
+    replay = write_replay(job, workdir, python, env_vars)
     timeout = timeout_s or type(job).timeout_s
-    cmd = [job.python or sys.executable, "-m", "servopt.runjob", str(job_path), str(out_path)]
+    cmd = [python, "-m", "servopt.runjob", str(job_path), str(out_path)]
     start = time.perf_counter()
     ready: dict[str, float] = {}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=job_env(job))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env_vars)
 
         def watch() -> None:  # stdout to the log, noting when the READY marker arrives
             assert proc.stdout is not None
@@ -115,4 +145,7 @@ def launch(job: JobBase, workdir: Path, timeout_s: float | None = None) -> Launc
     data = json.loads(out_path.read_text())
     if "job_error" in data:
         return failed(data["job_error"])
-    return Launched(type(job).result_type.model_validate(data), None, wall, ready.get("at"))
+    try:
+        return Launched(type(job).result_type.model_validate(data), None, wall, ready.get("at"))
+    except ValidationError as e:  # the job process ran another servopt (an environment with a stale copy?)
+        return failed(f"the {job.kind} result does not match this servopt's contracts: {str(e).splitlines()[0]}")

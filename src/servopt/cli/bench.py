@@ -56,6 +56,7 @@ def bench(
     threads: Annotated[int | None, typer.Option(help="intra-op threads (default: the runtime's)")] = None,
     batch_size: Annotated[int, typer.Option(help="batch size of the throughput run")] = 32,
     sweep: Annotated[str | None, typer.Option(help="also measure throughput at these batch sizes, e.g. 1,8,64")] = None,
+    grid: Annotated[str | None, typer.Option(help="text encoders: batch×length points, e.g. 1x16,32x128 (default: 1,8,32 × 16,64,128,256)")] = None,
     min_runs: Annotated[int, typer.Option(help="timed single-sample runs, at least")] = 100,
     min_seconds: Annotated[float, typer.Option(help="timed seconds per phase, at least")] = 5.0,
     no_cold_start: Annotated[bool, typer.Option("--no-cold-start", help="skip the cold-start process")] = False,
@@ -70,7 +71,7 @@ def bench(
 
         from servopt.bench.protocol import Protocol
         from servopt.bench.run import bench_model
-        from servopt.cli.common import open_data, open_model, parse_int_list, parse_options
+        from servopt.cli.common import open_data, open_model, parse_grid, parse_int_list, parse_options
         from servopt.cli.display import print_results
         from servopt.results import write_json_atomic
         from servopt.runtimes import get_runtime
@@ -81,8 +82,12 @@ def bench(
         if note:
             console.print(f"[yellow]{note}[/yellow]")
         runtimes = runtime or (["torch", "onnxruntime"] if loaded.is_torch else ["onnxruntime"])
+        from servopt.families import family_of
+
+        family = family_of(loaded.spec)
         proto = Protocol(min_runs=min_runs, min_seconds=min_seconds, batch_size=batch_size,
-                         sweep=parse_int_list(sweep, "--sweep"), cold_start=not no_cold_start, batch_min_seconds=min_seconds)
+                         sweep=parse_int_list(sweep, "--sweep"), cold_start=not no_cold_start, batch_min_seconds=min_seconds,
+                         grid=parse_grid(grid) if grid else list(family.bench_grid), length_batching=dataset.lengths is not None)
         given = parse_options(option) | ({"graph_optimization_level": graph_level} if graph_level else {})
         opts: dict[str, dict] = {}
         for name in runtimes:  # each runtime takes the options it declares; one no runtime declares is an error
@@ -97,7 +102,16 @@ def bench(
         with console.status("measuring…") as status:
             report = bench_model(loaded, dataset, runtimes, proto, wd, runtime_options=opts, opset=opset,
                                  on_progress=lambda m: status.update(m))
-        print_results(report.results, console=console)
+        print_results(report.results, console=console, family=family)
+        if any(r.grid for r in report.results):
+            from servopt.optimize.report import grid_table
+
+            table = grid_table(report.results)
+            console.print("throughput by batch×length (samples/s): " + "; ".join(
+                f"{name}: " + ", ".join(f"{p} {v}" for p, v in zip(table.points, values, strict=True)) for name, values in table.rows))
+            for b in table.batching:
+                console.print(f"{b[0]} on the real texts: {b[1]}/s in arrival order, {b[2]}/s sorted by length "
+                              f"(padding waste {b[3]} vs {b[4]})")
         if report.export:
             ex = report.export
             console.print(f"exported with the {ex['exporter']} exporter (opset {ex['opset']}); "

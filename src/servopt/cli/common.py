@@ -20,6 +20,17 @@ def parse_int_list(text: str | None, what: str) -> list[int]:
     return values
 
 
+def parse_grid(text: str) -> list[tuple[int, int]]:
+    """``1x16,32x128`` → [(1, 16), (32, 128)] (batch × sequence length)."""
+    points = []
+    for item in text.split(","):
+        b, _, n = item.strip().lower().partition("x")
+        if not (b.isdigit() and n.isdigit() and int(b) > 0 and int(n) > 0):
+            raise UserError(f"--grid point {item!r} is not BATCHxLENGTH", fix="e.g. --grid 1x16,32x128")
+        points.append((int(b), int(n)))
+    return points
+
+
 def parse_input_shapes(items: list[str] | None) -> dict[str, list[int]] | None:
     if not items:
         return None

@@ -25,13 +25,14 @@ def flags(r: Record) -> str:
     return " ".join(out)
 
 
-def results_table(results: list[Record], title: str = "servopt bench") -> Table:
-    from servopt.optimize.report import format_accuracy
+def results_table(results: list[Record], title: str = "servopt bench", family=None) -> Table:
+    from servopt.families.image import format_accuracy
 
+    describe = family.describe_quality if family is not None else (lambda r: format_accuracy(r.accuracy))
     t = Table(title=title, title_style="bold")
-    for col in ("model", "runtime", "size MB", "accuracy (top-1)", "agree", "p50 ms", "p95 ms", "p99 ms",
+    for col in ("model", "runtime", "size MB", "quality", "agree", "p50 ms", "p95 ms", "p99 ms",
                 "1-sample /s", "batch /s", "cold s", "RSS MB", "notes"):
-        t.add_column(col, justify="left" if col in ("model", "runtime", "accuracy (top-1)", "notes") else "right")
+        t.add_column(col, justify="left" if col in ("model", "runtime", "quality", "notes") else "right")
     for r in results:
         if r.status != "ok":
             t.add_row(escape(r.name), r.runtime, *["—"] * 10, f"[red]{r.status}: {escape(str(r.error))}[/red]")
@@ -40,7 +41,7 @@ def results_table(results: list[Record], title: str = "servopt bench") -> Table:
         agr = r.agreement
         agree = agr.top1_agreement if agr and agr.top1_agreement is not None else (agr.cosine_mean if agr else None)
         t.add_row(
-            escape(r.name), r.runtime, _f(r.size_mb), format_accuracy(r.accuracy), _f(agree * 100 if agree is not None else None, "{:.1f}%"),
+            escape(r.name), r.runtime, _f(r.size_mb), describe(r), _f(agree * 100 if agree is not None else None, "{:.1f}%"),
             _f(lat.p50 if lat else None), _f(lat.p95 if lat else None), _f(lat.p99 if lat else None),
             _f(tp.single if tp else None, "{:.0f}"), _f(tp.batch if tp else None, "{:.0f}") + f" (×{r.batch_size})",
             _f(r.cold_start_s), _f(r.peak_rss_mb, "{:.0f}"), flags(r),
@@ -48,8 +49,8 @@ def results_table(results: list[Record], title: str = "servopt bench") -> Table:
     return t
 
 
-def print_results(results: list[Record], title: str = "servopt bench", console: Console | None = None) -> None:
-    (console or wide_console()).print(results_table(results, title))
+def print_results(results: list[Record], title: str = "servopt bench", console: Console | None = None, family=None) -> None:
+    (console or wide_console()).print(results_table(results, title, family))
 
 
 def wide_console() -> Console:

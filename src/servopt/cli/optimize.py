@@ -59,8 +59,8 @@ def print_summary(summary, records) -> None:
     config = load_config(Path(summary.run_dir))
     family = family_of(config.spec) if config else None
     t = Table(title="every variant", title_style="bold")
-    for col in ("variant", "status", "size MB", "accuracy", "Δ pts", "precision", "p50 ms", "p99 ms", "batch/s", "cold s", "notes"):
-        t.add_column(col, justify="left" if col in ("variant", "status", "accuracy", "precision", "notes") else "right")
+    for col in ("variant", "status", "size MB", "quality", "Δ pts", "precision", "p50 ms", "p99 ms", "batch/s", "cold s", "notes"):
+        t.add_column(col, justify="left" if col in ("variant", "status", "quality", "precision", "notes") else "right")
     for r in variant_rows(records, ref, summary.pareto_front, family) if family else []:
         status = {"ok": "[green]ok[/green]", "failed": "[red]failed[/red]", "skipped": "[yellow]skipped[/yellow]"}[r.status]
         note = escape(r.error[:70]) if r.error else r.notes
@@ -245,21 +245,27 @@ def demo(
     variants: VariantsOpt = None,
     include_all: IncludeAllOpt = False,
     quiet: QuietOpt = False,
+    text: Annotated[bool, typer.Option("--text", help="the sentence-encoder demo: all-MiniLM-L6-v2 on the shipped texts and pairs")] = False,
 ) -> None:
     """The built-in demo: a MobileNetV2 trained (once) on the digits stand-in for Food-11, optimized for three targets
-    (run directory runs/demo)."""
+    (run directory runs/demo); with --text, all-MiniLM-L6-v2 on servopt's sample sentences and pairs (runs/demo-text)."""
 
     def go() -> None:
-        from servopt.demo import ensure_demo
+        from servopt.demo import ensure_demo, ensure_text_demo
         from servopt.models.sources import load_model
 
-        data_root, weights, training = ensure_demo(log=console.print)
-        note = ("demo: MobileNetV2 trained on scikit-learn's handwritten digits, standing in for Food-11 "
-                f"(no download possible here); validation top-1 {training['validation_top1']:.2%}")
+        if text:
+            folder, data_raw, note = ensure_text_demo()
+            loaded, default_out = load_model(folder), Path("runs/demo-text")
+        else:
+            data_root, weights, training = ensure_demo(log=console.print)
+            note = ("demo: MobileNetV2 trained on scikit-learn's handwritten digits, standing in for Food-11 "
+                    f"(no download possible here); validation top-1 {training['validation_top1']:.2%}")
+            loaded, default_out = load_model(weights, arch="mobilenet_v2"), Path("runs/demo")
+            data_raw = {"data": data_root, "split": "evaluation"}
         if not quiet:
             console.print(note)
-        settings = optimize_settings(out=out or Path("runs/demo"), targets=targets, variants=variants, include_all=include_all,
-                                     note=note)
-        run_optimize(load_model(weights, arch="mobilenet_v2"), {"data": data_root, "split": "evaluation"}, settings, quiet, False)
+        settings = optimize_settings(out=out or default_out, targets=targets, variants=variants, include_all=include_all, note=note)
+        run_optimize(loaded, data_raw, settings, quiet, False)
 
     run_cli(go)

@@ -60,6 +60,8 @@ class Family(ABC):
     convenience_media_types: ClassVar[tuple[str, ...]] = ()
     convenience_accepts: ClassVar[str] = ""  # what the endpoint takes, in words (for a 415)
     convenience_body: ClassVar[str] = "bytes"  # "json": the data plane decodes the body before the family sees it
+    sweep_grid: ClassVar[tuple[tuple[int, int], ...]] = ()  # (batch, sequence length) points an optimize sweep measures
+    bench_grid: ClassVar[tuple[tuple[int, int], ...]] = ()  # … and `servopt bench`
     no_data_note: ClassVar[str] = "no data: inputs are made from the model's signature; only agreement with the original is measured"
 
     def data_options(self, raw: dict[str, Any]) -> DataOptions:
@@ -120,6 +122,10 @@ class Family(ABC):
     @abstractmethod
     def quality_drop(self, record: Record, reference: Record | None) -> float | None:
         """Points of quality lost against the original (what targets bound as ``max_accuracy_drop``)."""
+
+    @abstractmethod
+    def describe_quality(self, record: Record) -> str:
+        """The quality figures of a record in a few words (report tables)."""
 
     @abstractmethod
     def tuning_score(self, outputs: np.ndarray, data: Dataset, float_outputs: np.ndarray) -> float:
@@ -189,5 +195,15 @@ class EmbeddingBase(Family):
 
     def tuning_metric(self, data: Dataset) -> str:
         return "mean cosine similarity to float"
+
+    def describe_quality(self, record: Record) -> str:
+        agr, parts = record.agreement, []
+        if agr and agr.cosine_mean is not None:
+            parts.append(f"cos {agr.cosine_mean:.4f} (min {agr.cosine_min:.3f})")
+        if agr and agr.retrieval_top10 is not None:
+            parts.append(f"top-10 {agr.retrieval_top10:.2f}")
+        if record.pairs:
+            parts.append(f"ρ {record.pairs.spearman:.3f}")
+        return ", ".join(parts) or ("original" if agr is None and record.status == "ok" else "n/a")
 
 

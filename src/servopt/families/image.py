@@ -34,6 +34,13 @@ class ImageDataOptions(DataOptions):
     std: tuple[float, float, float] | None = None
 
 
+def format_accuracy(acc: Accuracy | None) -> str:
+    if not acc:
+        return "n/a"
+    ties = f", {acc.ties} tied" if acc.ties else ""
+    return f"{acc.top1 * 100:.2f}% ({acc.correct}/{acc.total} correct{ties})"
+
+
 def classification_accuracy(outputs: np.ndarray, labels: np.ndarray) -> Accuracy:
     """Top-1/top-5 against labels. A tie for the top score counts as ``numpy.argmax`` does (the first index:
     a stable sort keeps it first), and ties are counted: quantized models produce exact ties more often."""
@@ -127,6 +134,9 @@ class ImageClassification(Family):
         """Top-1 accuracy on labels, or top-1 agreement with the float model without them."""
         truth = data.labels if data.labels is not None else float_outputs.argmax(1)
         return float((outputs.argmax(1) == truth).mean())
+
+    def describe_quality(self, record: Record) -> str:
+        return format_accuracy(record.accuracy)
 
     def tuning_metric(self, data: Dataset) -> str:
         return "top1" if data.labels is not None else "top1 agreement with float"

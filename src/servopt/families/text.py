@@ -79,6 +79,8 @@ class TextEmbedding(EmbeddingBase):
     convenience_media_types = ("application/json", "")
     convenience_accepts = 'JSON: {"texts": ["…", …]}'
     convenience_body = "json"
+    sweep_grid = ((1, 16), (1, 128), (32, 16), (32, 128))
+    bench_grid = tuple((b, n) for b in (1, 8, 32) for n in (16, 64, 128, 256))
     no_data_note = "no --texts: servopt's shipped sample sentences and pairs are used (pass --texts/--pairs for your own)"
 
     def has_data(self, options: TextDataOptions) -> bool:

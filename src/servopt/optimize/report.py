@@ -17,7 +17,7 @@ import numpy as np
 from jinja2 import Environment
 from markupsafe import Markup
 
-from servopt.contracts import Accuracy, Interleaved, Record
+from servopt.contracts import Interleaved, Record
 from servopt.families.base import Family, family_of
 from servopt.machine import CpuFeatures, isa_rank
 from servopt.optimize.rundir import Summary, load_config, load_profile
@@ -26,13 +26,6 @@ from servopt.results import write_text_atomic
 
 def _n(v: float | None, fmt: str = "{:.2f}") -> str:
     return "—" if v is None else fmt.format(v)
-
-
-def format_accuracy(acc: Accuracy | None) -> str:
-    if not acc:
-        return "n/a"
-    ties = f", {acc.ties} tied" if acc.ties else ""
-    return f"{acc.top1 * 100:.2f}% ({acc.correct}/{acc.total} correct{ties})"
 
 
 @dataclass
@@ -111,7 +104,7 @@ def variant_rows(records: list[Record], reference: Record | None, pareto: list[s
             notes.append("Pareto")
         rows.append(VariantRow(
             name=r.name, group=r.group or "", status=r.status, error=r.error or "", size=_n(r.size_mb),
-            accuracy=format_accuracy(r.accuracy), drop=_n(drop, "{:+.2f}") if drop is not None else "—",
+            accuracy=family.describe_quality(r), drop=_n(drop, "{:+.2f}") if drop is not None else "—",
             agree=_n(agr * 100 if agr is not None else None, "{:.1f}%"), p50=_n(lat.p50 if lat else None),
             p95=_n(lat.p95 if lat else None), p99=_n(lat.p99 if lat else None), batch=_n(tp.batch if tp else None, "{:.0f}"),
             cold=_n(r.cold_start_s), rss=_n(r.peak_rss_mb, "{:.0f}"), precision=precision_of(r), notes=", ".join(notes),
@@ -268,8 +261,21 @@ Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
 |---|---|---|---|---|---|
 {% for r in c.rows %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.capped }} |
 {% endfor %}{% endfor %}
+## Data
+{% for line in data %}- {{ line }}
+{% endfor %}{% if grid %}
+## Throughput by batch × sequence length (samples/s)
+| variant |{% for p in grid.points %} {{ p }} |{% endfor %}
+|---|{% for p in grid.points %}---|{% endfor %}
+{% for name, values in grid.rows %}| {{ name }} |{% for v in values %} {{ v }} |{% endfor %}
+{% endfor %}{% if grid.batching %}
+Real texts, batch {{ 32 }}: arrival order vs sorted by length
+| variant | first-come/s | sorted/s | padding waste first-come | padding waste sorted |
+|---|---|---|---|---|
+{% for b in grid.batching %}| {{ b[0] }} | {{ b[1] }} | {{ b[2] }} | {{ b[3] }} | {{ b[4] }} |
+{% endfor %}{% endif %}{% endif %}
 ## Every variant
-| variant | status | size MB | accuracy | Δ points | agree | precision ran | p50 | p95 | p99 | batch/s | cold s | RSS MB | notes |
+| variant | status | size MB | quality | Δ points | agree | precision ran | p50 | p95 | p99 | batch/s | cold s | RSS MB | notes |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {% for r in rows %}| {{ r.name }} | {{ r.status }}{% if r.error %}: {{ r.error }}{% endif %} | {{ r.size }} | {{ r.accuracy }} | {{ r.drop }} | {{ r.agree }} | {{ r.precision }} | {{ r.p50 }} | {{ r.p95 }} | {{ r.p99 }} | {{ r.batch }} | {{ r.cold }} | {{ r.rss }} | {{ r.notes }} |
 {% endfor %}
@@ -323,8 +329,14 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 <table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>held to {{ c.isa }}</th></tr>
 {% for r in c.rows %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.capped }}</td></tr>{% endfor %}</table>{% endfor %}
 <h2>Latency against accuracy</h2>{% if charts.scatter %}{{ charts.scatter }}{% else %}<p class="muted">charts need matplotlib (pip install servopt[report])</p>{% endif %}
+<h2>Data</h2><ul>{% for line in data %}<li>{{ line }}</li>{% endfor %}</ul>
+{% if grid %}<h2>Throughput by batch × sequence length</h2><p class="muted">samples/s on real token ids, every row the full length</p>
+<table><tr><th>variant</th>{% for p in grid.points %}<th>{{ p }}</th>{% endfor %}</tr>
+{% for name, values in grid.rows %}<tr><td>{{ name }}</td>{% for v in values %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</table>
+{% if grid.batching %}<h3>Real texts: arrival order vs sorted by length</h3><table><tr><th>variant</th><th>first-come/s</th><th>sorted/s</th><th>padding waste first-come</th><th>padding waste sorted</th></tr>
+{% for b in grid.batching %}<tr><td>{{ b[0] }}</td><td>{{ b[1] }}</td><td>{{ b[2] }}</td><td>{{ b[3] }}</td><td>{{ b[4] }}</td></tr>{% endfor %}</table>{% endif %}{% endif %}
 <h2>Every variant</h2>
-<table><tr><th>variant</th><th>status</th><th>size MB</th><th>accuracy</th><th>Δ pts</th><th>agree</th><th>precision ran</th><th>p50</th><th>p95</th><th>p99</th><th>batch/s</th><th>cold s</th><th>RSS MB</th><th>notes</th></tr>
+<table><tr><th>variant</th><th>status</th><th>size MB</th><th>quality</th><th>Δ pts</th><th>agree</th><th>precision ran</th><th>p50</th><th>p95</th><th>p99</th><th>batch/s</th><th>cold s</th><th>RSS MB</th><th>notes</th></tr>
 {% for r in rows %}<tr><td title="{{ r.description }}">{{ r.name }}</td><td class="l {{ 'pass' if r.status == 'ok' else 'fail' if r.status == 'failed' else 'nm' }}" title="{{ r.error }}">{{ r.status }}{% if r.error %}<br><span class="muted">{{ r.error[:140] }}</span>{% endif %}</td>
 <td>{{ r.size }}</td><td class="l">{{ r.accuracy }}</td><td>{{ r.drop }}</td><td>{{ r.agree }}</td><td class="l">{{ r.precision }}</td><td>{{ r.p50 }}</td><td>{{ r.p95 }}</td><td>{{ r.p99 }}</td><td>{{ r.batch }}</td><td>{{ r.cold }}</td><td>{{ r.rss }}</td><td class="l">{{ r.notes }}</td></tr>{% endfor %}</table>
 <p class="muted">Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}</p>
@@ -344,6 +356,43 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 <p class="muted">Include them with <code>--variants NAME</code> (globs and group names work) or <code>--include-all</code>.</p>{% endif %}
 <h2>Environment</h2><pre>{{ environment }}</pre>
 </body></html>"""
+
+
+@dataclass
+class GridTable:
+    """Throughput (samples/s) per variant at each batch × sequence length, and on the real texts by batching order."""
+
+    points: list[str]
+    rows: list[tuple[str, list[str]]]
+    batching: list[tuple[str, str, str, str, str]]  # variant, first-come/s, sorted/s, waste first-come, waste sorted
+
+
+def grid_table(records: list[Record]) -> GridTable | None:
+    with_grid = [r for r in records if r.status == "ok" and (r.grid or r.length_batching)]
+    if not with_grid:
+        return None
+    points = list(dict.fromkeys(f"{g.batch}×{g.sequence}" for r in with_grid for g in r.grid or []))
+    rows = [(r.name, [next((f"{g.throughput_ips:.0f}" for g in r.grid or [] if f"{g.batch}×{g.sequence}" == p), "—") for p in points])
+            for r in with_grid]
+    batching = [(r.name, f"{b.first_come_ips:.0f}", f"{b.sorted_ips:.0f}", f"{b.first_come_waste:.2f}", f"{b.sorted_waste:.2f}")
+                for r in with_grid if (b := r.length_batching)]
+    return GridTable(points=points, rows=rows, batching=batching)
+
+
+def data_lines(data: dict) -> list[str]:
+    """What the evaluation data was, in a few lines (text models: the token length distribution and padding)."""
+    lines = [f"evaluation data: {data.get('eval', '?')} ({data.get('samples', '?')} samples)"]
+    tokens = data.get("tokens")
+    if tokens:
+        lines.append(f"token lengths: p50 {tokens['p50']:.0f}, p95 {tokens['p95']:.0f}, max {tokens['max']} "
+                     f"(model limit {tokens['max_length']}); {tokens['truncated']} of {tokens['count']} texts truncated")
+    waste = data.get("padding_waste_b32")
+    if waste:
+        lines.append(f"padding at batch 32: {waste['first_come']:.2f} padded tokens per real token in arrival order, "
+                     f"{waste['sorted']:.2f} sorted by length")
+    if data.get("pairs"):
+        lines.append(f"{data['pairs']} scored pairs (Spearman of cosine with the scores)")
+    return lines
 
 
 def machine_line(summary: Summary) -> str:
@@ -371,6 +420,7 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
         "rows": variant_rows(records, reference, summary.pareto_front, family), "pareto": summary.pareto_front,
         "profiles": profiles, "search": search, "left_out": config.left_out if config else [],
         "environment": env_json, "note": config.note if config else "",
+        "data": data_lines(config.data) if config else [], "grid": grid_table(records),
     }
     write_text_atomic(out / "report.md", Environment(autoescape=False).from_string(MD).render(**ctx))
     svgs = {k: Markup(v) for k, v in charts(records, reference, summary.pareto_front, family, picks).items()}  # our own SVG

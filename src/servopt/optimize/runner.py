@@ -79,7 +79,11 @@ class Run:
 
     @property
     def protocol(self) -> Protocol:
-        return Protocol.quick() if self.settings.quick else sweep_protocol()
+        """The sweep's protocol, with the family's own axes (a text encoder's batch × length grid, real texts batched
+        in arrival order and sorted by length)."""
+        base = Protocol.quick() if self.settings.quick else sweep_protocol()
+        grid = list(self.family.sweep_grid[:2] if self.settings.quick else self.family.sweep_grid)
+        return base.model_copy(update={"grid": grid, "length_batching": self.eval_data.lengths is not None})
 
     @property
     def interleave_protocol(self) -> Protocol:

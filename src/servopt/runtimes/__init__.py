@@ -1,7 +1,7 @@
 """Runtimes, registered by name. Importing this package registers the built-ins;
 each imports its framework only when a session is opened."""
 
-from servopt.runtimes import onnxruntime_runtime, openvino_runtime, torch_runtime  # noqa: F401
+from servopt.runtimes import onnxruntime_openvino, onnxruntime_runtime, openvino_runtime, torch_runtime  # noqa: F401
 from servopt.runtimes.base import (
     RUNTIMES,
     Runtime,

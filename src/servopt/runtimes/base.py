@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servopt.contracts import Artifact, OpProfile, OpTime, SessionInfo
+from servopt.envs import EnvSpec
 from servopt.errors import UserError
 from servopt.registry import Registry
 
@@ -91,6 +92,11 @@ class Runtime(ABC):
         if threads is None or self.thread_option is None:
             return options
         return options.model_copy(update={self.thread_option: threads})
+
+    def environment(self) -> EnvSpec | None:
+        """A Python environment of its own (``servopt.envs``) when its build cannot share one with the others
+        (``onnxruntime-openvino`` and ``onnxruntime-gpu`` overwrite the plain ``onnxruntime``); None: this one."""
+        return None
 
     def isa_cap_env(self, level: str) -> dict[str, str] | None:
         """Environment variables that hold this runtime to an instruction-set ``level`` (``avx2`` … ``amx``), or None

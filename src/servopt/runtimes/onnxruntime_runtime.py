@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import defaultdict
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -141,11 +142,20 @@ class OnnxRuntimeCuda(OnnxRuntime):
     requirements = ("onnxruntime-gpu",)
     default_providers = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
-    def available(self) -> tuple[bool, str]:
-        import onnxruntime as ort
+    def environment(self):
+        """``onnxruntime-gpu`` in an environment of its own, so a GPU host never has the CPU build overwritten."""
+        return _gpu_environment()
 
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            return False, "onnxruntime here has no CUDA provider (install onnxruntime-gpu on a GPU machine)"
+    def available(self) -> tuple[bool, str]:
         if not gpu_present():
             return False, "no NVIDIA GPU on this machine"
         return True, ""
+
+
+@lru_cache(maxsize=1)
+def _gpu_environment():
+    from importlib import metadata
+
+    from servopt.envs import runtime_spec
+
+    return runtime_spec("ort-gpu", [f"onnxruntime-gpu=={metadata.version('onnxruntime')}"])
