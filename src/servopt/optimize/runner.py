@@ -198,7 +198,9 @@ def run_interleave(run: Run, names: list[str], records: list[Record], eval_path:
     by_name = {r.name: r for r in records if r.status == "ok"}
     if REFERENCE_ORT not in by_name:
         return None
-    names = [n for n in names if n in by_name and n != REFERENCE_ORT] + [REFERENCE_ORT]
+    # One process runs them all: a runtime living in its own Python environment cannot join (its sweep figures stand).
+    names = [n for n in names if n in by_name and n != REFERENCE_ORT and get_runtime(by_name[n].runtime).environment() is None]
+    names.append(REFERENCE_ORT)
     caps = {n: get_runtime(by_name[n].runtime).isa_cap_env(isa) if isa else None for n in names}
     cache_key = json.dumps([sorted(str(by_name[n].key) for n in names), run.interleave_rounds,
                             run.interleave_protocol.model_dump(), isa])

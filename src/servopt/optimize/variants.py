@@ -48,6 +48,21 @@ def _static(fmt: str, act: str, wt: str, method: str = "MinMax", per_channel: bo
             "calibrate_method": method, "calibration_samples": samples}
 
 
+OWN_ENV = ("runs in an environment of its own (onnxruntime-openvino, about 500 MB, created on first use): "
+           "opt in with --variants 'ortep-openvino-*'")
+
+
+def ortep_openvino(export: list[tuple[str, dict]]) -> list[Variant]:
+    """ONNX Runtime's OpenVINO execution provider on the fp32 and the QDQ INT8 model, both hints: what the flexible
+    hardware tutorial switches to by changing only the provider list (opt in: its own environment)."""
+    qdq = [*export, ("ort-quantize-static", _static("QDQ", "S8", "S8"))]
+    return [Variant(f"ortep-openvino-{what}{suffix}", "openvino-ep", "onnxruntime-openvino", chain, {"hint": hint},
+                    default=False, left_out_why=OWN_ENV,
+                    description=f"ONNX Runtime + OpenVINO execution provider (CPU, FP32 precision), {what} model, {hint} hint")
+            for what, chain in (("fp32", export), ("int8-qdq", qdq))
+            for suffix, hint in (("", "LATENCY"), ("-throughput", "THROUGHPUT"))]
+
+
 def _when(condition: bool, why: str) -> dict:
     """``default`` and the reason it is off, for a variant that only pays on some CPUs."""
     return {"default": condition, "left_out_why": "" if condition else why}
@@ -143,6 +158,7 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
                 {"hint": "LATENCY"}, description="OpenVINO running ORT's QDQ INT8 model, LATENCY hint"),
         Variant("ov-int8-qdq-throughput", "openvino", "openvino", [*export, ("ort-quantize-static", _static("QDQ", "S8", "S8"))],
                 {"hint": "THROUGHPUT"}, description="OpenVINO running ORT's QDQ INT8 model, THROUGHPUT hint (parallel requests)"),
+        *ortep_openvino(export),
         Variant("nncf-int8-latency", "openvino", "openvino", [*export, ("nncf-quantize", {})], {"hint": "LATENCY"},
                 description="NNCF post-training INT8 (defaults), OpenVINO LATENCY hint" + (" (AMX-INT8 tiles)" if cpu.amx else "")),
         Variant("nncf-int8-throughput", "openvino", "openvino", [*export, ("nncf-quantize", {})], {"hint": "THROUGHPUT"},
@@ -226,6 +242,7 @@ def text_catalogue(model: LoadedModel, *, accuracy_drop: float, cpu: CpuFeatures
                 description="OpenVINO bf16, LATENCY hint", **_when(cpu.bf16, NO_BF16)),
         Variant("ov-bf16-throughput", "openvino", "openvino", [*export, ("openvino-convert", {})],
                 {"hint": "THROUGHPUT", "precision": "bf16"}, description="OpenVINO bf16, THROUGHPUT hint", **_when(cpu.bf16, NO_BF16)),
+        *ortep_openvino(export),
         Variant("nncf-int8-latency", "openvino", "openvino", [*export, ("nncf-quantize", {"model_type": "transformer"})],
                 {"hint": "LATENCY"}, description="NNCF INT8 with the transformer model type, OpenVINO LATENCY hint"),
         Variant("nncf-int8-throughput", "openvino", "openvino", [*export, ("nncf-quantize", {"model_type": "transformer"})],

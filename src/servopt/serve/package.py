@@ -104,6 +104,18 @@ def _pin(name: str) -> str:
         return name
 
 
+def requirements_of(model: ServedModel) -> list[str]:
+    """What the deployable installs: for a runtime with an environment of its own, that environment's exact packages
+    (it is what was measured), plus the serving packages pinned as installed here."""
+    spec = model.backend.environment()
+    if spec is None:
+        return [_pin(n) for n in (*model.backend.requirements, *SERVE_REQUIREMENTS)]
+    from servopt.envs import ensure_env
+
+    exact = {name: version for name, version in ensure_env(spec).packages.items() if name not in ("pip", "setuptools", "wheel")}
+    return [f"{n}=={v}" for n, v in sorted(exact.items())] + [_pin(n) for n in SERVE_REQUIREMENTS if n not in exact]
+
+
 def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not empty", fix="choose a new --out folder or remove it")
@@ -114,7 +126,7 @@ def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
     (out / "model").mkdir()
     for f in artifact_files(model.artifact):
         shutil.copy2(f, out / "model" / f.name)
-    requirements = [_pin(n) for n in (*model.backend.requirements, *SERVE_REQUIREMENTS)]
+    requirements = requirements_of(model)
     manifest = Manifest(servopt=__version__, name=model.name, runtime=model.runtime, runtime_options=model.options,
                         artifact_file=f"model/{src.name}", artifact_format=model.artifact.format, spec=model.spec,
                         parameters=model.parameters, requirements=requirements,

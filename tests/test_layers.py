@@ -1,0 +1,79 @@
+"""ARCHITECTURE.md's layer table is true: every module imports only modules of its own layer or the layers above."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "servopt"
+
+
+def layers() -> dict[str, int]:
+    """Module path prefix (relative to src/servopt) → layer number, from the table in ARCHITECTURE.md."""
+    table: dict[str, int] = {}
+    for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines():
+        m = re.match(r"\|\s*(\d+)\s*\|[^|]*\|([^|]*)\|", line)
+        if m:
+            for path in re.findall(r"`([^`]+)`", m.group(2)):
+                table[path.rstrip("/")] = int(m.group(1))
+    return table
+
+
+def layer_of(rel: str, table: dict[str, int]) -> int | None:
+    """The layer of a module path like ``serve/rest.py`` or a package ``serve``."""
+    best = None
+    for prefix, n in table.items():
+        if rel == prefix or rel.startswith(prefix.removesuffix(".py") + "/") or rel.removesuffix(".py") == prefix.removesuffix(".py"):
+            if best is None or len(prefix) > len(best[0]):
+                best = (prefix, n)
+    return best[1] if best else None
+
+
+def module_path(name: str) -> str | None:
+    """``servopt.serve.rest`` → ``serve/rest.py`` (or the package folder)."""
+    parts = name.split(".")[1:]
+    if not parts:
+        return None
+    candidate = SRC.joinpath(*parts)
+    if candidate.with_suffix(".py").exists():
+        return "/".join(parts) + ".py"
+    if candidate.is_dir():
+        return "/".join(parts)
+    return "/".join(parts[:-1]) if len(parts) > 1 else None  # `from servopt.x import name`
+
+
+def imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("servopt")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("servopt") and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names if module_path(f"{node.module}.{a.name}")}
+    return out
+
+
+def test_every_module_is_in_a_layer():
+    table = layers()
+    assert len(table) > 20, "the table was not found in ARCHITECTURE.md"
+    missing = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+               if layer_of(str(p.relative_to(SRC)), table) is None and p.name != "__init__.py" and "proto" not in p.parts]
+    assert not missing, f"modules in no layer of ARCHITECTURE.md: {missing}"
+
+
+def test_no_module_imports_a_lower_layer():
+    table = layers()
+    violations = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = str(path.relative_to(SRC))
+        mine = layer_of(rel, table)
+        if mine is None:
+            continue
+        for name in imports(path):
+            target = module_path(name)
+            theirs = layer_of(target, table) if target else None
+            if theirs is not None and theirs > mine:
+                violations.append(f"{rel} (layer {mine}) imports {name} (layer {theirs})")
+    assert not violations, "\n".join(violations)

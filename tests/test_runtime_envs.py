@@ -1,0 +1,84 @@
+"""Runtimes in Python environments of their own, end to end: the OpenVINO execution provider measured here (its
+environment created from PyPI on first use, reused after), a runtime whose environment cannot be made recorded as
+failed while the sweep goes on, and `servopt env list`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import channel_mean_onnx
+from servopt.bench.jobs import MeasureJob, OpenSpec
+from servopt.bench.launcher import launch
+from servopt.bench.protocol import Protocol
+from servopt.cli import app
+from servopt.contracts import Artifact
+from servopt.data.dataset import Dataset
+from servopt.envs import EnvSpec
+from servopt.runtimes import RUNTIMES, get_runtime, register_runtime
+from servopt.runtimes.onnxruntime_runtime import OnnxRuntime
+
+
+@pytest.fixture(scope="module")
+def model_and_data(tmp_path_factory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("envs")
+    x = np.random.default_rng(0).standard_normal((8, 3, 8, 8)).astype(np.float32)
+    Dataset({"input": x}, None, None, "t").save(tmp / "d.npz")
+    return channel_mean_onnx(tmp / "m.onnx", size=8), tmp / "d.npz"
+
+
+def test_a_runtime_whose_environment_cannot_be_made_fails_with_the_reason(model_and_data, tmp_path):
+    model, data = model_and_data
+
+    @register_runtime
+    class Unmakeable(OnnxRuntime):
+        name = "unmakeable-test"
+
+        def environment(self):
+            return EnvSpec(name="unmakeable", requirements=["servopt-no-such-package==1.0"], no_index=True)
+
+    try:
+        job = MeasureJob(session=OpenSpec(name="x", artifact=Artifact(format="onnx", path=str(model)), runtime="unmakeable-test"),
+                         data=str(data), family="image-classification", protocol=Protocol.quick())
+        launched = launch(job, tmp_path / "job")
+        assert launched.result is None and "servopt-no-such-package" in launched.error
+    finally:
+        RUNTIMES.classes.pop("unmakeable-test")
+
+
+def test_env_list_names_the_declared_environments():
+    result = CliRunner().invoke(app, ["env", "list"])
+    assert result.exit_code == 0, result.output
+    assert "onnxruntime-openvino declares ort-openvino-" in result.output and "onnxruntime-gpu==" in result.output
+
+
+@pytest.mark.slow
+def test_the_openvino_execution_provider_runs_in_its_own_environment(model_and_data, tmp_path):
+    """Created from PyPI on first use (about 30 s, 500 MB), reused after; the record names the provider that ran,
+    the package versions, and the environment."""
+    from servopt.envs import EnvCreationError, ensure_env
+
+    spec = get_runtime("onnxruntime-openvino").environment()
+    try:
+        ensure_env(spec)
+    except EnvCreationError as e:
+        if e.offline:
+            pytest.skip(f"no package index reachable: {e.problem}")
+        raise
+    model, data = model_and_data
+    job = MeasureJob(session=OpenSpec(name="ep", artifact=Artifact(format="onnx", path=str(model)), runtime="onnxruntime-openvino"),
+                     data=str(data), family="image-classification", protocol=Protocol.quick())
+    measured = launch(job, tmp_path / "job").result
+    assert measured is not None and measured.status == "ok", measured
+    env = measured.environment
+    assert env.session.provider_actual.startswith("OpenVINOExecutionProvider") and not env.session.provider_fallback
+    assert env.libraries["onnxruntime-openvino"] == "1.24.1" and "onnxruntime" not in env.libraries, "the plain build is not there"
+    assert env.runtime_env.startswith("ort-openvino-")
+    assert "VIRTUAL_ENV=" in (tmp_path / "job" / "replay.sh").read_text()
+    listing = CliRunner().invoke(app, ["env", "list"])
+    assert "ready" in listing.output and "onnxruntime-openvino" in listing.output
+    assert json.loads((tmp_path / "job" / "job.json").read_text())["session"]["runtime"] == "onnxruntime-openvino"
