@@ -25,9 +25,10 @@ def layer_of(rel: str, table: dict[str, int]) -> int | None:
     """The layer of a module path like ``serve/rest.py`` or a package ``serve``."""
     best = None
     for prefix, n in table.items():
-        if rel == prefix or rel.startswith(prefix.removesuffix(".py") + "/") or rel.removesuffix(".py") == prefix.removesuffix(".py"):
-            if best is None or len(prefix) > len(best[0]):
-                best = (prefix, n)
+        stem = prefix.removesuffix(".py")
+        matches = rel == prefix or rel.startswith(stem + "/") or rel.removesuffix(".py") == stem
+        if matches and (best is None or len(prefix) > len(best[0])):
+            best = (prefix, n)
     return best[1] if best else None
 
 
