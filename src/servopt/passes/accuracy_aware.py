@@ -39,7 +39,7 @@ from servopt.contracts import Artifact
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.passes.base import BuildContext, Pass, PassOutput, register_pass
-from servopt.passes.onnx_passes import QTYPES, StaticParams, preprocess_for_quantization, quantize_static_onnx
+from servopt.passes.onnx_passes import DYNAMIC_EXTRA, QTYPES, StaticParams, preprocess_for_quantization, quantize_static_onnx
 from servopt.runtimes import open_session
 
 WEIGHTED = {"Conv", "Gemm", "MatMul", "ConvTranspose", "Attention"}
@@ -102,7 +102,7 @@ def quantize(src: str, dst: Path, params: AccuracyAwareParams, calibration: Data
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(src, str(dst), weight_type=getattr(QuantType, QTYPES[params.weight_type]), per_channel=params.per_channel,
-                     nodes_to_exclude=params.nodes_to_exclude or None)
+                     nodes_to_exclude=params.nodes_to_exclude or None, extra_options=DYNAMIC_EXTRA)
 
 
 def rank_sensitivity(float_path: str, params: AccuracyAwareParams, calibration: Dataset, probe: Dataset, work: Path,

@@ -115,6 +115,9 @@ class Fp16(Pass):
 
 
 QTYPES = {"U8": "QUInt8", "S8": "QInt8"}
+# Tensors whose type shape inference cannot tell (outputs of ORT's fused contrib operators: Attention,
+# SkipLayerNormalization …) are float: without this, dynamic INT8 of a transformer-optimized graph fails.
+DYNAMIC_EXTRA = {"DefaultTensorType": 1}  # onnx.TensorProto.FLOAT
 
 
 @register_pass
@@ -134,7 +137,7 @@ class OrtQuantizeDynamic(Pass):
 
         src = strip_value_info(str(artifact.path), out_dir)
         quantize_dynamic(src, str(out_dir / "model.onnx"), weight_type=getattr(QuantType, QTYPES[params.weight_type]),
-                         per_channel=params.per_channel)
+                         per_channel=params.per_channel, extra_options=DYNAMIC_EXTRA)
         Path(src).unlink(missing_ok=True)
         return PassOutput(format="onnx", file="model.onnx")
 
