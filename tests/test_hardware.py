@@ -110,3 +110,18 @@ def test_an_isa_capped_measurement_records_the_cap(onnx_model, tmp_path):
     assert measured is not None and measured.status == "ok"
     assert measured.environment.isa_cap == "AVX2"
     assert "ONEDNN_MAX_CPU_ISA=AVX2" in (tmp_path / "job" / "replay.sh").read_text()
+
+
+def test_a_variant_that_cannot_run_on_the_target_isa_fails_that_bound():
+    """OpenVINO bf16 under an AVX2 cap does not even compile: the target cannot run it, and the verdict says so."""
+    from servopt.contracts import Accuracy, Environment, Interleaved, Latency, Record, Throughput
+    from servopt.optimize.decide import judge
+    from servopt.optimize.targets import PRESETS
+
+    rec = Record(name="ov-bf16-latency", runtime="openvino", status="ok", size_mb=9, latency_ms=Latency(p50=1), throughput_ips=Throughput(batch=2000),
+                 accuracy=Accuracy(top1=0.95, top5=1, correct=1, total=1), environment=Environment(cpu="EPYC", cpu_flags=["avx512_bf16"]))
+    capped = Interleaved(reference="ort-fp32", rounds=1, order=[], variants={}, failed={"ov-bf16-latency": "OpenVINO cannot load …"},
+                         environment=Environment(cpu="EPYC", isa_cap="AVX2"))
+    verdict = judge(PRESETS["cpu-server"], rec, rec, FAMILIES.get("image-classification"), capped)
+    bound = next(b for b in verdict.bounds if b.bound == "runs_on_target_isa")
+    assert not verdict.passes and bound.status == "fail" and "capped at AVX2" in bound.note

@@ -307,6 +307,7 @@ class Interleaved(Contract):
     rounds: int
     order: list[str]
     variants: dict[str, SideBySide]
+    failed: dict[str, str] = Field(default_factory=dict)  # variants that could not even open here (e.g. bf16 under an AVX2 cap)
     environment: Environment | None = None
     phases: list[Phase] = Field(default_factory=list)
     cache_key: str | None = None

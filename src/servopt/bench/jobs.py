@@ -206,12 +206,19 @@ def run_coldstart(job: ColdStartJob, t0: float) -> ColdStart:
 
 def run_interleave(job: InterleaveJob) -> Interleaved:
     from servopt.data.dataset import Dataset
+    from servopt.errors import UserError
 
     data = Dataset.load(Path(job.data))
-    sessions = {}
+    sessions, failed = {}, {}
     for spec in job.sessions:
-        s = spec.open()
-        s.warm_up(data.slice(0, 1))
+        try:
+            s = spec.open()
+            s.warm_up(data.slice(0, 1))
+        except UserError as e:
+            if spec.name == job.reference:
+                raise
+            failed[spec.name] = e.problem  # e.g. a bf16 model under an AVX2 cap: it cannot run there at all
+            continue
         sessions[spec.name] = s
     rounds: list[dict[str, dict]] = []
     phases: list[Phase] = []
@@ -233,7 +240,7 @@ def run_interleave(job: InterleaveJob) -> Interleaved:
             p50_ratio_vs_reference=statistics.median(r[name]["p50"] / r[ref]["p50"] for r in rounds),
             throughput_ratio_vs_reference=statistics.median(r[name]["tp"] / r[ref]["tp"] for r in rounds),
             flagged_rounds=sum(r[name]["flagged"] for r in rounds))
-    return Interleaved(reference=ref, rounds=len(rounds), order=list(sessions), variants=summary,
+    return Interleaved(reference=ref, rounds=len(rounds), order=list(sessions), variants=summary, failed=failed,
                        environment=_environment(None), phases=phases)
 
 

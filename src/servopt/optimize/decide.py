@@ -21,7 +21,7 @@ from servopt.machine import CpuFeatures, isa_rank, machine_label
 from servopt.optimize.targets import Target
 
 QUALITY_BOUNDS = ("accuracy_drop_points", "cosine_mean", "spearman_drop_points")
-LOWER_BOUNDS = ("throughput_ips", "cosine_mean")  # bounds a value must reach; the others it must stay under
+LOWER_BOUNDS = ("throughput_ips", "cosine_mean", "runs_on_target_isa")  # bounds a value must reach; the others it must stay under
 
 
 class Bound(Contract):
@@ -127,6 +127,10 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
         add("p50_ms", target.max_p50_ms, fig.p50_ms, True, speed_here, speed_note)
     if target.min_throughput_ips is not None:
         add("throughput_ips", target.min_throughput_ips, fig.throughput_ips, False, speed_here, speed_note)
+    if interleaved and rec.name in interleaved.failed:
+        cap = interleaved.environment.isa_cap if interleaved.environment else None
+        add("runs_on_target_isa", 1, 0, False, True,
+            f"cannot run{f' with the instruction set capped at {cap}' if cap else ''}: {interleaved.failed[rec.name][:160]}")
     notes = [n for n in [isa_note(target, rec, fig)] if n]
     return Verdict(variant=rec.name, passes=all(b.status != "fail" for b in bounds), bounds=bounds, figures=fig,
                    total_miss=sum(b.miss or 0 for b in bounds if b.status == "fail"), notes=notes)
