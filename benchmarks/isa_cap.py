@@ -1,0 +1,76 @@
+"""How far do figures move when a runtime is held to a poorer instruction set (a target's CPU stood in for)?
+
+For each variant of a finished run (default: the demo's OpenVINO fp32 and NNCF INT8, torch eager, and ONNX Runtime
+fp32 as the control that cannot be capped), measure it in fresh processes alternately without and with the cap
+(``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` for the target ISA, what servopt sets for an ISA-capped target):
+A B A B … for --rounds rounds, and print the median per-round ratio capped/uncapped of p50 and batch throughput, with
+the kernels OpenVINO reports it ran (``brgconv_avx512_*`` vs ``brgconv_avx2_*``).
+
+    python benchmarks/isa_cap.py [--run runs/demo] [--isa avx2] [--rounds 4] [--seconds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from servopt.bench.jobs import MeasureJob, OpenSpec
+from servopt.bench.launcher import launch
+from servopt.bench.protocol import Protocol
+from servopt.machine import cpu_features, cpu_model
+from servopt.optimize.rundir import load_run
+from servopt.runtimes import get_runtime
+
+DEFAULT = ["ov-fp32-latency", "nncf-int8-latency", "torch-eager", "ort-fp32"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run", type=Path, default=Path("runs/demo"))
+    ap.add_argument("--isa", default="avx2")
+    ap.add_argument("--variants", nargs="*", default=DEFAULT)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    _, records = load_run(args.run)
+    by = {r.name: r for r in records if r.status == "ok"}
+    proto = Protocol(min_runs=50, min_seconds=args.seconds, batch_size=32, batch_min_runs=8, batch_min_seconds=args.seconds,
+                     cold_start=False)
+    print(f"CPU: {cpu_model()} ({cpu_features().describe()}); cap: {args.isa}; {args.rounds} rounds A B A B")
+    results = {}
+    for name in args.variants:
+        rec = by.get(name)
+        if rec is None or rec.artifact is None:
+            print(f"{name}: not in {args.run} (or did not run): skipped")
+            continue
+        cap = get_runtime(rec.runtime).isa_cap_env(args.isa) or {}
+        rows = []
+        for i in range(args.rounds):
+            pair = {}
+            for label, env in (("uncapped", {}), ("capped", cap)):
+                job = MeasureJob(session=OpenSpec(name=name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+                                 data=str(args.run / "data" / "eval.npz"), family="image-classification", protocol=proto,
+                                 env={**rec.env, **env})
+                m = launch(job, args.run / "work" / "isa-cap" / name / f"{label}-{i}").result
+                if m is None or m.status != "ok":
+                    raise SystemExit(f"{name} {label}: {m.error if m else 'failed'}")
+                details = m.environment.session.details if m.environment and m.environment.session else {}
+                pair[label] = {"p50": m.latency_ms.p50, "tp": m.throughput_ips.batch, "kernels": details.get("kernels"),
+                               "cpu_capability": details.get("cpu_capability")}
+            rows.append(pair)
+        p50 = statistics.median(r["capped"]["p50"] / r["uncapped"]["p50"] for r in rows)
+        tp = statistics.median(r["capped"]["tp"] / r["uncapped"]["tp"] for r in rows)
+        results[name] = {"runtime": rec.runtime, "cap_env": cap, "p50_ratio": p50, "throughput_ratio": tp, "rounds": rows}
+        note = "cannot be capped (control)" if not cap else ", ".join(f"{k}={v}" for k, v in cap.items())
+        kernels = rows[-1]["capped"]["kernels"] or rows[-1]["capped"]["cpu_capability"] or ""
+        print(f"{name:24} p50 capped/uncapped {p50:5.2f}x  throughput {tp:5.2f}x  [{note}] capped ran: {kernels}", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps({"cpu": cpu_model(), "flags": sorted(cpu_features().flags), "isa": args.isa, "variants": results},
+                                       indent=1))
+
+
+if __name__ == "__main__":
+    main()
