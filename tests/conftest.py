@@ -72,6 +72,23 @@ def channel_mean_onnx(path: Path, size: int = 32) -> Path:
     return path
 
 
+def tiny_classifier_onnx(path: Path, labels: list[str]) -> Path:
+    """TinyNet exported to ONNX with servopt metadata (labels, preprocessing), like `servopt export` writes: the
+    served model of the serving tests (REST, Ray Serve)."""
+    import json
+
+    import onnx
+    import torch
+
+    torch.onnx.export(TinyNet.build(len(labels)), (torch.zeros(1, 3, 32, 32),), str(path), dynamo=False, input_names=["input"],
+                      output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
+    proto = onnx.load(str(path))
+    meta = {"task": "classification", "class_names": labels, "preprocessing": {"resize": 32, "crop": 32, "mean": [0.5] * 3, "std": [0.25] * 3}}
+    onnx.helper.set_model_props(proto, {"servopt.spec": json.dumps(meta)})
+    onnx.save(proto, str(path))
+    return path
+
+
 def rng_images(n: int = 4) -> np.ndarray:
     return np.random.default_rng(0).standard_normal((n, 3, 32, 32)).astype(np.float32)
 

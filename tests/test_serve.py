@@ -16,14 +16,13 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from conftest import TinyNet
+from conftest import TinyNet, tiny_classifier_onnx
 from servopt.cli import app as cli_app
 from servopt.serve.model import from_file
 from servopt.serve.rest import create_app
@@ -35,14 +34,7 @@ LABELS = ["cat", "dog", "fish"]
 @pytest.fixture(scope="module")
 def onnx_model(tmp_path_factory) -> Path:
     """A tiny image classifier with servopt metadata (labels, preprocessing), like `servopt export` writes."""
-    path = tmp_path_factory.mktemp("serve") / "tiny.onnx"
-    torch.onnx.export(TinyNet.build(3), (torch.zeros(1, 3, 32, 32),), str(path), dynamo=False, input_names=["input"],
-                      output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
-    proto = onnx.load(str(path))
-    meta = {"task": "classification", "class_names": LABELS, "preprocessing": {"resize": 32, "crop": 32, "mean": [0.5] * 3, "std": [0.25] * 3}}
-    onnx.helper.set_model_props(proto, {"servopt.spec": json.dumps(meta)})
-    onnx.save(proto, str(path))
-    return path
+    return tiny_classifier_onnx(tmp_path_factory.mktemp("serve") / "tiny.onnx", LABELS)
 
 
 def direct(path: Path, x: np.ndarray) -> np.ndarray:

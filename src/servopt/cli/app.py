@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from servopt.cli.display import wide_console
 from servopt.errors import UserError
@@ -37,13 +38,14 @@ PairsOpt = Annotated[Path | None, typer.Option("--pairs", help="text encoders: s
 
 
 def run_cli(fn):
-    """Print a UserError as a clear message (exit 2), never a bare traceback."""
+    """Print a UserError as a clear message (exit 2), never a bare traceback. Its text is plain, not rich markup:
+    ``pip install 'servopt[ray]'`` must print its ``[ray]``."""
     try:
         return fn()
     except UserError as e:
-        err_console.print(f"[bold red]error:[/bold red] {e.problem}")
+        err_console.print(f"[bold red]error:[/bold red] {escape(e.problem)}")
         if e.fix:
-            err_console.print(f"[bold]fix:[/bold] {e.fix}")
+            err_console.print(f"[bold]fix:[/bold] {escape(e.fix)}")
         raise typer.Exit(2) from None
 
 

@@ -73,14 +73,29 @@ def serve(
     runtime: Annotated[str | None, typer.Option(help="onnxruntime (default for .onnx) or openvino")] = None,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="runtime option KEY=VALUE (e.g. hint=THROUGHPUT)")] = None,
     threads: Annotated[int | None, typer.Option(help="intra-op threads per instance")] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="serve on Ray Serve: a local Ray instance, or the cluster of --ray-address "
+                                                    "(needs `pip install 'servopt\\[ray]'`)")] = False,
+    ray_address: Annotated[str | None, typer.Option(help="join this Ray cluster (auto, ray://HOST:10001, …); implies --ray")] = None,
+    replicas: Annotated[int | None, typer.Option(help="Ray Serve replicas, each with its own batcher (default 1)")] = None,
+    autoscale: Annotated[str | None, typer.Option(
+        help="Ray Serve autoscaling MIN-MAX[:TARGET] on requests in flight per replica (TARGET, default --max-batch)")] = None,
 ) -> None:
     """Serve a model over the Open Inference Protocol v2 (KServe/Triton; REST, and gRPC with --grpc-port) with
-    dynamic batching."""
+    dynamic batching; with --ray, as N replicas (or autoscaled) on Ray Serve."""
 
     def go() -> None:
         from servopt.cli.common import parse_options
         from servopt.serve.server import run_server
 
+        on_ray = ray or ray_address is not None
+        if not on_ray and (replicas is not None or autoscale is not None):
+            raise UserError("--replicas and --autoscale are Ray Serve's", fix="add --ray (or --instances N for more sessions in one process)")
+        if replicas is not None and autoscale is not None:
+            raise UserError("--replicas and --autoscale exclude each other", fix="a fixed count, or MIN-MAX autoscaling")
+        if on_ray:
+            from servopt.serve.ray_serve import require_ray
+
+            require_ray()
         model, packaged = _served(source, target, variant, nearest, name, runtime, parse_options(option))
         settings = serve_settings(packaged, host=host, port=port, grpc_port=grpc_port, max_batch=max_batch,
                                   max_delay_us=max_delay_us, max_queue=max_queue, batching=False if no_batching else None,
@@ -91,11 +106,26 @@ def serve(
             console.print(f"[yellow]no variant meets target {model.parameters['target']}: serving the nearest, "
                           f"{model.parameters['variant']}, deliberately; shortfall: {model.parameters['shortfall']}[/yellow]")
         grpc = f"; gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port else ""
-        console.print(f"serving [bold]{model.name}[/bold] ({model.artifact.format} on {model.runtime}, {model.instances} instance(s)) "
-                      f"at http://{settings.host}:{settings.port}/v2/models/{model.name}{grpc}; "
+        scaling, scale = "", None
+        if on_ray:
+            from servopt.serve.ray_serve import check_settings, parse_autoscale, run_ray_server
+
+            check_settings(settings)
+            scale = parse_autoscale(autoscale, settings.max_batch) if autoscale else None
+            if scale:
+                how = (f"autoscaling {scale['min_replicas']}-{scale['max_replicas']} replicas, "
+                       f"target {scale['target_ongoing_requests']:g} requests in flight each")
+            else:
+                how = f"{replicas or 1} replica(s)"
+            scaling = f" on Ray Serve ({how}, {f'cluster {ray_address}' if ray_address else 'local Ray'})"
+        console.print(f"serving [bold]{model.name}[/bold] ({model.artifact.format} on {model.runtime}, {model.instances} instance(s)"
+                      f"{' per replica' if on_ray else ''}){scaling} at http://{settings.host}:{settings.port}/v2/models/{model.name}{grpc}; "
                       f"batching: {'off' if not settings.batching else f'max {settings.max_batch}, {settings.max_delay_us} µs'}; "
                       f"auth: {'bearer token' if settings.api_key else 'none'}")
-        run_server({model.name: model}, settings)
+        if on_ray:
+            run_ray_server({model.name: model}, settings, replicas=replicas or 1, autoscale=scale, address=ray_address)
+        else:
+            run_server({model.name: model}, settings)
 
     run_cli(go)
 

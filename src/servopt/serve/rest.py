@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Protocol
 
@@ -131,8 +132,11 @@ class Frontend(Protocol):
 
 
 def create_app(models: dict[str, ServedModel] | DataPlane, settings: ServeSettings | None = None,
-               frontends: list[Frontend] | None = None) -> FastAPI:
-    """The REST app over a data plane (made here from ``models``, or shared with other front ends)."""
+               frontends: list[Frontend] | None = None, exposition: Callable[[], Awaitable[bytes]] | None = None) -> FastAPI:
+    """The REST app over a data plane (made here from ``models``, or shared with other front ends).
+
+    ``exposition`` replaces what ``GET /metrics`` answers (the plane's own registry by default): under Ray Serve,
+    the sum over every replica (``ray_serve``). The route, its auth and its request metrics stay the same."""
     plane = models if isinstance(models, DataPlane) else DataPlane(models, settings or ServeSettings())
     max_body = int(plane.settings.max_body_mb * 1024 * 1024)
 
@@ -266,7 +270,8 @@ def create_app(models: dict[str, ServedModel] | DataPlane, settings: ServeSettin
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(generate_latest(plane.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        text = await exposition() if exposition else generate_latest(plane.metrics.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     app.state.plane = plane
     return app
