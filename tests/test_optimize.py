@@ -455,3 +455,25 @@ def test_a_variant_that_cannot_be_built_is_recorded_and_the_sweep_goes_on(tmp_pa
     assert records["ort-offline-all"]["status"] == "ok" and records["ort-fp32"]["status"] == "ok"
     assert records["ort-offline-all"]["accuracy"] is None and records["ort-offline-all"]["agreement"]["top1_agreement"] == 1.0
     assert "failed" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_target_no_variant_meets_can_serve_its_nearest_deliberately(tmp_path, trained, digits):
+    from servopt.serve.model import from_run
+
+    targets = tmp_path / "t.yaml"
+    targets.write_text("targets:\n  - name: impossible\n    hardware: a dream\n    device: cpu\n    max_p50_ms: 0.0001\n")
+    out = tmp_path / "run"
+    cmd = ["optimize", str(trained["path"]), "--data", str(digits), "--crop", "16", "--out", str(out), "--targets", str(targets),
+           "--limit", "60", "--quick", "--quiet", "--variants", "ort-fp32", "--variants", "ort-offline-all"]
+    result = runner.invoke(app, cmd)
+    assert result.exit_code == 0, result.output
+    with pytest.raises(UserError, match="no variant meets target 'impossible'") as e:
+        from_run(out, "impossible", None)
+    assert "--nearest" in e.value.fix
+    model = from_run(out, "impossible", None, nearest=True)
+    assert model.parameters["served_as"] == "nearest candidate" and "p50_ms" in model.parameters["shortfall"]
+    served = runner.invoke(app, ["package", str(out), "--target", "impossible", "--nearest", "--out", str(tmp_path / "pkg")])
+    assert served.exit_code == 0, served.output
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["parameters"]["shortfall"] == model.parameters["shortfall"]

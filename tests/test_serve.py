@@ -284,6 +284,17 @@ def test_package_cli(onnx_model, tmp_path):
     assert f"./wheels/{wheel.name}" in reqs and "COPY wheels/ wheels/" in (out / "Dockerfile").read_text()
     fp = json.loads((out / "footprint.json").read_text())
     assert fp["pytorch_env"]["installed_mb"] > fp["serving_env"]["installed_mb"] > 0
+    assert json.loads((out / "Dockerfile").read_text().split("CMD ")[1]) == ["servopt", "serve", ".", "--host", "0.0.0.0", "--port", "8000"]
+    # The package serves from its manifest alone: runtime, options, spec and batching settings come from it.
+    from starlette.testclient import TestClient
+
+    from servopt.serve.model import from_package
+
+    model, packaged = from_package(out)
+    assert packaged["max_batch"] == 32 and model.spec.class_names == LABELS
+    with TestClient(create_app({model.name: model})) as client:
+        body = {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.0] * 3072}]}
+        assert client.post(f"/v2/models/{model.name}/infer", json=body).status_code == 200
 
 
 def test_serving_never_imports_torch(onnx_model):
