@@ -133,6 +133,9 @@ def _bad_requests() -> list[tuple[str, dict, int, str]]:
         ("infer", {"json": {"inputs": [{**good, "data": [0.0] * 100}]}}, 400, "100 elements given"),
         ("infer", {"content": json.dumps({"inputs": [nan]}).replace("NaN", "NaN"), "headers": {"Content-Type": "application/json"}}, 400, "NaN"),
         ("infer", {"content": b"{not json", "headers": {"Content-Type": "application/json"}}, 400, "not valid JSON"),
+        # Nested deeper than the decoder's recursion limit: a RecursionError inside json.loads, answered 400, not 500.
+        ("infer", {"content": b'{"inputs": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", "headers": {"Content-Type": "application/json"}},
+         400, "nested too deeply"),
         ("infer", {"json": {"inputs": []}}, 400, "'inputs' list"),
         ("infer", {"json": {"inputs": [{**good, "datatype": "COMPLEX"}]}}, 400, "not supported"),
         ("infer", {"content": b'{"inputs":[{"name":"input","shape":[1,3,32,32],"datatype":"FP32","parameters":{"binary_data_size":12288}}]}',
