@@ -16,8 +16,7 @@ import json
 import statistics
 from pathlib import Path
 
-from servopt.bench.jobs import MeasureJob, OpenSpec
-from servopt.bench.launcher import launch
+from alternating import alternate, measure_job
 from servopt.bench.protocol import Protocol
 from servopt.machine import cpu_features, cpu_model
 from servopt.optimize.rundir import load_run
@@ -47,20 +46,15 @@ def main() -> None:
             print(f"{name}: not in {args.run} (or did not run): skipped")
             continue
         cap = get_runtime(rec.runtime).isa_cap_env(args.isa) or {}
-        rows = []
-        for i in range(args.rounds):
-            pair = {}
-            for label, env in (("uncapped", {}), ("capped", cap)):
-                job = MeasureJob(session=OpenSpec(name=name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
-                                 data=str(args.run / "data" / "eval.npz"), family="image-classification", protocol=proto,
-                                 env={**rec.env, **env})
-                m = launch(job, args.run / "work" / "isa-cap" / name / f"{label}-{i}").result
-                if m is None or m.status != "ok":
-                    raise SystemExit(f"{name} {label}: {m.error if m else 'failed'}")
-                details = m.environment.session.details if m.environment and m.environment.session else {}
-                pair[label] = {"p50": m.latency_ms.p50, "tp": m.throughput_ips.batch, "kernels": details.get("kernels"),
-                               "cpu_capability": details.get("cpu_capability")}
-            rows.append(pair)
+        runs = alternate(args.run, {"uncapped": measure_job(args.run, rec, proto), "capped": measure_job(args.run, rec, proto, cap)},
+                         args.rounds, f"isa-cap/{name}")
+
+        def row(m):
+            details = m.environment.session.details if m.environment and m.environment.session else {}
+            return {"p50": m.latency_ms.p50, "tp": m.throughput_ips.batch, "kernels": details.get("kernels"),
+                    "cpu_capability": details.get("cpu_capability")}
+
+        rows = [{"uncapped": row(u), "capped": row(c)} for u, c in zip(runs["uncapped"], runs["capped"], strict=True)]
         p50 = statistics.median(r["capped"]["p50"] / r["uncapped"]["p50"] for r in rows)
         tp = statistics.median(r["capped"]["tp"] / r["uncapped"]["tp"] for r in rows)
         results[name] = {"runtime": rec.runtime, "cap_env": cap, "p50_ratio": p50, "throughput_ratio": tp, "rounds": rows}
