@@ -285,9 +285,6 @@ class Record(Contract):
     def build_report(self) -> dict[str, Any] | None:
         return self.artifact.report if self.artifact else None
 
-    def dump(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
-
 
 class SideBySide(Contract):
     """One variant in an interleaved re-measure: medians over rounds, and medians of per-round ratios."""
