@@ -47,7 +47,8 @@ minimum cosine. A backend under a mean cosine of 0.99 (servopt's own verificatio
    budget), exactly what it does for image models. Both get the same load; padding waste and tokens come from each
    server's ``/metrics`` (``servopt_tokens_total{kind="real"|"padding"}``). At concurrency 32 with ``max_batch`` 32 a
    batch takes the whole queue, so grouping has little to choose from; ``--batching-concurrency`` adds levels where the
-   queue is longer than a batch (default 32,128).
+   queue is longer than a batch (default 32,128). ``SERVOPT_*`` variables set for this script reach both servers
+   (e.g. ``SERVOPT_MAX_BATCH_TOKENS=1024``) and are recorded in the JSON.
 
     PYTHONPATH=src HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/text_speed.py --run runs/demo-text \\
         --out runs/demo-text/text_speed.json [--rounds 7] [--seconds 3] [--serve-seconds 10] [--parts speed,serve]
@@ -734,7 +735,7 @@ def print_report(rep: dict) -> None:
         q = rep["quality"]
         print(f"\n{rep['rounds']} interleaved rounds, blocks of >= {rep['args']['seconds']} s; medians over rounds "
               f"(texts/s; batch 1: p50 ms); cosine: mean (min) against st-torch on {rep['inputs']['texts']} texts")
-        print(f"{'backend':30} {'b32x128 /s':>11} {'b1 p50 ms':>10} {'texts /s':>9}  {'cosine':>16}  details")
+        print(f"{'backend':30} {'b32x128 /s':>11} {'b1 p50 ms':>10} {'texts /s':>9}  {'cosine':>16}  {'noisy':>5}  details")
         for n, f in sp["figures"].items():
             qq = q.get(n) or {}
             cos = f"{qq['cosine_mean']:.4f} ({qq['cosine_min']:.3f})" if qq else "?"
@@ -744,7 +745,9 @@ def print_report(rep: dict) -> None:
                 v = fig[w]["median"]
                 return "—" if v is None else f"{v:.2f}" if w == "b1short" else f"{v:.1f}"
 
-            print(f"{n:30} {fmt('b32x128'):>11} {fmt('b1short'):>10} {fmt('texts'):>9}  {cos:>16}  {det}")
+            noisy = sum(f[w]["flagged_rounds"] for w in f)
+            print(f"{n:30} {fmt('b32x128'):>11} {fmt('b1short'):>10} {fmt('texts'):>9}  {cos:>16}  {noisy:>5}  {det}")
+        print("(noisy: blocks during which other processes used over 10 % of the machine)")
         print(f"ST backends under mean cosine {MIN_COSINE} (never 'best'): {sp['excluded_st_for_quality'] or 'none'}")
         print("\nsame-run ratios (median of per-round ratios), servopt / ST:")
         for v, per in sp["ratios_servopt_over_st"].items():
