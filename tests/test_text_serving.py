@@ -173,3 +173,31 @@ def test_length_aware_batching_groups_similar_lengths():
 
     asyncio.run(go())
     assert sorted(seen) == [[8, 10], [118, 120]], seen
+
+
+def test_a_collected_batch_is_split_into_calls_of_similar_length():
+    """Without a binding token budget all four requests are collected together; max_padding splits them into two model
+    calls ([8, 10] and [118, 120]) instead of padding 8 tokens to 120."""
+    seen: list[list[int]] = []
+
+    def run(feed):
+        seen.append(sorted(int(x) for x in feed["attention_mask"].sum(1)))
+        return np.arange(len(feed["attention_mask"]))[:, None].astype(float)
+
+    def collate(feeds):
+        width = max(f["attention_mask"].shape[1] for f in feeds)
+        return {"attention_mask": np.concatenate([np.pad(f["attention_mask"], ((0, 0), (0, width - f["attention_mask"].shape[1])))
+                                                  for f in feeds])}
+
+    async def go() -> list:
+        b = DynamicBatcher([run], collate=collate, max_batch=8, max_delay_us=0, max_queue=100,
+                           length=lambda f: f["attention_mask"].shape[1], max_batch_tokens=None, max_padding=0.25)
+        b.start()
+        requests = [{"attention_mask": np.ones((1, n), np.int64)} for n in (8, 120, 10, 118)]
+        answers = await asyncio.gather(*(asyncio.ensure_future(b.submit(r)) for r in requests))
+        await b.stop()
+        return answers
+
+    answers = asyncio.run(go())
+    assert sorted(seen) == [[8, 10], [118, 120]], seen
+    assert all(a.shape == (1, 1) for a in answers)  # each caller got its own row back

@@ -106,6 +106,10 @@ class Agreement(Contract):
     top1_agreement: float | None = None
     agree: int | None = None
     retrieval_top10: float | None = None  # overlap of nearest-neighbour lists (embeddings)
+    # Variable-length inputs: the lowest cosine between a sample's output run alone and run inside a padded batch.
+    # Dynamic INT8 takes its activation scale over the whole padded batch, so a text's embedding can depend on
+    # what it is batched with — which a server's batcher decides.
+    batch_consistency: float | None = None
     error: str | None = None
 
 

@@ -27,6 +27,7 @@ class ServeSettings(BaseSettings):
     max_image_pixels: int = 40_000_000
     max_request_samples: int = 2048  # samples (texts, images) in one request; past it 413
     max_batch_tokens: int = 16384  # text models: padded tokens in one merged batch (requests grouped by length under it)
+    max_padding: float | None = 0.25  # text models: a merged batch is split into model calls padding at most this share
     api_key: str | None = None  # SERVOPT_API_KEY: require 'Authorization: Bearer KEY'
     limit_concurrency: int | None = None  # uvicorn's limit on connections + requests in progress
 

@@ -92,6 +92,8 @@ def measure_session(session: Session, data: Dataset, reference: np.ndarray | Non
     if outputs_path is not None:
         np.save(outputs_path, outputs)
     judged = family.judge(outputs, data, reference)
+    if data.lengths is not None and judged.agreement is not None and judged.agreement.error is None:
+        judged.agreement.batch_consistency = batch_consistency(session, data, outputs, max(1, proto.batch_size))
     failed = family.gate_failure(judged, gate) if gate else None
     precision = _precision_mismatch(session)
     failed = failed or precision
@@ -150,6 +152,15 @@ def measure_text_axes(session: Session, data: Dataset, family: Family, proto: Pr
                                   first_come_waste=lb.first_come_waste, sorted_waste=lb.sorted_waste,
                                   sorted_tokens_per_s=timed["sorted"] * lb.real_tokens / len(data))
     return grid or None, batching, phases
+
+
+def batch_consistency(session: Session, data: Dataset, outputs: np.ndarray, batch_size: int, samples: int = 16) -> float:
+    """The lowest cosine between a sample's output alone and inside its padded batch (the first ``samples``)."""
+    from servopt.families.metrics import cosine
+
+    n = min(samples, len(data), batch_size)
+    alone = np.concatenate([session.run(data.slice(i, i + 1)) for i in range(n)])
+    return float(cosine(alone, outputs[:n]).min())
 
 
 def _precision_mismatch(session: Session) -> str | None:

@@ -171,6 +171,9 @@ class TextEmbedding(EmbeddingBase):
             return agr.error
         if agr and gate.min_cosine is not None and agr.cosine_mean is not None and agr.cosine_mean < gate.min_cosine:
             return f"mean cosine similarity to the original {agr.cosine_mean:.4f} < {gate.min_cosine}"
+        if agr and gate.min_cosine is not None and agr.batch_consistency is not None and agr.batch_consistency < gate.min_cosine:
+            return (f"a text's embedding depends on what it is batched with: cosine {agr.batch_consistency:.4f} alone vs in a "
+                    f"padded batch (< {gate.min_cosine}); a server's batcher would change its answers")
         return None
 
     def quality_drop(self, record: Record, reference: Record | None) -> float | None:

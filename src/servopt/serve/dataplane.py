@@ -64,7 +64,7 @@ class DataPlane:
             fns = [self._runner(sess) for sess in m.sessions]
             b = DynamicBatcher(fns, collate=m.family.collate, max_batch=s.max_batch if s.batching else 1,
                                max_delay_us=s.max_delay_us if s.batching else 0, max_queue=s.max_queue, stats=stats,
-                               length=m.family.sequence_length, max_batch_tokens=s.max_batch_tokens)
+                               length=m.family.sequence_length, max_batch_tokens=s.max_batch_tokens, max_padding=s.max_padding)
             b.start()
             self.batchers[name] = b
         self.ready = True
