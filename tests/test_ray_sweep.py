@@ -120,6 +120,67 @@ def test_a_target_is_decided_only_on_its_kind_of_node():
     assert decide(xeon, one_machine, one_machine[0], images).recommended == "a"  # one machine: every record, every target
 
 
+class FakeCluster:
+    """A distributed executor without Ray: every job here, one at a time, in a thread (``submit`` returns at once, as
+    Ray's does); ``lose`` names jobs to come back as lost, as after a node died and the retries ran out."""
+
+    distributed = True
+
+    def __init__(self, lose: tuple[str, ...] = ()) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool, self.lose, self.ran = ThreadPoolExecutor(1), lose, []
+
+    def prepare(self, run_dir, kinds) -> None:
+        self.kinds = kinds
+
+    def submit(self, fn, *args, resources=None, what=""):
+        from concurrent.futures import Future
+
+        from servopt.optimize.executor import LOST, Lost
+
+        self.ran.append(what)
+        if what in self.lose:
+            lost: Future = Future()
+            lost.set_exception(Lost(f"{LOST}: WorkerCrashedError after 3 attempts: injected"))
+            return lost
+        return self.pool.submit(fn, *args)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown()
+
+
+@pytest.mark.slow
+def test_a_lost_variant_is_recorded_failed_then_measured_again_on_rerun(trained, digits, targets_file, tmp_path, monkeypatch):  # noqa: F811
+    """The runner's distributed path, without Ray: a measurement lost for one kind is a failed record saying why, the
+    sweep goes on, and the same command measures that one again (and nothing else)."""
+    import servopt.optimize.executor
+
+    out, lose = tmp_path / "lost", "measure ort-offline-all for xeon-8480"
+    first = FakeCluster(lose=(lose,))
+    monkeypatch.setattr(servopt.optimize.executor, "open_executor", lambda address: first)
+    result = runner.invoke(app, _cmd(trained["path"], digits, out, targets_file))
+    assert result.exit_code == 0, result.output
+    assert first.kinds == {"epyc-7763": {"epyc-7763": 1.0}, "xeon-8480": {"xeon-8480": 1.0}}
+    records = {(r["name"], r["measured_for"]): r for r in _records(out)}
+    assert len(records) == 6 and records[("ort-offline-all", "xeon-8480")]["status"] == "failed"
+    assert records[("ort-offline-all", "xeon-8480")]["error"].startswith("job lost: WorkerCrashedError after 3 attempts")
+    assert records[("ort-offline-all", "epyc-7763")]["status"] == "ok"
+    summary = json.loads((out / "summary.json").read_text())
+    assert [len(d["verdicts"]) for d in summary["targets"]] == [2, 1]  # xeon: decided on what it has
+    again = FakeCluster()
+    monkeypatch.setattr(servopt.optimize.executor, "open_executor", lambda address: again)
+    result = runner.invoke(app, _cmd(trained["path"], digits, out, targets_file))
+    assert result.exit_code == 0, result.output
+    assert [w for w in again.ran if w.startswith(("measure", "build"))] == [lose]
+    latest = {(r["name"], r["measured_for"]): r for r in _records(out)}
+    assert len(_records(out)) == 7 and latest[("ort-offline-all", "xeon-8480")]["status"] == "ok"
+    assert [len(d["verdicts"]) for d in json.loads((out / "summary.json").read_text())["targets"]] == [2, 2]
+
+
 # -- on a cluster ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster():
@@ -287,3 +348,77 @@ def test_a_worker_killed_mid_measurement_is_retried(cluster, trained, digits, ta
     assert again["status"] == "ok" and min(p["start"] for p in again["phases"]) > killed["at"], "measured by the retry"
     measures = [t for t in _tasks(out) if t["what"] == "measure ort-offline-all for xeon-8480"]
     assert len(measures) == 1 and "lost" not in measures[0]
+
+
+@pytest.mark.slow
+def test_a_job_whose_worker_keeps_dying_is_lost_after_the_retries(cluster):
+    """Bounded retries: a task whose worker dies every time (os.abort) is tried 1 + RETRIES times, then comes back as
+    ``Lost`` with the reason; a job that raises is not retried and raises the same error here."""
+    from servopt.optimize.executor import LOST, Lost
+    from servopt.optimize.ray_executor import RETRIES, RayExecutor
+
+    with RayExecutor(owned=False) as executor:
+        with pytest.raises(Lost, match=rf"^{LOST}: WorkerCrashedError after {RETRIES + 1} attempts"):
+            executor.submit(os.abort, what="abort").result(timeout=180)
+        with pytest.raises(FileNotFoundError):
+            executor.submit(os.stat, "/nonexistent/servopt", what="stat").result(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_job_runs_with_the_node_s_thread_settings_not_ray_s(cluster):
+    """Ray starts workers with OMP_NUM_THREADS=1 where the node sets none; a job must not inherit it (PyTorch would
+    measure on one thread). The cluster's nodes were started from this process's environment."""
+    from servopt.optimize.ray_executor import RayExecutor
+
+    with RayExecutor(owned=False) as executor:
+        assert executor.submit(os.getenv, "OMP_NUM_THREADS", what="env").result(timeout=60) == os.environ.get("OMP_NUM_THREADS")
+        assert executor.submit(os.getenv, "SERVOPT_NODE", what="env").result(timeout=60).startswith(os.uname().nodename)
+
+
+@pytest.mark.slow
+def test_a_job_no_alive_node_can_run_is_given_up(cluster):
+    """A job whose kind has no node left would wait for one forever in Ray: it is given up after ``lost_after_s``."""
+    from servopt.optimize.executor import Lost
+    from servopt.optimize.ray_executor import RayExecutor
+
+    with RayExecutor(owned=False, lost_after_s=1.0) as executor, pytest.raises(Lost, match="no alive node of the cluster has"):
+        executor.submit(os.getpid, resources={"arm-a76": 1}, what="nowhere").result(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_node_that_dies_mid_measurement_loses_only_that_attempt(cluster, trained, digits, targets_file, tmp_path):  # noqa: F811
+    """Fault injection: a second xeon node joins; the node measuring one xeon variant is removed from the cluster (its
+    raylet and workers killed) mid-measurement. The variant is measured again on the other xeon node; every other
+    variant keeps its one record. (Last in the module: the fixture's worker may be the node removed.)"""
+    import psutil
+
+    c = cluster["cluster"]
+    c.add_node(num_cpus=1, resources={"servopt_slot": 1, "xeon-8480": 1})
+    out = tmp_path / "node-died"
+    victim = str(out / "work" / "ort-offline-all" / "xeon-8480" / "measure" / "job.json")
+    cmd = [sys.executable, "-m", "servopt", *_cmd(trained["path"], digits, out, targets_file), "--ray", cluster["address"]]
+    driver = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+    removed = None
+    try:
+        deadline = time.time() + 400
+        while removed is None and time.time() < deadline and driver.poll() is None:
+            for proc in psutil.process_iter(["cmdline"]):
+                if victim in (proc.info["cmdline"] or []) and "servopt.runjob" in proc.info["cmdline"]:
+                    node = proc.environ()["SERVOPT_NODE"].rsplit("/", 1)[1]
+                    doomed = next(n for n in c.list_all_nodes() if n.node_id.startswith(node))
+                    c.remove_node(doomed, allow_graceful=False)
+                    removed = {"at": time.time(), "node": node}
+                    break
+            time.sleep(0.05)
+        assert removed is not None, "never saw the measurement"
+        output, _ = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert driver.returncode == 0, output[-3000:]
+    records = _records(out)
+    assert sorted((r["name"], r["measured_for"]) for r in records) == sorted((v, k) for v in VARIANTS for k in KINDS.values())
+    again = next(r for r in records if r["name"] == "ort-offline-all" and r["measured_for"] == "xeon-8480")
+    assert again["status"] == "ok" and not again["environment"]["node"].endswith(removed["node"]), "measured elsewhere"
+    assert min(p["start"] for p in again["phases"]) > removed["at"]

@@ -273,7 +273,7 @@ def _sweep_here(run: Run, units: list[Unit], start, eval_path: Path, ctx: BuildC
     records: list[Record] = []
     reference: Record | None = None
     for u in units:
-        if u.key in done:
+        if u.key in done and not lost(done[u.key]):
             rec = parse_record(done[u.key], run.out)
             progress.note(f"{u.variant.name}: cached ({rec.status})")
         else:
