@@ -68,7 +68,7 @@ def print_summary(summary, records) -> None:
     for r in rows:
         status = {"ok": "[green]ok[/green]", "failed": "[red]failed[/red]", "skipped": "[yellow]skipped[/yellow]"}[r.status]
         note = escape(r.error[:70]) if r.error else r.notes
-        t.add_row(r.name, status, r.size, r.accuracy, r.drop, r.precision, r.p50, r.p99, r.batch, r.cold, note)
+        t.add_row(escape(r.name), status, r.size, r.accuracy, r.drop, r.precision, r.p50, r.p99, r.batch, r.cold, note)
     console.print(t)
     for kind, interleaved in [(None, summary.interleaved), *((k.kind, k.interleaved) for k in summary.kinds)]:
         if interleaved is None:
