@@ -74,7 +74,7 @@ class Environment(Contract):
     cores_usable: int | None = None
     gpu: bool = False
     gpu_name: str | None = None
-    node: str | None = None  # host name: where a distributed sweep measured it
+    node: str | None = None  # the node that measured: SERVOPT_NODE (a Ray node of a distributed sweep) or the host name
     python: str = ""
     platform: str = ""
     libraries: dict[str, str] = Field(default_factory=dict)
@@ -195,7 +195,8 @@ class LengthBatching(Contract):
 
 
 class Phase(Contract):
-    """A timed phase with wall-clock start/stop (seconds since the epoch): proves measurements never overlapped."""
+    """A timed phase with wall-clock start/stop (seconds since the epoch) and the node it ran on: proves measurements
+    never overlapped on one machine."""
 
     name: str
     start: float
@@ -266,6 +267,9 @@ class Record(Contract):
     compile_s: float | None = None
     build_s: float | None = None
     phases: list[Phase] = Field(default_factory=list)
+    # A distributed sweep: the kind of node it was measured for (a label of the targets' Ray resources, e.g. "epyc-7763");
+    # only the targets of that kind are decided on it. None: one machine measured it for every target.
+    measured_for: str | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -131,12 +131,18 @@ def library_versions(names: tuple[str, ...] | list[str]) -> dict[str, str]:
     return out
 
 
+def node_name() -> str:
+    """The node a figure is measured on: ``SERVOPT_NODE`` where a distributed sweep set it (the Ray node: simulated
+    nodes share a host name), else the host name."""
+    return os.environ.get("SERVOPT_NODE") or socket.gethostname()
+
+
 def environment(session: SessionInfo | None = None, libraries: tuple[str, ...] | list[str] = ()) -> Environment:
     """This process's machine and libraries, plus what the session says actually ran."""
     return Environment(
         cpu=cpu_model(), cpu_flags=sorted(cpu_features().flags), cores=os.cpu_count(),
         cores_usable=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        gpu=gpu_present(), gpu_name=gpu_name(), node=socket.gethostname(), python=platform.python_version(),
+        gpu=gpu_present(), gpu_name=gpu_name(), node=node_name(), python=platform.python_version(),
         platform=platform.platform(), libraries=library_versions(libraries),
         isa_cap=os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("ATEN_CPU_CAPABILITY"),
         runtime_env=os.environ.get("SERVOPT_RUNTIME_ENV"), session=session,

@@ -8,13 +8,33 @@ launcher records it and the sweep goes on); anything else is a crash the launche
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 
+def die_with_parent(parent: int) -> None:
+    """Linux: end this process when ``parent`` (the process that launched it) dies. A distributed sweep sets
+    ``SERVOPT_DIE_WITH_PARENT`` to its Ray worker's pid: a worker killed mid-job must not leave its measurement running
+    on the node while the job is retried (an orphan would share the machine with the next measurement, and write into
+    its folder)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def main(job_path: str, out_path: str) -> None:
     started = time.perf_counter()
+    parent = os.environ.pop("SERVOPT_DIE_WITH_PARENT", "")  # for this process only, not for what it starts
+    if parent.isdigit():
+        die_with_parent(int(parent))
     from servopt.bench.jobs import JOB_KINDS
     from servopt.errors import UserError
     from servopt.passes import build_job  # noqa: F401  (registers the build job)

@@ -48,3 +48,4 @@ class OptimizeSettings(BaseSettings):
     verify_min_agreement: float = 0.9
     verify_min_cosine: float = 0.99
     note: str = ""  # shown at the top of the report
+    ray: str | None = None  # a distributed sweep: the Ray cluster (auto, ray://HOST:10001, HOST:6379, local); None: this machine

@@ -21,6 +21,7 @@ from servopt.bench.stats import latency_summary, throughput, timed_loop
 from servopt.contracts import CpuReport, Gate, GridPoint, Interference, Latency, LengthBatching, Measured, Phase, Throughput
 from servopt.data.dataset import Dataset
 from servopt.families.base import Family
+from servopt.machine import node_name
 from servopt.runtimes.base import Session
 
 
@@ -69,7 +70,7 @@ def _phase(name: str, call, prepared: list, proto: Protocol, min_runs: int, min_
         loop = timed_loop(call, prepared, min_runs=min_runs, min_seconds=min_seconds, max_seconds=proto.max_seconds, warmup=warmup)
     step = max(1, len(loop.times_ns) // 400)  # a few hundred raw samples for distribution plots
     return PhaseResult(latency=Latency(**latency_summary(loop.times_ns)), throughput=throughput(loop.times_ns, samples_per_call),
-                       stopped_by=loop.stopped_by, interference=mon.report, phase=Phase(name=name, start=start, stop=time.time()),
+                       stopped_by=loop.stopped_by, interference=mon.report, phase=Phase(name=name, start=start, stop=time.time(), node=node_name()),
                        samples_ms=[round(t / 1e6, 4) for t in loop.times_ns[::step]])
 
 
@@ -147,7 +148,7 @@ def measure_text_axes(session: Session, data: Dataset, family: Family, proto: Pr
                     session.run_prepared(p)
                 rounds += 1
             timed[name] = rounds * len(data) / (time.perf_counter() - t0)
-            phases.append(Phase(name=f"texts-{name}", start=start, stop=time.time()))
+            phases.append(Phase(name=f"texts-{name}", start=start, stop=time.time(), node=node_name()))
         batching = LengthBatching(batch_size=proto.batch_size, first_come_ips=timed["first_come"], sorted_ips=timed["sorted"],
                                   first_come_waste=lb.first_come_waste, sorted_waste=lb.sorted_waste,
                                   sorted_tokens_per_s=timed["sorted"] * lb.real_tokens / len(data))

@@ -48,11 +48,14 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="run directory (rerun
 VariantsOpt = Annotated[list[str] | None, typer.Option("--variants", help="only these variants (names, globs or groups)")]
 IncludeAllOpt = Annotated[bool, typer.Option("--include-all", help="also the variants left out of the default sweep")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress, no tables")]
+RayOpt = Annotated[str | None, typer.Option(
+    "--ray", help="a distributed sweep on a Ray cluster: auto, ray://HOST:10001, HOST:6379, or local (Ray started here); "
+                  "the run directory must be visible from every node (docs/ray.md) [needs servopt[ray]]")]
 
 
 def print_summary(summary, records) -> None:
     from servopt.families import family_of
-    from servopt.optimize.report import interleave_rows, variant_rows, verdict_rows
+    from servopt.optimize.report import interleave_rows, pareto_marks, references_by_kind, variant_rows, verdict_rows
     from servopt.optimize.rundir import load_config
 
     ref = next((r for r in records if r.name == summary.reference), None)
@@ -61,16 +64,20 @@ def print_summary(summary, records) -> None:
     t = Table(title="every variant", title_style="bold")
     for col in ("variant", "status", "size MB", "quality", "Δ pts", "precision", "p50 ms", "p99 ms", "batch/s", "cold s", "notes"):
         t.add_column(col, justify="left" if col in ("variant", "status", "quality", "precision", "notes") else "right")
-    for r in variant_rows(records, ref, summary.pareto_front, family) if family else []:
+    rows = variant_rows(records, ref, pareto_marks(summary), family, references_by_kind(records, summary.reference)) if family else []
+    for r in rows:
         status = {"ok": "[green]ok[/green]", "failed": "[red]failed[/red]", "skipped": "[yellow]skipped[/yellow]"}[r.status]
         note = escape(r.error[:70]) if r.error else r.notes
-        t.add_row(r.name, status, r.size, r.accuracy, r.drop, r.precision, r.p50, r.p99, r.batch, r.cold, note)
+        t.add_row(escape(r.name), status, r.size, r.accuracy, r.drop, r.precision, r.p50, r.p99, r.batch, r.cold, note)
     console.print(t)
-    if summary.interleaved:
-        il = Table(title="same-run ratios vs ONNX Runtime defaults (interleaved)", title_style="bold")
+    for kind, interleaved in [(None, summary.interleaved), *((k.kind, k.interleaved) for k in summary.kinds)]:
+        if interleaved is None:
+            continue
+        where = f", measured for {kind}" if kind else ""
+        il = Table(title=f"same-run ratios vs ONNX Runtime defaults (interleaved{where})", title_style="bold")
         for col in ("variant", "p50 ms", "batch/s", "p50 ratio", "throughput ratio"):
             il.add_column(col, justify="left" if col == "variant" else "right")
-        for row in interleave_rows(summary.interleaved):
+        for row in interleave_rows(interleaved):
             il.add_row(row.name, row.p50, row.tp, row.p50_ratio, row.tp_ratio)
         console.print(il)
     v = Table(title="verdict per target", title_style="bold", show_lines=True)
@@ -106,6 +113,7 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
     """Read the data through the model's family, then run the sweep (``optimize.runner``) with progress bars."""
 
     from servopt.cli.common import data_options
+    from servopt.optimize.executor import open_executor
     from servopt.optimize.rundir import load_run
     from servopt.optimize.runner import Run, optimize
     from servopt.optimize.targets import load_targets
@@ -123,11 +131,12 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
     calib = tune.subset(np.arange(0, len(tune), max(1, len(tune) // count))[:count])  # spread over the split
     run = Run(model=loaded, eval_data=eval_data, calibration=calib, tuning=tune, settings=settings, targets=targets)
     bar, callbacks = _progress_ui(quiet or json_out)
-    if bar:
-        with bar:
-            summary = optimize(run, callbacks)
-    else:
-        summary = optimize(run, callbacks)
+    with open_executor(settings.ray) as executor:  # --ray: a Ray cluster's nodes; else this machine, Ray never imported
+        if bar:
+            with bar:
+                summary = optimize(run, callbacks, executor)
+        else:
+            summary = optimize(run, callbacks, executor)
     if json_out:
         print(summary.model_dump_json(by_alias=True))
     elif not quiet:
@@ -137,10 +146,16 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
 
 
 def optimize_settings(**given):
-    """Settings from the command line over ``SERVOPT_OPTIMIZE_*`` variables over the defaults."""
+    """Settings from the command line over ``SERVOPT_OPTIMIZE_*`` variables over the defaults. A distributed sweep
+    (``--ray``) without Ray installed fails here, before any model or data is read."""
     from servopt.settings import OptimizeSettings
 
-    return OptimizeSettings(**{k: v for k, v in given.items() if v is not None and v is not False})
+    settings = OptimizeSettings(**{k: v for k, v in given.items() if v is not None and v is not False})
+    if settings.ray:
+        from servopt.optimize.ray_executor import import_ray
+
+        import_ray()
+    return settings
 
 
 @app.command()
@@ -167,6 +182,7 @@ def optimize(
     include_all: IncludeAllOpt = False,
     calibration_samples: Annotated[int | None, typer.Option(help="calibration samples from the tuning split [default: 100]")] = None,
     quick: Annotated[bool, typer.Option(help="a smoke run: tiny timing phases, figures not for decisions")] = False,
+    ray: RayOpt = None,
     quiet: QuietOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="print summary.json to stdout")] = False,
 ) -> None:
@@ -176,7 +192,7 @@ def optimize(
         from servopt.cli.common import open_model
 
         settings = optimize_settings(targets=targets, out=out, variants=variants, include_all=include_all,
-                                     calibration_samples=calibration_samples, quick=quick)
+                                     calibration_samples=calibration_samples, quick=quick, ray=ray)
         run_optimize(open_model(model, arch, num_classes, trust_pickle, input_shape),
                      {"data": data, "split": split, "limit": limit, "strict": strict, "resize": resize, "crop": crop,
                       "mean": mean, "std": std, "texts": texts, "column": column, "pairs": pairs}, settings, quiet, json_out)
@@ -244,6 +260,7 @@ def demo(
     targets: TargetsOpt = None,
     variants: VariantsOpt = None,
     include_all: IncludeAllOpt = False,
+    ray: RayOpt = None,
     quiet: QuietOpt = False,
     text: Annotated[bool, typer.Option("--text", help="the sentence-encoder demo: all-MiniLM-L6-v2 on the shipped texts and pairs")] = False,
 ) -> None:
@@ -265,7 +282,8 @@ def demo(
             data_raw = {"data": data_root, "split": "evaluation"}
         if not quiet:
             console.print(note)
-        settings = optimize_settings(out=out or default_out, targets=targets, variants=variants, include_all=include_all, note=note)
+        settings = optimize_settings(out=out or default_out, targets=targets, variants=variants, include_all=include_all, note=note,
+                                     ray=ray)
         run_optimize(loaded, data_raw, settings, quiet, False)
 
     run_cli(go)

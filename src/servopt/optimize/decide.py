@@ -6,7 +6,10 @@ decides a server's run exactly as the server did. A bound is ``pass``,
 ``fail`` or ``not measured`` (edge latency must be measured on the device; a
 GPU target whose variants never ran on a GPU). Figures re-measured in the
 interleaved run (A B A B with the reference) replace the sweep's figures for
-the decision, so close calls are decided on same-run numbers.
+the decision, so close calls are decided on same-run numbers. In a distributed
+sweep each record says which kind of node it was measured for
+(``Record.measured_for``), and a target is decided only on the records of its
+own kind (``for_target``).
 """
 
 from __future__ import annotations
@@ -76,6 +79,22 @@ def eligible(target: Target, rec: Record) -> bool:
     return rec.status == "ok" and rec.needs_gpu == (target.device == "gpu")
 
 
+def for_target(target: Target, records: list[Record]) -> list[Record]:
+    """The records a target is decided on. One machine measured every record for every target (``measured_for`` is
+    None throughout); a distributed sweep measured each variant once per kind of node, and a target sees only the
+    records measured for its kind (``Target.kind``: its ``ray_resources``)."""
+    if all(r.measured_for is None for r in records):
+        return records
+    return [r for r in records if r.measured_for == target.kind]
+
+
+def _where(rec: Record) -> str:
+    """The machine of a record's figures, and its node where a distributed sweep measured it."""
+    env = rec.environment
+    node = f" on node {env.node}" if rec.measured_for is not None and env and env.node else ""
+    return machine_label(env) + node
+
+
 def isa_note(target: Target, rec: Record, fig: Figures) -> str | None:
     """Whether the figures were taken with the target's instruction set, capped to it, or with a richer one."""
     env = rec.environment
@@ -120,7 +139,7 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
         add("size_mb", target.max_size_mb, rec.size_mb, True, True, "size on disk holds everywhere")
     on_gpu = bool(env and env.gpu)
     speed_here = target.device == "cpu" or (target.device == "gpu" and on_gpu)
-    speed_note = (f"measured on {machine_label(env)}, not on {target.hardware}" if speed_here
+    speed_note = (f"measured on {_where(rec)}, not on {target.hardware}" if speed_here
                   else "measure on the device with `servopt bench`" if target.device == "edge"
                   else "not measured: these figures come from a machine without a GPU")
     if target.max_p50_ms is not None:
@@ -153,6 +172,7 @@ def shortfall(verdict: Verdict) -> str:
 def decide(target: Target, records: list[Record], ref: Record | None, family: Family,
            interleaved: Interleaved | None = None) -> Decision:
     """Best passing variant under the target's objective, or the nearest miss and by how much."""
+    records = for_target(target, records)
     candidates = [r for r in records if eligible(target, r)]
     skipped = [r.name for r in records if r.status == "skipped" and r.needs_gpu == (target.device == "gpu")]
     by_name = {r.name: r for r in records}
@@ -175,7 +195,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
         if pending:
             reason += f"; still to measure on {target.hardware}: {', '.join(pending)}"
         elif target.device == "cpu":
-            reason += f" (figures from {machine_label(by_name[best.variant].environment)}, not from {target.hardware})"
+            reason += f" (figures from {_where(by_name[best.variant])}, not from {target.hardware})"
         reason += "".join(f"; {n}" for n in best.notes)
         return Decision(target=target, status="pass" if not pending else "pass (pending device)", recommended=best.variant,
                         verdict=best, verdicts=verdicts, reason=reason, result=by_name[best.variant])
@@ -211,7 +231,7 @@ def interleave_candidates(targets: list[Target], records: list[Record], ref: Rec
     for t in targets:
         if t.device != "cpu":
             continue
-        verdicts = [judge(t, r, ref, family) for r in records if eligible(t, r)]
+        verdicts = [judge(t, r, ref, family) for r in for_target(t, records) if eligible(t, r)]
         acc_ok = [v for v in verdicts if all(b.status != "fail" for b in v.bounds if b.bound in QUALITY_BOUNDS)]
         ranked = sorted(acc_ok, key=lambda v: (not v.passes, _objective_key(t, v)))
         for v in ranked[:per_target]:

@@ -88,22 +88,41 @@ def precision_of(r: Record) -> str:
     return session.precision_actual
 
 
-def variant_rows(records: list[Record], reference: Record | None, pareto: list[str], family: Family) -> list[VariantRow]:
+def label(r: Record) -> str:
+    """A record's name in tables and charts: the variant, and the kind of node it was measured for (distributed)."""
+    return f"{r.name} [{r.measured_for}]" if r.measured_for else r.name
+
+
+def pareto_marks(summary: Summary) -> set[tuple[str, str | None]]:
+    """(variant, kind) on a Pareto front: one machine's, or each kind of node's own."""
+    return {(n, None) for n in summary.pareto_front} | {(n, k.kind) for k in summary.kinds for n in k.pareto_front}
+
+
+def references_by_kind(records: list[Record], reference_name: str | None) -> dict[str | None, Record]:
+    return {r.measured_for: r for r in records if r.name == reference_name}
+
+
+def variant_rows(records: list[Record], reference: Record | None, pareto: set[tuple[str, str | None]], family: Family,
+                 references: dict[str | None, Record] | None = None) -> list[VariantRow]:
+    """One row per record; quality against the original measured for the same kind of node where there is one."""
     rows = []
     for r in records:
         lat, tp = r.latency_ms, r.throughput_ips
         agr = r.agreement.top1_agreement if r.agreement else None
-        drop = family.quality_drop(r, reference) if r.status == "ok" or r.accuracy else None
+        ref = (references or {}).get(r.measured_for, reference)
+        drop = family.quality_drop(r, ref) if r.status == "ok" or r.accuracy else None
         notes = []
         if r.interference and r.interference.flagged:
             notes.append("noisy")
         session = r.environment.session if r.environment else None
         if session and session.provider_fallback:
             notes.append(f"provider fell back to {session.provider_actual}")
-        if r.name in pareto:
+        if (r.name, r.measured_for) in pareto:
             notes.append("Pareto")
+        if r.measured_for and r.environment and r.environment.node:
+            notes.append(f"node {r.environment.node}")
         rows.append(VariantRow(
-            name=r.name, group=r.group or "", status=r.status, error=r.error or "", size=_n(r.size_mb),
+            name=label(r), group=r.group or "", status=r.status, error=r.error or "", size=_n(r.size_mb),
             accuracy=family.describe_quality(r), drop=_n(drop, "{:+.2f}") if drop is not None else "—",
             agree=_n(agr * 100 if agr is not None else None, "{:.1f}%"), p50=_n(lat.p50 if lat else None),
             p95=_n(lat.p95 if lat else None), p99=_n(lat.p99 if lat else None), batch=_n(tp.batch if tp else None, "{:.0f}"),
@@ -119,7 +138,7 @@ def verdict_rows(summary: Summary) -> list[VerdictRow]:
         recommended = d.recommended or (f"none (nearest: {d.nearest})" if d.nearest else "none")
         rows.append(VerdictRow(
             name=target.name, hardware=target.hardware + (f" ({target.isa})" if target.isa else ""), device=target.device,
-            status=d.status, recommended=recommended, reason=d.reason, isa=isa_match(summary, target.isa),
+            status=d.status, recommended=recommended, reason=d.reason, isa=isa_match(summary, target.isa, target.kind),
             bounds=[BoundRow(bound=b.bound, limit=b.limit, value=_n(b.value, "{:.3g}"), status=b.status, note=b.note)
                     for b in (d.verdict.bounds if d.verdict else [])]))
     return rows
@@ -145,22 +164,49 @@ def capped_tables(summary: Summary) -> list[CappedTable]:
     return [CappedTable(isa=isa, rounds=il.rounds, rows=interleave_rows(il)) for isa, il in summary.capped.items()]
 
 
-def isa_match(summary: Summary, target_isa: str | None) -> str:
-    """Whether the machine that measured has the target's instruction set (per target, for the verdicts)."""
-    env = summary.environment
+@dataclass
+class KindSection:
+    """A distributed sweep's kind of node: where its records were measured, its re-measures and Pareto front."""
+
+    kind: str
+    resources: str
+    nodes: str
+    targets: str
+    machine: str
+    interleaved: list[RatioRow]
+    rounds: int | None
+    capped: list[CappedTable]
+    pareto: list[str]
+
+
+def kind_sections(summary: Summary) -> list[KindSection]:
+    return [KindSection(kind=k.kind, resources=", ".join(f"{n}: {v:g}" for n, v in k.ray_resources.items()),
+                        nodes=", ".join(k.nodes) or "none", targets=", ".join(k.targets), machine=machine_of(k.environment),
+                        interleaved=interleave_rows(k.interleaved), rounds=k.interleaved.rounds if k.interleaved else None,
+                        capped=[CappedTable(isa=isa, rounds=il.rounds, rows=interleave_rows(il)) for isa, il in k.capped.items()],
+                        pareto=k.pareto_front)
+            for k in summary.kinds]
+
+
+def isa_match(summary: Summary, target_isa: str | None, kind: str | None = None) -> str:
+    """Whether the machine that measured has the target's instruction set (per target, for the verdicts): this
+    machine, or on a distributed sweep the nodes of the target's kind."""
+    of_kind = summary.kind(kind)
+    env = of_kind.environment if of_kind and of_kind.environment else summary.environment
+    capped = of_kind.capped if of_kind else summary.capped
     if target_isa is None or env is None:
         return ""
     here = CpuFeatures(frozenset(env.cpu_flags)).level
     if here == target_isa:
         return f"measured on the target's instruction set ({here})"
     if isa_rank(here) > isa_rank(target_isa):
-        how = "re-measured capped where runtimes allow" if target_isa in summary.capped else "not capped"
+        how = "re-measured capped where runtimes allow" if target_isa in capped else "not capped"
         return f"this machine is {here}, richer than the target's {target_isa}: {how}"
     return f"this machine is {here}, poorer than the target's {target_isa}"
 
 
-def charts(records: list[Record], reference: Record | None, pareto: list[str], family: Family,
-           highlight: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+def charts(records: list[Record], reference: Record | None, pareto: set[tuple[str, str | None]], family: Family,
+           highlight: list[str] | tuple[str, ...] = (), references: dict[str | None, Record] | None = None) -> dict[str, str]:
     """Inline SVG charts; empty when matplotlib is not installed."""
     try:
         import matplotlib
@@ -185,23 +231,28 @@ def charts(records: list[Record], reference: Record | None, pareto: list[str], f
         assert r.latency_ms is not None
         return r.latency_ms.p50
 
+    def ref_of(r: Record) -> Record | None:
+        return (references or {}).get(r.measured_for, reference)
+
     out = {}
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    labelled = set(pareto) | set(highlight) | ({reference.name} if reference else set())
+    labelled = set(highlight) | ({reference.name} if reference else set())
     placed: list[tuple[float, float]] = []
     for r in ok:
-        drop = family.quality_drop(r, reference) or 0.0
+        drop = family.quality_drop(r, ref_of(r)) or 0.0
         x, y = p50(r), -drop
-        on_front = r.name in pareto
+        on_front = (r.name, r.measured_for) in pareto
         ax.scatter(x, y, s=60 if on_front else 22, c="#d62728" if on_front else "#1f77b4", alpha=0.9 if on_front else 0.6, zorder=3)
-        if r.name in labelled:  # only the points that matter are named; the table lists every variant
+        if on_front or r.name in labelled:  # only the points that matter are named; the table lists every variant
             dy = 6 + 9 * sum(1 for px, py in placed if abs(np.log(px / x)) < 0.25 and abs(py - y) < 0.05)
-            ax.annotate(r.name, (x, y), fontsize=7.5, xytext=(4, dy), textcoords="offset points")
+            ax.annotate(label(r), (x, y), fontsize=7.5, xytext=(4, dy), textcoords="offset points")
             placed.append((x, y))
-    front = sorted((r for r in ok if r.name in pareto), key=p50)
-    if front:
-        ax.step([p50(r) for r in front], [-(family.quality_drop(r, reference) or 0) for r in front], where="post",
-                color="#d62728", alpha=0.5, label="Pareto frontier")
+    for kind in dict.fromkeys(r.measured_for for r in ok):  # one frontier per kind of node: figures of one machine
+        front = sorted((r for r in ok if r.measured_for == kind and (r.name, kind) in pareto), key=p50)
+        if front:
+            ax.step([p50(r) for r in front], [-(family.quality_drop(r, ref_of(r)) or 0) for r in front], where="post",
+                    color="#d62728", alpha=0.5, label="Pareto frontier" + (f" ({kind})" if kind else ""))
+    if any((r.name, r.measured_for) in pareto for r in ok):
         ax.legend()
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _p: f"{v:g}"))
@@ -210,14 +261,14 @@ def charts(records: list[Record], reference: Record | None, pareto: list[str], f
     ax.set_ylabel("quality change vs original, points")
     ax.grid(alpha=0.3)
     out["scatter"] = svg(fig)
-    names = [r.name for r in ok]
-    for key, label, values in [
+    names = [label(r) for r in ok]
+    for key, axis_label, values in [
         ("throughput", "batch throughput, samples/s", [r.batch_ips or 0 for r in ok]),
         ("size", "size on disk, MB", [r.size_mb or 0 for r in ok]),
     ]:
         fig, ax = plt.subplots(figsize=(8, 0.28 * len(ok) + 1))
         ax.barh(names, values, color="#2ca02c" if key == "throughput" else "#9467bd")
-        ax.set_xlabel(label)
+        ax.set_xlabel(axis_label)
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="y", labelsize=7)
@@ -225,7 +276,7 @@ def charts(records: list[Record], reference: Record | None, pareto: list[str], f
     with_samples = [r for r in ok if r.latency_samples_ms]
     if with_samples:
         fig, ax = plt.subplots(figsize=(8, 0.28 * len(with_samples) + 1))
-        ax.boxplot([r.latency_samples_ms for r in with_samples], vert=False, showfliers=False, tick_labels=[r.name for r in with_samples])
+        ax.boxplot([r.latency_samples_ms for r in with_samples], vert=False, showfliers=False, tick_labels=[label(r) for r in with_samples])
         ax.set_xscale("log")
         ax.set_xlabel("single-sample latency, ms (box: quartiles, whiskers: 1.5 IQR)")
         ax.tick_params(axis="y", labelsize=7)
@@ -260,7 +311,22 @@ Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
 | variant | p50 ms | batch/s | p50 vs ORT default | throughput vs ORT default | held to {{ c.isa }} |
 |---|---|---|---|---|---|
 {% for r in c.rows %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.capped }} |
+{% endfor %}{% endfor %}{% for k in kinds %}
+## Measured for {{ k.kind }} (Ray resources {{ k.resources }})
+Targets {{ k.targets }}, decided on these records only; measured on {{ k.machine }}, nodes {{ k.nodes }}.
+{% if k.interleaved %}
+Same-run ratios ({{ k.rounds }} rounds):
+| variant | p50 ms | batch/s | p50 vs ORT default | throughput vs ORT default | noisy rounds |
+|---|---|---|---|---|---|
+{% for r in k.interleaved %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.flagged }} |
+{% endfor %}{% endif %}{% for c in k.capped %}
+Same-run ratios with the instruction set capped at {{ c.isa }} ({{ c.rounds }} rounds):
+| variant | p50 ms | batch/s | p50 vs ORT default | throughput vs ORT default | held to {{ c.isa }} |
+|---|---|---|---|---|---|
+{% for r in c.rows %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.capped }} |
 {% endfor %}{% endfor %}
+Pareto frontier: {{ k.pareto|join(", ") }}
+{% endfor %}
 ## Data
 {% for line in data %}- {{ line }}
 {% endfor %}{% if grid %}
@@ -278,9 +344,9 @@ Real texts, batch {{ 32 }}: arrival order vs sorted by length
 | variant | status | size MB | quality | Δ points | agree | precision ran | p50 | p95 | p99 | batch/s | cold s | RSS MB | notes |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {% for r in rows %}| {{ r.name }} | {{ r.status }}{% if r.error %}: {{ r.error }}{% endif %} | {{ r.size }} | {{ r.accuracy }} | {{ r.drop }} | {{ r.agree }} | {{ r.precision }} | {{ r.p50 }} | {{ r.p95 }} | {{ r.p99 }} | {{ r.batch }} | {{ r.cold }} | {{ r.rss }} | {{ r.notes }} |
-{% endfor %}
+{% endfor %}{% if pareto or not kinds %}
 Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}
-{% for p in profiles %}
+{% endif %}{% for p in profiles %}
 ## Op profile: {{ p.variant }} ({{ p.profiler }}, {{ "%.2f"|format(p.total_ms_per_run) }} ms of kernels per sample)
 | op | ms/sample | share |
 |---|---|---|
@@ -328,6 +394,12 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 <p class="muted">The target names a poorer CPU than this one: its candidates re-measured with each runtime held to {{ c.isa }} where it can be (oneDNN's ONEDNN_MAX_CPU_ISA, ATen's ATEN_CPU_CAPABILITY); ONNX Runtime cannot be held and says so.</p>
 <table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>held to {{ c.isa }}</th></tr>
 {% for r in c.rows %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.capped }}</td></tr>{% endfor %}</table>{% endfor %}
+{% for k in kinds %}<h2>Measured for {{ k.kind }}</h2>
+<p class="muted">Ray resources {{ k.resources }}; targets {{ k.targets }}, decided on these records only; measured on {{ k.machine }}, nodes {{ k.nodes }}. Pareto frontier: {{ k.pareto|join(", ") }}</p>
+{% if k.interleaved %}<table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>noisy rounds</th></tr>
+{% for r in k.interleaved %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.flagged }}</td></tr>{% endfor %}</table>{% endif %}
+{% for c in k.capped %}<h3>capped at {{ c.isa }}</h3><table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>held to {{ c.isa }}</th></tr>
+{% for r in c.rows %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.capped }}</td></tr>{% endfor %}</table>{% endfor %}{% endfor %}
 <h2>Latency against accuracy</h2>{% if charts.scatter %}{{ charts.scatter }}{% else %}<p class="muted">charts need matplotlib (pip install servopt[report])</p>{% endif %}
 <h2>Data</h2><ul>{% for line in data %}<li>{{ line }}</li>{% endfor %}</ul>
 {% if grid %}<h2>Throughput by batch × sequence length</h2><p class="muted">samples/s on real token ids, every row the full length</p>
@@ -339,7 +411,7 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 <table><tr><th>variant</th><th>status</th><th>size MB</th><th>quality</th><th>Δ pts</th><th>agree</th><th>precision ran</th><th>p50</th><th>p95</th><th>p99</th><th>batch/s</th><th>cold s</th><th>RSS MB</th><th>notes</th></tr>
 {% for r in rows %}<tr><td title="{{ r.description }}">{{ r.name }}</td><td class="l {{ 'pass' if r.status == 'ok' else 'fail' if r.status == 'failed' else 'nm' }}" title="{{ r.error }}">{{ r.status }}{% if r.error %}<br><span class="muted">{{ r.error[:140] }}</span>{% endif %}</td>
 <td>{{ r.size }}</td><td class="l">{{ r.accuracy }}</td><td>{{ r.drop }}</td><td>{{ r.agree }}</td><td class="l">{{ r.precision }}</td><td>{{ r.p50 }}</td><td>{{ r.p95 }}</td><td>{{ r.p99 }}</td><td>{{ r.batch }}</td><td>{{ r.cold }}</td><td>{{ r.rss }}</td><td class="l">{{ r.notes }}</td></tr>{% endfor %}</table>
-<p class="muted">Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}</p>
+{% if pareto or not kinds %}<p class="muted">Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}</p>{% endif %}
 <h2>Throughput</h2>{{ charts.throughput|default('') }}
 <h2>Size on disk</h2>{{ charts.size|default('') }}
 <h2>Latency distributions</h2>{{ charts.latency|default('') }}
@@ -396,7 +468,12 @@ def data_lines(data: dict) -> list[str]:
 
 
 def machine_line(summary: Summary) -> str:
-    env = summary.environment
+    if summary.kinds:
+        return f"the nodes of each kind below (distributed sweep; run from {machine_of(summary.environment)})"
+    return machine_of(summary.environment)
+
+
+def machine_of(env) -> str:
     if env is None:
         return "an unrecorded machine"
     gpu = f", GPU {env.gpu_name}" if env.gpu_name else ", no GPU"
@@ -407,23 +484,31 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
     """Render both reports from what the run stored; nothing is measured here."""
     config = load_config(out)
     reference = next((r for r in records if r.name == summary.reference), None)
+    references = references_by_kind(records, summary.reference)
     family = family_of(config.spec) if config else _default_family()
-    picks = list(dict.fromkeys(d.recommended or d.nearest for d in summary.targets if d.recommended or d.nearest))
-    profiles = [p for p in (load_profile(out, n) for n in picks) if p is not None]
+    picked = list(dict.fromkeys((str(d.recommended or d.nearest), d.result.measured_for if d.result else None)
+                                for d in summary.targets if d.recommended or d.nearest))
+    picks = [n for n, _ in picked]
+    profiles = []
+    for name, kind in picked:
+        prof = load_profile(out, name, kind)
+        if prof is not None:
+            profiles.append(prof.model_copy(update={"variant": f"{name} [{kind}]" if kind else name}))
+    marks = pareto_marks(summary)
     search = next((r.build_report for r in records if r.status in ("ok", "failed") and r.build_report and "steps" in r.build_report), None)
     env_json = summary.environment.model_dump_json(indent=2) if summary.environment else "{}"
     ctx = {
         "model": Path(config.model).name if config else "?", "run_dir": str(out), "created": summary.created,
         "machine": machine_line(summary), "verdicts": verdict_rows(summary),
         "interleaved": interleave_rows(summary.interleaved), "rounds": summary.interleaved.rounds if summary.interleaved else None,
-        "capped": capped_tables(summary),
-        "rows": variant_rows(records, reference, summary.pareto_front, family), "pareto": summary.pareto_front,
+        "capped": capped_tables(summary), "kinds": kind_sections(summary),
+        "rows": variant_rows(records, reference, marks, family, references), "pareto": summary.pareto_front,
         "profiles": profiles, "search": search, "left_out": config.left_out if config else [],
         "environment": env_json, "note": config.note if config else "",
         "data": data_lines(config.data) if config else [], "grid": grid_table(records),
     }
     write_text_atomic(out / "report.md", Environment(autoescape=False).from_string(MD).render(**ctx))
-    svgs = {k: Markup(v) for k, v in charts(records, reference, summary.pareto_front, family, picks).items()}  # our own SVG
+    svgs = {k: Markup(v) for k, v in charts(records, reference, marks, family, picks, references).items()}  # our own SVG
     write_text_atomic(out / "report.html", Environment(autoescape=True).from_string(HTML).render(**ctx, charts=svgs))
 
 

@@ -13,6 +13,11 @@ directories written by servopt 0.1 (``servopt.result/1`` records and
     interleave.json        the side-by-side re-measure of the top candidates with the reference
     profiles/<variant>.json    op-level profiles of the recommended variants
     summary.json, report.md, report.html
+
+A distributed sweep (``--ray``) measures each variant once per kind of node (``Record.measured_for``): its jobs in
+``work/<variant>/<kind>/``, the original's outputs in ``reference_outputs-<kind>.npy``, its re-measures in
+``interleave-<kind>.json``, its profiles in ``profiles/<kind>/``, and ``work/ray-tasks.jsonl`` says on which node
+and when every job ran.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pydantic import Field
 from servopt.contracts import SUMMARY_SCHEMA, Contract, Environment, Interleaved, OpProfile, Record
 from servopt.errors import UserError
 from servopt.optimize.decide import Decision
-from servopt.optimize.targets import Target
+from servopt.optimize.targets import Target, kind_slug
 from servopt.results import parse_record, read_jsonl
 from servopt.spec import ModelSpec
 
@@ -47,6 +52,21 @@ class RunConfig(Contract):
     data: dict[str, Any]
     left_out: list[LeftOut] = Field(default_factory=list)
     note: str = ""
+    measured_for: list[str | None] = Field(default_factory=lambda: [None])  # the kinds of node measured (None: one machine)
+
+
+class KindSummary(Contract):
+    """A distributed sweep's results for one kind of node: the targets decided on its records, the nodes that measured
+    them, and its own re-measures and Pareto front (figures of different machines are never compared)."""
+
+    kind: str
+    ray_resources: dict[str, float]
+    targets: list[str]
+    nodes: list[str]
+    interleaved: Interleaved | None = None
+    capped: dict[str, Interleaved] = Field(default_factory=dict)
+    pareto_front: list[str] = Field(default_factory=list)
+    environment: Environment | None = None  # the machine of the kind's original (a node of that kind)
 
 
 class Summary(Contract):
@@ -61,6 +81,10 @@ class Summary(Contract):
     capped: dict[str, Interleaved] = Field(default_factory=dict)  # per target ISA: re-measured with the ISA capped
     counts: dict[str, int]
     environment: Environment | None = None
+    kinds: list[KindSummary] = Field(default_factory=list)  # a distributed sweep: per kind of node (the fields above: kind None)
+
+    def kind(self, kind: str | None) -> KindSummary | None:
+        return next((k for k in self.kinds if k.kind == kind), None) if kind else None
 
     def decision(self, target: str) -> Decision | None:
         return next((d for d in self.targets if d.target.name == target), None)
@@ -83,15 +107,20 @@ def load_run(out: Path) -> tuple[Summary | None, list[Record]]:
     summary_path = out / "summary.json"
     summary = _summary(json.loads(summary_path.read_text()), out) if summary_path.exists() else None
     # results.jsonl is append-only: a re-measured variant (changed settings) appears again. The run's view is the
-    # latest record of each variant of the current configuration.
-    latest = {r["name"]: r for r in read_jsonl(out / "results.jsonl")}
+    # latest record of each variant (and kind of node, on a distributed sweep) of the current configuration.
+    latest = {(r["name"], r.get("measured_for")): r for r in read_jsonl(out / "results.jsonl")}
     config = load_config(out)
-    names = config.variants if config else list(latest)
-    return summary, [parse_record(latest[n], out) for n in names if n in latest]
+    names = config.variants if config else list(dict.fromkeys(n for n, _ in latest))
+    kinds = config.measured_for if config else list(dict.fromkeys(k for _, k in latest))
+    return summary, [parse_record(latest[(n, k)], out) for n in names for k in kinds if (n, k) in latest]
 
 
-def load_profile(out: Path, variant: str) -> OpProfile | None:
-    path = out / "profiles" / f"{variant}.json"
+def profile_path(out: Path, variant: str, kind: str | None = None) -> Path:
+    return out / "profiles" / (f"{variant}.json" if kind is None else f"{kind_slug(kind)}/{variant}.json")
+
+
+def load_profile(out: Path, variant: str, kind: str | None = None) -> OpProfile | None:
+    path = profile_path(out, variant, kind)
     if not path.exists():
         return None
     raw = json.loads(path.read_text())

@@ -7,6 +7,7 @@ machine is still judged, and every verdict says where its figures came from.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -32,6 +33,27 @@ class Target(BaseModel):
         None, description="embeddings with scored pairs: Spearman points lost against the original, at most")
     isa: Literal["avx2", "avx512", "avx512_vnni", "amx"] | None = Field(
         None, description="the target CPU's instruction set: its candidates are measured capped to it where a runtime allows")
+    ray_resources: dict[str, PositiveFloat] | None = Field(
+        None, description="a distributed sweep (--ray): the Ray resources of the nodes this target's candidates are "
+                          "measured on, e.g. {'epyc-7763': 1} or {'GPU': 1}; ignored on one machine")
+
+    @property
+    def kind(self) -> str | None:
+        """The kind of node this target is measured on in a distributed sweep (``measurement_kind``)."""
+        return measurement_kind(self.ray_resources)
+
+
+def measurement_kind(resources: dict[str, float] | None) -> str | None:
+    """A stable label of a set of Ray resources: ``{"epyc-7763": 1}`` → ``epyc-7763``, ``{"GPU": 1, "a100": 1}`` →
+    ``GPU+a100``, ``{"GPU": 0.5}`` → ``GPU=0.5``. None: no resources named (any node)."""
+    if not resources:
+        return None
+    return "+".join(k if v == 1 else f"{k}={v:g}" for k, v in sorted(resources.items()))
+
+
+def kind_slug(kind: str) -> str:
+    """A kind label as a folder or file name."""
+    return re.sub(r"[^A-Za-z0-9._=+-]", "_", kind)
 
 
 PRESETS: dict[str, Target] = {

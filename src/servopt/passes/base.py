@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -131,6 +133,21 @@ def cached_artifact(start: Artifact, chain: list[tuple[str, dict]], cache: Path)
     return artifact
 
 
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename a finished build folder into place: it appears whole or not at all. When another process published the
+    same step meanwhile, its folder is kept (it may be in use) and this one dropped."""
+    for _ in range(2):
+        try:
+            tmp.rename(out)
+            return
+        except OSError:
+            if (out / "artifact.json").exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
+            shutil.rmtree(out, ignore_errors=True)  # a folder of an older servopt, left without artifact.json
+    tmp.rename(out)
+
+
 def build_chain(start: Artifact, chain: list[tuple[str, dict]], cache: Path, ctx: BuildContext) -> Artifact:
     """Apply ``chain`` to ``start``, reusing every step already built under ``cache``."""
     artifact = start
@@ -139,13 +156,13 @@ def build_chain(start: Artifact, chain: list[tuple[str, dict]], cache: Path, ctx
         out, parsed = _step_dir(artifact, name, params, cache)
         key = out.name.rsplit("-", 1)[1]
         if not (out / "artifact.json").exists():
-            tmp = cache / f".tmp-{name}-{key}"
+            # A folder of this process's own: builds running in parallel (a distributed sweep) may build the same step.
+            tmp = cache / f".tmp-{name}-{key}-{socket.gethostname()}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             ctx.log(f"building {name}")
             produced = p.run(artifact.opened(), parsed, tmp, ctx)
             write_json_atomic(tmp / "artifact.json", {**produced.model_dump(), "pass": name, "params": parsed.model_dump(), "hash": key})
-            shutil.rmtree(out, ignore_errors=True)
-            tmp.rename(out)  # the folder appears whole or not at all
+            _publish(tmp, out)
         artifact = resolve(out, start)
     return artifact

@@ -128,11 +128,13 @@ def from_run(run_dir: Path, target: str | None, variant: str | None, nearest: bo
     summary, run_records = load_run(run_dir)
     if summary is None:
         raise UserError(f"{run_dir} has no summary.json", fix="run `servopt optimize … --out DIR` to the end first")
-    records = {r.name: r for r in run_records}
     parameters: dict[str, Any] = {}
     decision = summary.decision(target) if target else None
     if target and decision is None:
         raise UserError(f"no target {target!r} in {run_dir}", fix=f"one of: {', '.join(d.target.name for d in summary.targets)}")
+    # A distributed sweep measured a variant once per kind of node: the target's own kind's record wins (its status).
+    kind = decision.result.measured_for if decision and decision.result else None
+    records = {r.name: r for r in sorted(run_records, key=lambda r: r.measured_for == kind)}
     if variant is None:
         if decision is None:
             names = [d.target.name for d in summary.targets]

@@ -1,0 +1,65 @@
+"""Where the sweep's jobs run: here, one after another (``LocalExecutor``), or as tasks on a Ray cluster
+(``ray_executor.RayExecutor``, ``servopt optimize --ray ADDRESS``).
+
+The runner hands every unit of work (a build, a variant's measurement, an interleaved re-measure, a profile) to an
+executor as a plain function and its arguments, with the Ray resources of the kind of node it must run on, and gets a
+``concurrent.futures.Future`` back. The local executor calls the function at once, in this process: the sweep on one
+machine is what it always was, and nothing of Ray is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+class Lost(Exception):
+    """A job no node brought back: its worker or node died more often than the retries allow, or no node of its kind
+    is left in the cluster. The runner records the variant as failed with this reason."""
+
+
+LOST = "job lost"  # how a record's error starts when its job was lost (a rerun measures it again)
+
+
+class Executor:
+    distributed: ClassVar[bool] = False
+
+    def prepare(self, run_dir: Path, kinds: dict[str, dict[str, float]]) -> None:
+        """Check that the jobs can run: ``kinds`` maps each kind of node (``targets.measurement_kind``) to its
+        resources. Raises ``UserError`` when they cannot."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None, what: str = "") -> Future:
+        """Run ``fn(*args)`` on a node with ``resources`` (None: any node), alone there; the future holds its result."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalExecutor(Executor):
+    """Everything on this machine, one job after another, in the calling thread: today's sweep."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None, what: str = "") -> Future:
+        done: Future = Future()
+        try:
+            done.set_result(fn(*args))
+        except Exception as e:  # noqa: BLE001  (raised again by .result(), in the caller, as if called directly)
+            done.set_exception(e)
+        return done
+
+
+def open_executor(ray_address: str | None) -> Executor:
+    """The local executor, or a Ray cluster's (``auto``, ``local``, ``ray://host:10001``, ``host:6379``)."""
+    if not ray_address:
+        return LocalExecutor()
+    from servopt.optimize.ray_executor import RayExecutor
+
+    return RayExecutor.connect(ray_address)
