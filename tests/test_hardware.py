@@ -20,7 +20,8 @@ from servopt.runtimes import Session, get_runtime, open_session
 
 AVX2 = CpuFeatures(frozenset({"avx2", "fma"}))
 ZEN4 = CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}))
-SAPPHIRE = CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_int8", "amx_bf16"}))
+SAPPHIRE = CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_int8", "amx_bf16"}))
+ARROW_LAKE = CpuFeatures(frozenset({"avx2", "avx_vnni", "avx_vnni_int8"}))
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,9 @@ def test_feature_levels():
     assert not AVX2.int8_dot and ZEN4.int8_dot and ZEN4.bf16 and not ZEN4.fp16 and SAPPHIRE.fp16 and SAPPHIRE.amx
     assert isa_rank("avx2") < isa_rank("avx512_vnni") < isa_rank("amx") and isa_rank("arm") < isa_rank("avx2")
     assert CpuFeatures(frozenset({"asimd", "asimddp", "asimdhp"})).int8_dot
+    # ONNX Runtime's S8S8 kernels: VNNI (even AMX) speeds up U8S8 only; signed activations need AVX-VNNI-INT8 or ARM dot products
+    assert not ZEN4.int8_signed and not SAPPHIRE.int8_signed and ARROW_LAKE.int8_signed
+    assert CpuFeatures(frozenset({"asimd", "asimddp"})).int8_signed
 
 
 def test_the_catalogue_follows_the_cpu(onnx_model):
@@ -41,12 +45,12 @@ def test_the_catalogue_follows_the_cpu(onnx_model):
     def defaults(cpu: CpuFeatures) -> set[str]:
         return {v.name for v in select(catalogue(model, linear_heavy=False, cpu=cpu), None, False)}
 
-    avx2, zen4, spr = defaults(AVX2), defaults(ZEN4), defaults(SAPPHIRE)
-    assert "ort-int8-static-qop-s8s8" not in avx2 and "ort-int8-static-qop-s8s8" in zen4
+    avx2, zen4, spr, arrow = defaults(AVX2), defaults(ZEN4), defaults(SAPPHIRE), defaults(ARROW_LAKE)
+    assert "ort-int8-static-qop-s8s8" not in avx2 | zen4 | spr and "ort-int8-static-qop-s8s8" in arrow
     assert "ov-bf16-latency" not in avx2 and {"ov-bf16-latency", "ov-bf16-throughput"} <= zen4
     assert "ov-fp16-latency" not in zen4 and "ov-fp16-latency" in spr
     left = {v.name: v.left_out_why for v in catalogue(model, linear_heavy=False, cpu=AVX2) if not v.default}
-    assert "VNNI" in left["ort-int8-static-qop-s8s8"] and "bf16" in left["ov-bf16-latency"], "each exclusion says why"
+    assert "AVX-VNNI-INT8" in left["ort-int8-static-qop-s8s8"] and "bf16" in left["ov-bf16-latency"], "each exclusion says why"
     fp16 = next(v for v in catalogue(model, linear_heavy=False, cpu=AVX2) if v.name == "ort-fp16")
     assert "no fp16 arithmetic" in fp16.description
 

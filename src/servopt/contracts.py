@@ -106,10 +106,13 @@ class Agreement(Contract):
     top1_agreement: float | None = None
     agree: int | None = None
     retrieval_top10: float | None = None  # overlap of nearest-neighbour lists (embeddings)
-    # Variable-length inputs: the lowest cosine between a sample's output run alone and run inside a padded batch.
-    # Dynamic INT8 takes its activation scale over the whole padded batch, so a text's embedding can depend on
-    # what it is batched with — which a server's batcher decides.
+    # Variable-length inputs: the mean (and lowest) cosine between a sample's output run alone and run inside a padded
+    # batch, and the mean cosine to the original of the outputs run alone. Dynamic INT8 takes its activation scale over
+    # the whole padded batch, so a text's embedding depends on what it is batched with — which a server's batcher
+    # decides; the quality bound must hold either way.
     batch_consistency: float | None = None
+    batch_consistency_min: float | None = None
+    cosine_mean_alone: float | None = None
     error: str | None = None
 
 

@@ -94,7 +94,9 @@ def measure_session(session: Session, data: Dataset, reference: np.ndarray | Non
         np.save(outputs_path, outputs)
     judged = family.judge(outputs, data, reference)
     if data.lengths is not None and judged.agreement is not None and judged.agreement.error is None:
-        judged.agreement.batch_consistency = batch_consistency(session, data, outputs, max(1, proto.batch_size))
+        mean, low, alone = batch_consistency(session, data, outputs, max(1, proto.batch_size), reference)
+        judged.agreement.batch_consistency, judged.agreement.batch_consistency_min = mean, low
+        judged.agreement.cosine_mean_alone = alone
     failed = family.gate_failure(judged, gate) if gate else None
     precision = _precision_mismatch(session)
     failed = failed or precision
@@ -155,13 +157,17 @@ def measure_text_axes(session: Session, data: Dataset, family: Family, proto: Pr
     return grid or None, batching, phases
 
 
-def batch_consistency(session: Session, data: Dataset, outputs: np.ndarray, batch_size: int, samples: int = 16) -> float:
-    """The lowest cosine between a sample's output alone and inside its padded batch (the first ``samples``)."""
+def batch_consistency(session: Session, data: Dataset, outputs: np.ndarray, batch_size: int,
+                      reference: np.ndarray | None = None, samples: int = 32) -> tuple[float, float, float | None]:
+    """The first ``samples`` run alone: the mean and lowest cosine to their outputs inside the padded batch, and the mean
+    cosine of the alone outputs to ``reference`` (None without one)."""
     from servopt.families.metrics import cosine
 
     n = min(samples, len(data), batch_size)
     alone = np.concatenate([session.run(data.slice(i, i + 1)) for i in range(n)])
-    return float(cosine(alone, outputs[:n]).min())
+    both = cosine(alone, outputs[:n])
+    to_ref = float(cosine(alone, reference[:n]).mean()) if reference is not None else None
+    return float(both.mean()), float(both.min()), to_ref
 
 
 def _precision_mismatch(session: Session) -> str | None:

@@ -203,7 +203,7 @@ class EmbeddingBase(Family):
         if agr and agr.retrieval_top10 is not None:
             parts.append(f"top-10 {agr.retrieval_top10:.2f}")
         if agr and agr.batch_consistency is not None and agr.batch_consistency < 0.9999:
-            parts.append(f"alone vs batched {agr.batch_consistency:.4f}")
+            parts.append(f"alone vs batched {agr.batch_consistency:.4f} (lowest {agr.batch_consistency_min or 0:.4f})")
         if record.pairs:
             parts.append(f"ρ {record.pairs.spearman:.3f}")
         return ", ".join(parts) or ("original" if agr is None and record.status == "ok" else "n/a")

@@ -80,7 +80,8 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
         return text_catalogue(model, accuracy_drop=accuracy_drop, cpu=cpu)
     export = [("export-onnx", {})] if model.is_torch else []
     no_bf16, no_fp16 = NO_BF16, NO_FP16
-    no_vnni = "S8S8 QOperator kernels are slow without 8-bit dot-product instructions (VNNI); measured 4x slower than U8S8 on AVX2"
+    no_s8s8 = ("ONNX Runtime runs S8S8 QOperator fast only with AVX-VNNI-INT8 (x86) or SDOT/SMMLA (ARM); measured 4x slower "
+               "than U8S8 on AVX2 and 14x slower on a Zen 4 with AVX512-VNNI")
     not_linear = "dynamic INT8 pays for Linear-heavy models (transformers); this one is convolution-heavy (10x slower measured)"
     v: list[Variant] = []
     if model.is_torch:
@@ -130,7 +131,7 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
         Variant("ort-int8-static-qop-u8u8", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QOperator", "U8", "U8"))],
                 description="static INT8, QOperator, U8U8, per-channel, MinMax"),
         Variant("ort-int8-static-qop-s8s8", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QOperator", "S8", "S8"))],
-                description="static INT8, QOperator, S8S8, per-channel, MinMax (VNNI)", **_when(cpu.int8_dot, no_vnni)),
+                description="static INT8, QOperator, S8S8, per-channel, MinMax", **_when(cpu.int8_signed, no_s8s8)),
         Variant("ort-int8-entropy", "int8", "onnxruntime",
                 [*export, ("ort-quantize-static", _static("QOperator", "U8", "S8", "Entropy", samples=64))],
                 description="static INT8, QOperator U8S8, Entropy calibration"),
@@ -188,6 +189,7 @@ def text_catalogue(model: LoadedModel, *, accuracy_drop: float, cpu: CpuFeatures
     fusable = [("export-onnx", {"exporter": "torchscript", "attention": "eager"})] if model.is_torch else []
     fused = [*fusable, ("ort-transformers-optimize", {})]
     dyn = "ort-quantize-dynamic"
+    act = "S8" if cpu.int8_signed else "U8"  # ONNX Runtime's fast static INT8 on this CPU (see CpuFeatures.int8_signed)
     v: list[Variant] = []
     if model.is_torch:
         v += [
@@ -226,8 +228,8 @@ def text_catalogue(model: LoadedModel, *, accuracy_drop: float, cpu: CpuFeatures
                 description="ORT dynamic INT8, U8 weights"),
         Variant("ort-transformers-int8-dynamic", "int8", "onnxruntime", [*fused, (dyn, {"per_channel": True})],
                 description="transformer-optimized graph, then dynamic INT8 (S8 weights per channel)"),
-        Variant("ort-int8-static-qdq", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QDQ", "S8", "S8"))],
-                description="static INT8 QDQ S8S8 per channel, calibrated on the tuning texts", **_when(cpu.int8_dot,
+        Variant("ort-int8-static-qdq", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QDQ", act, "S8"))],
+                description=f"static INT8 QDQ {act}S8 per channel, calibrated on the tuning texts", **_when(cpu.int8_dot,
                 "static INT8 of activations needs 8-bit dot products (VNNI) to pay on transformers")),
         Variant("ort-int8-accuracy-aware", "int8", "onnxruntime",
                 [*fused, ("ort-quantize-accuracy-aware", {"mode": "dynamic", "per_channel": True, "max_drop": accuracy_drop})],
