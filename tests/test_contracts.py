@@ -177,3 +177,15 @@ def test_unknown_names_list_the_known_ones():
     assert "ort-quantize-static" in e.value.fix and len(PASSES.classes) >= 10
     with pytest.raises(UserError, match="unknown runtime"):
         get_runtime("tensorflow")
+
+
+def test_every_measured_figure_has_a_place_in_the_record():
+    """``Measured`` (what a worker returns) and ``Record`` (a line of results.jsonl) declare the figures apart, to keep
+    the record's field order readable; a figure added to one only would be lost between the worker and the run."""
+    from servopt.contracts import Measured, Record
+
+    for name, field in Measured.model_fields.items():
+        if name == "status":  # a record also has "skipped"
+            continue
+        assert name in Record.model_fields, f"Record has no {name}"
+        assert Record.model_fields[name].annotation == field.annotation, name

@@ -46,6 +46,9 @@ def test_variants_are_judged_by_their_embeddings(text_run):
     fused = recs["ort-transformers"]
     assert fused["status"] == "ok" and fused["artifact"]["report"]["fusions"].get("Attention", 0) == 6
     assert [g["sequence"] for g in ort["grid"]] == [16, 128] and ort["length_batching"]["sorted_waste"] < ort["length_batching"]["first_come_waste"]
+    for name in ("torch-eager", "ort-fp32"):  # cold start feeds inputs made from the signature: token types must be valid
+        cold = recs[name]["cold_start"]
+        assert cold is not None and cold["error"] is None and cold["total_s"] > 0, cold
 
 
 def test_a_quality_breaking_variant_is_flagged_and_never_chosen(text_run):

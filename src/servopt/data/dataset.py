@@ -190,6 +190,8 @@ def synthetic_inputs(spec: ModelSpec, count: int = 64, seed: int = 0, shape_over
             inputs[t.name] = rng.standard_normal(shape).astype(t.dtype)
         elif "mask" in t.name:
             inputs[t.name] = np.ones(shape, dtype=t.dtype)
+        elif "type_ids" in t.name or "segment" in t.name:  # token types index a 2-row table in BERT-like encoders
+            inputs[t.name] = np.zeros(shape, dtype=t.dtype)
         elif t.dtype == "bool":
             inputs[t.name] = rng.integers(0, 2, shape).astype(bool)
         else:

@@ -62,6 +62,8 @@ class Family(ABC):
     convenience_body: ClassVar[str] = "bytes"  # "json": the data plane decodes the body before the family sees it
     sweep_grid: ClassVar[tuple[tuple[int, int], ...]] = ()  # (batch, sequence length) points an optimize sweep measures
     bench_grid: ClassVar[tuple[tuple[int, int], ...]] = ()  # … and `servopt bench`
+    # What serving the original PyTorch model would install besides a web server: the footprint a package compares with
+    torch_serving: ClassVar[tuple[str, ...]] = ("torch", "numpy")
     no_data_note: ClassVar[str] = "no data: inputs are made from the model's signature; only agreement with the original is measured"
 
     def data_options(self, raw: dict[str, Any]) -> DataOptions:
@@ -203,7 +205,8 @@ class EmbeddingBase(Family):
         if agr and agr.retrieval_top10 is not None:
             parts.append(f"top-10 {agr.retrieval_top10:.2f}")
         if agr and agr.batch_consistency is not None and agr.batch_consistency < 0.9999:
-            parts.append(f"alone vs batched {agr.batch_consistency:.4f} (lowest {agr.batch_consistency_min or 0:.4f})")
+            low = "" if agr.batch_consistency_min is None else f" (lowest {agr.batch_consistency_min:.4f})"
+            parts.append(f"alone vs batched {agr.batch_consistency:.4f}{low}")
         if record.pairs:
             parts.append(f"ρ {record.pairs.spearman:.3f}")
         return ", ".join(parts) or ("original" if agr is None and record.status == "ok" else "n/a")

@@ -56,6 +56,7 @@ def classification_accuracy(outputs: np.ndarray, labels: np.ndarray) -> Accuracy
 
 @register_family
 class ImageClassification(Family):
+    torch_serving = ("torch", "numpy", "pillow")
     name = "image-classification"
     task = "classification"
     DataOptions = ImageDataOptions

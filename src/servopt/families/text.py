@@ -73,6 +73,7 @@ def _rows(spec: ModelSpec, texts: list[str], source: str) -> Dataset:
 
 @register_family
 class TextEmbedding(EmbeddingBase):
+    torch_serving = ("torch", "numpy", "transformers", "safetensors", "tokenizers")
     name = "text-embedding"
     DataOptions = TextDataOptions
     convenience_route = "embed"
@@ -177,9 +178,9 @@ class TextEmbedding(EmbeddingBase):
             return (f"texts run alone (as a server sends a lone request) have mean cosine {agr.cosine_mean_alone:.4f} to the "
                     f"original (< {gate.min_cosine}); in padded batches {agr.cosine_mean:.4f}")
         if agr and gate.min_cosine is not None and agr.batch_consistency is not None and agr.batch_consistency < gate.min_cosine:
+            low = "" if agr.batch_consistency_min is None else f"; lowest {agr.batch_consistency_min:.4f}"
             return (f"a text's embedding depends on what it is batched with: mean cosine {agr.batch_consistency:.4f} alone vs in "
-                    f"a padded batch (< {gate.min_cosine}; lowest {agr.batch_consistency_min or 0:.4f}); a server's batcher "
-                    "would change its answers")
+                    f"a padded batch (< {gate.min_cosine}{low}); a server's batcher would change its answers")
         return None
 
     def quality_drop(self, record: Record, reference: Record | None) -> float | None:

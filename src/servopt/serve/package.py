@@ -91,7 +91,7 @@ def footprint(packages: list[str]) -> Footprint:
 
 def compare_footprints(model: ServedModel) -> FootprintComparison:
     serving = footprint([*SERVE_REQUIREMENTS, *model.backend.requirements])
-    pytorch = footprint(["torch", "numpy", "pillow", "fastapi", "uvicorn"])
+    pytorch = footprint([*model.family.torch_serving, "fastapi", "uvicorn"])
     ratio = pytorch.installed_mb / serving.installed_mb if serving.installed_mb else None
     return FootprintComparison(serving_env=serving, pytorch_env=pytorch, pytorch_over_serving=round(ratio, 1) if ratio else None,
                                note="installed sizes on this machine (CPU torch wheel); a CUDA torch build is several GB larger")
