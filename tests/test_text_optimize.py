@@ -93,3 +93,26 @@ def test_a_second_architecture_benches(tmp_path):
     torch_r, ort_r = report["results"]
     assert torch_r["status"] == ort_r["status"] == "ok" and ort_r["agreement"]["cosine_min"] > 0.9999
     assert ort_r["grid"][0]["sequence"] == 8
+
+
+def test_a_packaged_text_model_carries_its_tokenizer(text_run, tmp_path):
+    """The package names its tokenizer relative to itself: moved elsewhere, it still tokenizes and embeds."""
+    import shutil
+
+    import numpy as np
+
+    from servopt.serve.model import from_package
+
+    out = tmp_path / "pkg"
+    result = runner.invoke(app, ["package", str(text_run), "--target", "edge", "--nearest", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["spec"]["preprocessing"]["tokenizer"] == "model/tokenizer.json" and (out / "model" / "tokenizer.json").is_file()
+    assert any(r.startswith("tokenizers==") for r in manifest["requirements"])
+    footprint = json.loads((out / "footprint.json").read_text())
+    assert "transformers" in footprint["pytorch_env"]["packages"] and "pillow" not in footprint["pytorch_env"]["packages"]
+    moved = shutil.move(str(out), str(tmp_path / "elsewhere"))
+    model, _ = from_package(Path(moved))
+    model.load()
+    feed, _ = model.family.model_inputs(model.spec, {"text": np.array([b"a sentence"], dtype=object)}, {})
+    assert model.sessions[0].run(feed).shape == (1, 384)

@@ -64,6 +64,9 @@ class Family(ABC):
     bench_grid: ClassVar[tuple[tuple[int, int], ...]] = ()  # … and `servopt bench`
     # What serving the original PyTorch model would install besides a web server: the footprint a package compares with
     torch_serving: ClassVar[tuple[str, ...]] = ("torch", "numpy")
+    # Files the spec's preprocessing names that serving needs (a tokenizer): a package carries them beside the model
+    serving_files: ClassVar[tuple[str, ...]] = ()
+    serving_requirements: ClassVar[tuple[str, ...]] = ()  # what its server needs besides the runtime (a tokenizer)
     no_data_note: ClassVar[str] = "no data: inputs are made from the model's signature; only agreement with the original is measured"
 
     def data_options(self, raw: dict[str, Any]) -> DataOptions:

@@ -74,6 +74,8 @@ def _rows(spec: ModelSpec, texts: list[str], source: str) -> Dataset:
 @register_family
 class TextEmbedding(EmbeddingBase):
     torch_serving = ("torch", "numpy", "transformers", "safetensors", "tokenizers")
+    serving_files = ("tokenizer",)
+    serving_requirements = ("tokenizers",)
     name = "text-embedding"
     DataOptions = TextDataOptions
     convenience_route = "embed"

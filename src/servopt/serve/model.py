@@ -188,6 +188,10 @@ def from_package(folder: Path) -> tuple[ServedModel, dict[str, Any]]:
                         fix="package with `servopt package`, or serve the run directory or model file") from e
     _servable(manifest.runtime, f"package {folder}")
     artifact = Artifact(format=manifest.artifact_format, path=str(folder / manifest.artifact_file))  # type: ignore[arg-type]
-    model = ServedModel(manifest.name, artifact, manifest.runtime, manifest.runtime_options, manifest.spec,
+    spec = manifest.spec
+    for key in family_of(spec).serving_files:  # packaged beside the model, named relative to the package
+        if spec.preprocessing and spec.preprocessing.get(key) and not Path(str(spec.preprocessing[key])).is_absolute():
+            spec.preprocessing[key] = str(folder / str(spec.preprocessing[key]))
+    model = ServedModel(manifest.name, artifact, manifest.runtime, manifest.runtime_options, spec,
                         parameters=manifest.parameters)
     return model, manifest.serve

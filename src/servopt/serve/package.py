@@ -90,7 +90,7 @@ def footprint(packages: list[str]) -> Footprint:
 
 
 def compare_footprints(model: ServedModel) -> FootprintComparison:
-    serving = footprint([*SERVE_REQUIREMENTS, *model.backend.requirements])
+    serving = footprint([*SERVE_REQUIREMENTS, *model.family.serving_requirements, *model.backend.requirements])
     pytorch = footprint([*model.family.torch_serving, "fastapi", "uvicorn"])
     ratio = pytorch.installed_mb / serving.installed_mb if serving.installed_mb else None
     return FootprintComparison(serving_env=serving, pytorch_env=pytorch, pytorch_over_serving=round(ratio, 1) if ratio else None,
@@ -108,12 +108,13 @@ def requirements_of(model: ServedModel) -> list[str]:
     """What the deployable installs: for a runtime with an environment of its own, that environment's exact packages
     (it is what was measured), plus the serving packages pinned as installed here."""
     spec = model.backend.environment()
+    serving = (*SERVE_REQUIREMENTS, *model.family.serving_requirements)
     if spec is None:
-        return [_pin(n) for n in (*model.backend.requirements, *SERVE_REQUIREMENTS)]
+        return [_pin(n) for n in (*model.backend.requirements, *serving)]
     from servopt.envs import ensure_env
 
     exact = {name: version for name, version in ensure_env(spec).packages.items() if name not in ("pip", "setuptools", "wheel")}
-    return [f"{n}=={v}" for n, v in sorted(exact.items())] + [_pin(n) for n in SERVE_REQUIREMENTS if n not in exact]
+    return [f"{n}=={v}" for n, v in sorted(exact.items())] + [_pin(n) for n in serving if n not in exact]
 
 
 def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
@@ -126,9 +127,15 @@ def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
     (out / "model").mkdir()
     for f in artifact_files(model.artifact):
         shutil.copy2(f, out / "model" / f.name)
+    spec = model.spec.model_copy(deep=True)
+    for key in model.family.serving_files:  # e.g. the tokenizer: copied in, named relative to the package
+        path = Path(str((spec.preprocessing or {}).get(key) or ""))
+        if path.is_file():
+            shutil.copy2(path, out / "model" / path.name)
+            spec.preprocessing[key] = f"model/{path.name}"
     requirements = requirements_of(model)
     manifest = Manifest(servopt=__version__, name=model.name, runtime=model.runtime, runtime_options=model.options,
-                        artifact_file=f"model/{src.name}", artifact_format=model.artifact.format, spec=model.spec,
+                        artifact_file=f"model/{src.name}", artifact_format=model.artifact.format, spec=spec,
                         parameters=model.parameters, requirements=requirements,
                         serve={k: getattr(settings, k) for k in PACKAGED_SETTINGS} | {"instances": model.instances})
     write_json_atomic(out / "manifest.json", manifest)
