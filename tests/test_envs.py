@@ -97,6 +97,7 @@ def made(tmp_path_factory):
     return {"home": home, "spec": spec, "results": results, "created": created, "lines": lines, "leftover": leftover}
 
 
+@pytest.mark.slow  # creates a virtual environment with pip (5-6 s)
 def test_concurrent_first_use_creates_once_and_ignores_interrupted_leftovers(made):
     assert len(made["results"]) == 2 and not [r for r in made["results"] if isinstance(r, Exception)], made["results"]
     assert len(made["created"]) == 1
@@ -109,6 +110,7 @@ def test_concurrent_first_use_creates_once_and_ignores_interrupted_leftovers(mad
     assert any("interrupted creation" in ln for ln in made["lines"])
 
 
+@pytest.mark.slow  # uses the environment the fixture creates with pip
 def test_second_use_creates_nothing(made, monkeypatch):
     ready = made["results"][0]
     stamp = (ready.folder / envs.ENV_FILE).stat().st_mtime_ns
@@ -118,6 +120,7 @@ def test_second_use_creates_nothing(made, monkeypatch):
     assert envs.python_for(made["spec"], home=made["home"]) == ready.python
 
 
+@pytest.mark.slow  # uses the environment the fixture creates with pip
 def test_env_runs_servopt_from_source_and_its_scripts_survive_the_rename(made):
     ready = made["results"][0]
     code = "import servopt, servopt_tinypkg, sys; print(servopt.__file__); print(sys.prefix)"
@@ -130,6 +133,7 @@ def test_env_runs_servopt_from_source_and_its_scripts_survive_the_rename(made):
     assert subprocess.run([str(pip), "--version"], capture_output=True, text=True, env=envs._clean_env()).returncode == 0
 
 
+@pytest.mark.slow  # creates a virtual environment with pip (5-6 s)
 def test_unsatisfiable_requirement_is_named_and_nothing_is_left(tmp_path):
     links = tmp_path / "wheels"
     make_wheel(links)

@@ -31,6 +31,7 @@ def model_and_data(tmp_path_factory) -> tuple[Path, Path]:
     return channel_mean_onnx(tmp / "m.onnx", size=8), tmp / "d.npz"
 
 
+@pytest.mark.slow  # creates a virtual environment with pip (5-6 s)
 def test_a_runtime_whose_environment_cannot_be_made_fails_with_the_reason(model_and_data, tmp_path):
     model, data = model_and_data
 
