@@ -116,3 +116,27 @@ def test_a_packaged_text_model_carries_its_tokenizer(text_run, tmp_path):
     model.load()
     feed, _ = model.family.model_inputs(model.spec, {"text": np.array([b"a sentence"], dtype=object)}, {})
     assert model.sessions[0].run(feed).shape == (1, 384)
+
+
+def test_the_original_packages_as_a_pytorch_deployable(text_run, tmp_path):
+    """The lab's second deployable: the PyTorch original, its folder carried in the package (no pickle), torch and
+    transformers in its requirements, served from the moved folder."""
+    import shutil
+
+    import numpy as np
+
+    from servopt.serve.model import from_package
+
+    out = tmp_path / "pkg-torch"
+    result = runner.invoke(app, ["package", str(text_run), "--variant", "torch-eager", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["runtime"] == "torch" and manifest["artifact_ref"]["path"] == "model/model"
+    assert (out / "model" / "model" / "model.safetensors").is_file() and not list(out.rglob("*.bin"))
+    assert {r.split("==")[0] for r in manifest["requirements"]} >= {"torch", "transformers", "safetensors", "tokenizers"}
+    assert "download.pytorch.org/whl/cpu" in (out / "requirements.txt").read_text()
+    moved = shutil.move(str(out), str(tmp_path / "elsewhere-torch"))
+    model, _ = from_package(Path(moved))
+    model.load()
+    feed, _ = model.family.model_inputs(model.spec, {"text": np.array([b"a sentence", b"two"], dtype=object)}, {})
+    assert model.sessions[0].run(feed).shape == (2, 384)

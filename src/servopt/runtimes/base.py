@@ -69,10 +69,18 @@ class Runtime(ABC):
     Options: ClassVar[type[RuntimeOptions]] = RuntimeOptions
     thread_option: ClassVar[str | None] = None  # the option that sets intra-op threads
     needs_gpu: ClassVar[bool] = False
-    servable: ClassVar[bool] = False  # may the server (no torch, no pickles) run it
+    servable: ClassVar[bool] = False  # may `servopt serve` run it (never a pickle: see serving_refusal)
     triton_platform: ClassVar[str] = "custom"  # Triton's name for the backend, in model metadata and config
     requirements: ClassVar[tuple[str, ...]] = ()  # pip distributions a serving install needs for this runtime
     libraries: ClassVar[tuple[str, ...]] = ()  # distributions whose versions each record of it carries
+
+    def serving_requirements(self, artifact: Artifact) -> tuple[str, ...]:
+        """What a serving install needs to open ``artifact`` with this runtime (the format may add to ``requirements``)."""
+        return self.requirements
+
+    def serving_refusal(self, artifact: Artifact) -> str | None:
+        """Why the server must not open ``artifact`` (None: it may)."""
+        return None
 
     def parse_options(self, options: dict | RuntimeOptions | None) -> RuntimeOptions:
         """Validate once; the error names the option and lists the known ones."""

@@ -166,6 +166,21 @@ class TorchRuntime(Runtime):
     triton_platform = "pytorch_libtorch"
     requirements = ("torch",)
     libraries = ("torch",)
+    # A deployable of the original (the lab's compiled-PyTorch image) next to the exported ones; imports torch, so only
+    # when a torch variant is served. Sources that load without unpickling only (see serving_refusal).
+    servable = True
+
+    def serving_requirements(self, artifact: Artifact) -> tuple[str, ...]:
+        kind = artifact.ref.kind if artifact.ref else ""
+        return (*self.requirements, "numpy") + (("transformers", "safetensors", "tokenizers") if kind == "hf_encoder" else ())
+
+    def serving_refusal(self, artifact: Artifact) -> str | None:
+        ref = artifact.ref
+        if ref is None or ref.trust_pickle or ref.kind == "pickle":
+            return "its source is a pickle (a server never unpickles): serve its ONNX variant or export it first"
+        if ref.kind not in ("hf_encoder", "torchscript", "exported_program", "state_dict"):
+            return f"a torch source of kind {ref.kind} cannot be packaged"
+        return None
 
     def available(self) -> tuple[bool, str]:
         try:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from servopt.contracts import Artifact, Contract
+from servopt.contracts import Artifact, Contract, ModelRef
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
 from servopt.runtimes.base import Runtime, Session, get_runtime
@@ -74,14 +74,17 @@ class ServedModel:
         self.options = rt.with_threads(rt.parse_options(self.options), threads).model_dump(exclude_defaults=True)
 
 
-def _servable(runtime: str, what: str) -> None:
+def _servable(runtime: str, what: str, artifact: Artifact | None = None) -> None:
     rt = get_runtime(runtime)
     if not rt.servable:
         from servopt.runtimes.base import RUNTIMES
 
         servable = [n for n in RUNTIMES.names() if RUNTIMES.classes[n].servable]
-        raise UserError(f"{what} runs on {runtime}, which the server does not run (no torch, no pickles on the serving path)",
+        raise UserError(f"{what} runs on {runtime}, which the server does not run",
                         fix=f"serve a variant on one of {servable} (see report.md), or export it first (`servopt export`)")
+    why = rt.serving_refusal(artifact) if artifact is not None else None
+    if why:
+        raise UserError(f"{what} cannot be served: {why}", fix="serve an ONNX or OpenVINO variant of it (see report.md)")
 
 
 def from_file(path: Path, name: str | None, runtime: str | None = None, options: dict | None = None) -> ServedModel:
@@ -153,7 +156,7 @@ def from_run(run_dir: Path, target: str | None, variant: str | None, nearest: bo
         raise UserError(f"no variant {variant!r} in {run_dir}", fix=f"one of: {', '.join(records)}")
     if rec.status != "ok" or rec.artifact is None:
         raise UserError(f"variant {variant} did not run ({rec.error})", fix="serve a variant that ran (see report.md)")
-    _servable(rec.runtime, f"variant {variant}")
+    _servable(rec.runtime, f"variant {variant}", rec.artifact)
     config = load_config(run_dir)
     if config is None:
         raise UserError(f"{run_dir} has no config.json", fix="rerun the optimize command")
@@ -172,6 +175,7 @@ class Manifest(Contract):
     runtime_options: dict[str, Any]
     artifact_file: str  # relative to the package folder
     artifact_format: str
+    artifact_ref: ModelRef | None = None  # a torch source: its path relative to the package folder
     spec: ModelSpec
     parameters: dict[str, Any] = Field(default_factory=dict)
     serve: dict[str, Any] = Field(default_factory=dict)  # ServeSettings fields the package was made with (batching, instances, threads)
@@ -186,8 +190,12 @@ def from_package(folder: Path) -> tuple[ServedModel, dict[str, Any]]:
     except (OSError, ValueError) as e:
         raise UserError(f"{path} is not a servopt package manifest ({str(e).splitlines()[0]})",
                         fix="package with `servopt package`, or serve the run directory or model file") from e
-    _servable(manifest.runtime, f"package {folder}")
-    artifact = Artifact(format=manifest.artifact_format, path=str(folder / manifest.artifact_file))  # type: ignore[arg-type]
+    if manifest.artifact_ref is not None:
+        ref = manifest.artifact_ref.model_copy(update={"path": str(folder / manifest.artifact_ref.path)})
+        artifact = Artifact(format=manifest.artifact_format, ref=ref)  # type: ignore[arg-type]
+    else:
+        artifact = Artifact(format=manifest.artifact_format, path=str(folder / manifest.artifact_file))  # type: ignore[arg-type]
+    _servable(manifest.runtime, f"package {folder}", artifact)
     spec = manifest.spec
     for key in family_of(spec).serving_files:  # packaged beside the model, named relative to the package
         if spec.preprocessing and spec.preprocessing.get(key) and not Path(str(spec.preprocessing[key])).is_absolute():

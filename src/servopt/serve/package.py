@@ -90,7 +90,7 @@ def footprint(packages: list[str]) -> Footprint:
 
 
 def compare_footprints(model: ServedModel) -> FootprintComparison:
-    serving = footprint([*SERVE_REQUIREMENTS, *model.family.serving_requirements, *model.backend.requirements])
+    serving = footprint([*SERVE_REQUIREMENTS, *model.family.serving_requirements, *model.backend.serving_requirements(model.artifact)])
     pytorch = footprint([*model.family.torch_serving, "fastapi", "uvicorn"])
     ratio = pytorch.installed_mb / serving.installed_mb if serving.installed_mb else None
     return FootprintComparison(serving_env=serving, pytorch_env=pytorch, pytorch_over_serving=round(ratio, 1) if ratio else None,
@@ -110,7 +110,7 @@ def requirements_of(model: ServedModel) -> list[str]:
     spec = model.backend.environment()
     serving = (*SERVE_REQUIREMENTS, *model.family.serving_requirements)
     if spec is None:
-        return [_pin(n) for n in (*model.backend.requirements, *serving)]
+        return [_pin(n) for n in dict.fromkeys((*model.backend.serving_requirements(model.artifact), *serving))]
     from servopt.envs import ensure_env
 
     exact = {name: version for name, version in ensure_env(spec).packages.items() if name not in ("pip", "setuptools", "wheel")}
@@ -123,10 +123,19 @@ def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
     out.mkdir(parents=True, exist_ok=True)
     from servopt.models.sources import artifact_files
 
-    src = Path(str(model.artifact.path))
     (out / "model").mkdir()
-    for f in artifact_files(model.artifact):
-        shutil.copy2(f, out / "model" / f.name)
+    ref = model.artifact.ref if model.artifact.format == "torch" else None
+    if ref is not None:  # a torch source: the folder or file it loads from, its path made relative
+        src = Path(ref.path)
+        if src.is_dir():  # a Hugging Face folder: everything but other formats' exports and pickles
+            shutil.copytree(src, out / "model" / src.name, ignore=shutil.ignore_patterns("onnx", "openvino", "*.bin", ".git*"))
+        else:
+            shutil.copy2(src, out / "model" / src.name)
+        ref = ref.model_copy(update={"path": f"model/{src.name}"})
+    else:
+        src = Path(str(model.artifact.path))
+        for f in artifact_files(model.artifact):
+            shutil.copy2(f, out / "model" / f.name)
     spec = model.spec.model_copy(deep=True)
     for key in model.family.serving_files:  # e.g. the tokenizer: copied in, named relative to the package
         path = Path(str((spec.preprocessing or {}).get(key) or ""))
@@ -135,13 +144,15 @@ def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
             spec.preprocessing[key] = f"model/{path.name}"
     requirements = requirements_of(model)
     manifest = Manifest(servopt=__version__, name=model.name, runtime=model.runtime, runtime_options=model.options,
-                        artifact_file=f"model/{src.name}", artifact_format=model.artifact.format, spec=spec,
+                        artifact_file=f"model/{src.name}", artifact_format=model.artifact.format, artifact_ref=ref, spec=spec,
                         parameters=model.parameters, requirements=requirements,
                         serve={k: getattr(settings, k) for k in PACKAGED_SETTINGS} | {"instances": model.instances})
     write_json_atomic(out / "manifest.json", manifest)
     wheel = _build_servopt_wheel(out / "wheels")
     reqs = [f"./wheels/{wheel.name}" if wheel else f"servopt=={__version__}", *requirements]
-    (out / "requirements.txt").write_text("# the serving environment only: no torch, no optimizers\n" + "\n".join(reqs) + "\n")
+    torch_index = ["--extra-index-url https://download.pytorch.org/whl/cpu"] if any(r.startswith("torch==") for r in requirements) else []
+    head = "# the serving environment only: no optimizers" + ("" if torch_index else ", no torch")
+    (out / "requirements.txt").write_text("\n".join([head, *torch_index, *reqs]) + "\n")
     cmd = ["servopt", "serve", ".", "--host", "0.0.0.0", "--port", "8000"]
     (out / "Dockerfile").write_text(
         "FROM python:3.11-slim\n"

@@ -1,0 +1,129 @@
+"""The lab's exercise 6 for a sentence encoder (issue 8): two deployables of one model, side by side.
+
+From a text run directory it packages (``servopt package``) servopt's cpu-server pick (ONNX Runtime; ``--nearest``
+when no variant meets the target) and a PyTorch variant (``--torch-variant``, default ``torch-compile``: the lab's
+compiled-PyTorch image), reports each package's installed footprint (``footprint.json``: the serving environment the
+package pins, sized from the installed distributions), serves both from their package folders (``servopt serve PKG``,
+each its own process, the package's own settings) and sends each ``--requests`` sequential OpenAI ``/v1/embeddings``
+requests of one text (the shipped texts, cycled), in rounds that alternate the order (A B, B A, ...). The figure is
+the mean response time per round, client side, and the median of the per-round ratios. Warm-up requests (``--warmup``)
+come first, so a compiling runtime is timed once compiled; its compile shows as the server's start time instead.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/text_deployables.py --run runs/demo-text [--torch-variant torch-compile]
+        [--requests 100] [--rounds 3] [--out runs/demo-text/deployables.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from servopt.data.text import DEMO_SENTENCES, read_texts
+from servopt.machine import cpu_features, cpu_model
+
+NAME = "minilm"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def package(run: Path, out: Path, *args: str) -> dict:
+    cmd = [sys.executable, "-m", "servopt", "package", str(run), "--name", NAME, "--out", str(out), *args]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    footprint = json.loads((out / "footprint.json").read_text())
+    return {"variant": manifest["parameters"].get("variant"), "runtime": manifest["runtime"],
+            "options": manifest["runtime_options"], "installed_mb": footprint["serving_env"]["installed_mb"],
+            "largest": footprint["serving_env"]["largest"][:3]}
+
+
+def start(folder: Path, log: Path) -> tuple[subprocess.Popen, str, float]:
+    port = free_port()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "servopt", "serve", str(folder), "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=os.environ.copy())  # noqa: SIM115
+    url = f"http://127.0.0.1:{port}"
+    while time.perf_counter() - t0 < 600:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{folder.name} exited {proc.returncode}: {log.read_text()[-1500:]}")
+        try:
+            if httpx.get(url + "/v2/health/ready", timeout=1).status_code == 200:
+                return proc, url, time.perf_counter() - t0
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{folder.name} not ready in 600 s")
+
+
+def timed(client: httpx.Client, url: str, texts: list[str], n: int, offset: int) -> list[float]:
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        r = client.post(url + "/v1/embeddings", json={"model": NAME, "input": texts[(offset + i) % len(texts)]})
+        out.append((time.perf_counter() - t0) * 1e3)
+        r.raise_for_status()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run", type=Path, default=Path("runs/demo-text"))
+    ap.add_argument("--torch-variant", default="torch-compile")
+    ap.add_argument("--requests", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    texts = read_texts(DEMO_SENTENCES)
+    work = Path(tempfile.mkdtemp(prefix="deployables-"))
+    sides = {"onnxruntime pick": ["--target", "cpu-server", "--nearest"], "pytorch": ["--variant", args.torch_variant]}
+    info, procs, urls = {}, {}, {}
+    try:
+        for label, extra in sides.items():
+            folder = work / label.replace(" ", "-")
+            info[label] = package(args.run, folder, *extra)
+            procs[label], urls[label], info[label]["start_s"] = start(folder, work / f"{folder.name}.log")
+        with httpx.Client(timeout=60) as client:
+            for label in sides:
+                timed(client, urls[label], texts, args.warmup, 0)
+            rounds = []
+            for r in range(args.rounds):
+                order = list(sides) if r % 2 == 0 else list(reversed(sides))
+                rounds.append({label: statistics.fmean(timed(client, urls[label], texts, args.requests, r * args.requests))
+                               for label in order})
+    finally:
+        for p in procs.values():
+            p.terminate()
+            p.wait(timeout=30)
+    ratio = statistics.median(x["pytorch"] / x["onnxruntime pick"] for x in rounds)
+    print(f"CPU: {cpu_model()} ({cpu_features().describe()}); {args.rounds} rounds of {args.requests} sequential "
+          f"/v1/embeddings requests of one text per deployable, alternating")
+    print(f"{'deployable':18} {'variant':32} {'installed MB':>12} {'start s':>8} {'mean ms per round':>30}")
+    for label in sides:
+        i = info[label]
+        means = ", ".join(f"{x[label]:.2f}" for x in rounds)
+        print(f"{label:18} {i['variant']:32} {i['installed_mb']:>12.1f} {i['start_s']:>8.1f} {means:>30}")
+    print(f"pytorch / onnxruntime mean response time: {ratio:.2f}x (median of per-round ratios); installed size "
+          f"{info['pytorch']['installed_mb'] / info['onnxruntime pick']['installed_mb']:.2f}x")
+    result = {"cpu": cpu_model(), "features": cpu_features().describe(), "args": {k: str(v) for k, v in vars(args).items()},
+              "deployables": info, "rounds": rounds, "pytorch_over_onnxruntime_mean": ratio}
+    out = args.out or args.run / "deployables.json"
+    out.write_text(json.dumps(result, indent=1))
+    print(f"full result: {out}")
+
+
+if __name__ == "__main__":
+    main()
