@@ -4,6 +4,8 @@ ONNX Runtime / OpenVINO telemetry and torch.compile write there, never into the 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -127,3 +129,20 @@ class Running:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+def assert_runs_without(module: str, code: str, cwd: Path | None = None) -> None:
+    """``code`` runs in a fresh interpreter where ``module`` cannot be imported (a meta-path finder refuses it), and
+    nothing it does imports it: how the tests prove the serving path needs no torch and the CLI no Ray."""
+    script = f"""import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r} or name.startswith({module + "."!r}):
+            raise ImportError("No module named {module!r} (blocked in this test)")
+sys.meta_path.insert(0, Block())
+{code}
+assert not any(m == {module!r} or m.startswith({module + "."!r}) for m in sys.modules), "{module} was imported"
+print("runs without ok")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert r.returncode == 0 and "runs without ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

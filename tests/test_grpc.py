@@ -4,7 +4,6 @@ the generated code against the .proto and against tritonclient's own field numbe
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -16,12 +15,10 @@ from pathlib import Path
 import grpc
 import httpx
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-import torch
 
-from conftest import TinyNet
+from conftest import assert_runs_without, tiny_classifier_onnx
 from servopt.serve.dataplane import DataPlane
 from servopt.serve.grpc_server import GrpcFrontend
 from servopt.serve.model import from_file
@@ -37,14 +34,7 @@ SHAPE = [1, 3, 32, 32]
 @pytest.fixture(scope="module")
 def onnx_model(tmp_path_factory) -> Path:
     """The tiny image classifier of test_serve (servopt metadata: labels, preprocessing)."""
-    path = tmp_path_factory.mktemp("grpc") / "tiny.onnx"
-    torch.onnx.export(TinyNet.build(3), (torch.zeros(1, 3, 32, 32),), str(path), dynamo=False, input_names=["input"],
-                      output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
-    proto = onnx.load(str(path))
-    meta = {"task": "classification", "class_names": LABELS, "preprocessing": {"resize": 32, "crop": 32, "mean": [0.5] * 3, "std": [0.25] * 3}}
-    onnx.helper.set_model_props(proto, {"servopt.spec": json.dumps(meta)})
-    onnx.save(proto, str(path))
-    return path
+    return tiny_classifier_onnx(tmp_path_factory.mktemp("grpc") / "tiny.onnx", LABELS)
 
 
 def direct(path: Path, x: np.ndarray) -> np.ndarray:
@@ -406,13 +396,7 @@ def test_serve_cli_answers_tritonclient_grpc(onnx_model):
 
 def test_serving_with_grpc_never_imports_torch(onnx_model):
     """The data plane with both front ends, torch made unimportable: nothing on the path imports it."""
-    code = f"""
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("torch is blocked in this test")
-sys.meta_path.insert(0, Block())
+    assert_runs_without("torch", f"""
 import grpc, numpy as np
 from starlette.testclient import TestClient
 from servopt.serve.dataplane import DataPlane
@@ -432,11 +416,7 @@ with TestClient(create_app(plane, frontends=[frontend])):
         assert len(r.raw_output_contents[0]) == 12
 import servopt.cli
 import tritonclient.grpc  # the stock client in the same process as the server (descriptor pools apart)
-assert "torch" not in sys.modules, "torch was imported"
-print("lean ok")
-"""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "lean ok" in r.stdout, r.stderr[-2000:]
+""")
 
 
 # --- the generated code ----------------------------------------------------------------------------------------------

@@ -7,8 +7,6 @@ point into the test sandbox (conftest), so Ray's session folder and auth token s
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +17,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import free_port, tiny_classifier_onnx
+from conftest import assert_runs_without, free_port, tiny_classifier_onnx
 from servopt.cli import app as cli_app
 from servopt.errors import UserError
 from servopt.serve.metrics import Metrics
@@ -218,21 +216,11 @@ def test_serve_cli_on_ray(onnx_model, monkeypatch):
 
 def test_without_ray_nothing_imports_it_and_ray_is_a_clear_error(onnx_model):
     """With Ray made unimportable: the CLI and the Ray module import, nothing imports Ray, and --ray names the extra."""
-    code = f"""
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "ray" or name.startswith("ray."):
-            raise ImportError("No module named 'ray' (blocked in this test)")
-sys.meta_path.insert(0, Block())
+    assert_runs_without("ray", f"""
 import servopt.cli
 import servopt.serve.ray_serve
 from typer.testing import CliRunner
 r = CliRunner().invoke(servopt.cli.app, ["serve", {str(onnx_model)!r}, "--ray", "--replicas", "2"])
 assert r.exit_code == 2, r.output
 assert "pip install 'servopt[ray]'" in r.output, r.output
-assert not any(m == "ray" or m.startswith("ray.") for m in sys.modules), "ray was imported"
-print("no ray ok")
-"""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent)
-    assert r.returncode == 0 and "no ray ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+""", cwd=Path(__file__).parent)

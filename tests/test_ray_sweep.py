@@ -311,37 +311,49 @@ def test_a_target_naming_resources_no_node_has_is_refused(cluster, trained, digi
     assert """--resources '{"servopt_slot": 1, "arm-a76": 1}'""" in message
 
 
-@pytest.mark.slow
-def test_a_worker_killed_mid_measurement_is_retried(cluster, trained, digits, targets_file, tmp_path):  # noqa: F811
-    """Fault injection: the Ray worker running one variant's measurement on the xeon node is killed (SIGKILL) while its
-    job process measures. The job process dies with it (no orphan measuring beside the retry), Ray runs the task
-    again, and the variant's record comes from the second attempt; everything else is measured once."""
+def _sweep_striking(cluster, model: Path, data: Path, targets_file, out: Path, strike) -> dict:
+    """Fault injection: run the sweep with ``--ray`` and call ``strike(job process)`` once, when the measurement of
+    ort-offline-all for the xeon node has started; the sweep must still finish. Returns what ``strike`` returned."""
     import psutil
 
-    out = tmp_path / "killed"
     victim = str(out / "work" / "ort-offline-all" / "xeon-8480" / "measure" / "job.json")
-    cmd = [sys.executable, "-m", "servopt", *_cmd(trained["path"], digits, out, targets_file), "--ray", cluster["address"]]
+    cmd = [sys.executable, "-m", "servopt", *_cmd(model, data, out, targets_file), "--ray", cluster["address"]]
     driver = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, start_new_session=True)
-    killed = None
+    struck = None
     try:
         deadline = time.time() + 400
-        while killed is None and time.time() < deadline and driver.poll() is None:
+        while struck is None and time.time() < deadline and driver.poll() is None:
             for proc in psutil.process_iter(["cmdline"]):
                 if victim in (proc.info["cmdline"] or []) and "servopt.runjob" in proc.info["cmdline"]:
-                    worker = proc.parent()
-                    assert worker is not None and "ray" in " ".join(worker.cmdline()).lower(), worker
-                    worker.send_signal(signal.SIGKILL)
-                    killed = {"at": time.time(), "job": proc}
-                    assert _ends_within(proc, 0.5), "the job process outlived its killed worker (an orphan measuring)"
+                    struck = strike(proc)
                     break
             time.sleep(0.05)
-        assert killed is not None, "never saw the measurement to kill"
+        assert struck is not None, "never saw the measurement to strike"
         output, _ = driver.communicate(timeout=600)
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
     assert driver.returncode == 0, output[-3000:]
+    return struck
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_measurement_is_retried(cluster, trained, digits, targets_file, tmp_path):  # noqa: F811
+    """Fault injection: the Ray worker running one variant's measurement on the xeon node is killed (SIGKILL) while its
+    job process measures. The job process dies with it (no orphan measuring beside the retry), Ray runs the task
+    again, and the variant's record comes from the second attempt; everything else is measured once."""
+    out = tmp_path / "killed"
+
+    def kill_worker(proc) -> dict:
+        worker = proc.parent()
+        assert worker is not None and "ray" in " ".join(worker.cmdline()).lower(), worker
+        worker.send_signal(signal.SIGKILL)
+        struck = {"at": time.time(), "job": proc}
+        assert _ends_within(proc, 0.5), "the job process outlived its killed worker (an orphan measuring)"
+        return struck
+
+    killed = _sweep_striking(cluster, trained["path"], digits, targets_file, out, kill_worker)
     records = {(r["name"], r["measured_for"]): r for r in _records(out)}
     assert len(records) == len(_records(out)) == 2 * len(VARIANTS), "one record per variant and kind"
     again = records[("ort-offline-all", "xeon-8480")]
@@ -390,33 +402,16 @@ def test_a_node_that_dies_mid_measurement_loses_only_that_attempt(cluster, train
     """Fault injection: a second xeon node joins; the node measuring one xeon variant is removed from the cluster (its
     raylet and workers killed) mid-measurement. The variant is measured again on the other xeon node; every other
     variant keeps its one record. (Last in the module: the fixture's worker may be the node removed.)"""
-    import psutil
-
     c = cluster["cluster"]
     c.add_node(num_cpus=1, resources={"servopt_slot": 1, "xeon-8480": 1})
     out = tmp_path / "node-died"
-    victim = str(out / "work" / "ort-offline-all" / "xeon-8480" / "measure" / "job.json")
-    cmd = [sys.executable, "-m", "servopt", *_cmd(trained["path"], digits, out, targets_file), "--ray", cluster["address"]]
-    driver = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, start_new_session=True)
-    removed = None
-    try:
-        deadline = time.time() + 400
-        while removed is None and time.time() < deadline and driver.poll() is None:
-            for proc in psutil.process_iter(["cmdline"]):
-                if victim in (proc.info["cmdline"] or []) and "servopt.runjob" in proc.info["cmdline"]:
-                    node = proc.environ()["SERVOPT_NODE"].rsplit("/", 1)[1]
-                    doomed = next(n for n in c.list_all_nodes() if n.node_id.startswith(node))
-                    c.remove_node(doomed, allow_graceful=False)
-                    removed = {"at": time.time(), "node": node}
-                    break
-            time.sleep(0.05)
-        assert removed is not None, "never saw the measurement"
-        output, _ = driver.communicate(timeout=600)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-    assert driver.returncode == 0, output[-3000:]
+
+    def remove_node(proc) -> dict:
+        node = proc.environ()["SERVOPT_NODE"].rsplit("/", 1)[1]
+        c.remove_node(next(n for n in c.list_all_nodes() if n.node_id.startswith(node)), allow_graceful=False)
+        return {"at": time.time(), "node": node}
+
+    removed = _sweep_striking(cluster, trained["path"], digits, targets_file, out, remove_node)
     records = _records(out)
     assert sorted((r["name"], r["measured_for"]) for r in records) == sorted((v, k) for v in VARIANTS for k in KINDS.values())
     again = next(r for r in records if r["name"] == "ort-offline-all" and r["measured_for"] == "xeon-8480")

@@ -7,8 +7,6 @@ import asyncio
 import io
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +20,7 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from conftest import TinyNet, tiny_classifier_onnx
+from conftest import TinyNet, assert_runs_without, tiny_classifier_onnx
 from servopt.cli import app as cli_app
 from servopt.serve.model import from_file
 from servopt.serve.rest import create_app
@@ -302,13 +300,7 @@ def test_package_cli(onnx_model, tmp_path):
 
 def test_serving_never_imports_torch(onnx_model):
     """Serving runs with torch made unimportable, and nothing on the path imports it."""
-    code = f"""
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("torch is blocked in this test")
-sys.meta_path.insert(0, Block())
+    assert_runs_without("torch", f"""
 from starlette.testclient import TestClient
 from servopt.serve.rest import create_app
 from servopt.serve.model import from_file
@@ -318,11 +310,7 @@ with TestClient(app) as c:
     body = {{"inputs": [{{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.0] * 3072}}]}}
     assert c.post("/v2/models/tiny/infer", json=body).status_code == 200
 import servopt.cli  # the CLI, serve and loadtest commands included
-assert "torch" not in sys.modules, "torch was imported"
-print("lean ok")
-"""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "lean ok" in r.stdout, r.stderr[-2000:]
+""")
 
 
 def test_serve_cli_refuses_non_servable(tmp_path):

@@ -146,38 +146,9 @@ def test_bad_text_corpus(server):
     assert 'servopt_tokens_total{kind="real"}' in text and "servopt_truncated_texts_total 1.0" in text
 
 
-def test_length_aware_batching_groups_similar_lengths():
-    """Queued requests of lengths 8, 120, 10, 118: batches pair the short ones and the long ones, under the token
-    budget, instead of padding a short text to 120 tokens."""
-    seen: list[list[int]] = []
-
-    def run(feed):
-        seen.append(sorted(int(x) for x in feed["attention_mask"].sum(1)))
-        return np.zeros((len(feed["attention_mask"]), 2))
-
-    def collate(feeds):
-        width = max(f["attention_mask"].shape[1] for f in feeds)
-        return {"attention_mask": np.concatenate([np.pad(f["attention_mask"], ((0, 0), (0, width - f["attention_mask"].shape[1])))
-                                                  for f in feeds])}
-
-    async def go() -> None:
-        b = DynamicBatcher([run], collate=collate, max_batch=4, max_delay_us=0, max_queue=100,
-                           length=lambda f: f["attention_mask"].shape[1], max_batch_tokens=256)
-        b.start()
-        b._closing = False
-        requests = [{"attention_mask": np.ones((1, n), np.int64)} for n in (8, 120, 10, 118)]
-        # Queue all four before the worker runs, as under load.
-        futures = [asyncio.ensure_future(b.submit(r)) for r in requests]
-        await asyncio.gather(*futures)
-        await b.stop()
-
-    asyncio.run(go())
-    assert sorted(seen) == [[8, 10], [118, 120]], seen
-
-
-def test_a_collected_batch_is_split_into_calls_of_similar_length():
-    """Without a binding token budget all four requests are collected together; max_padding splits them into two model
-    calls ([8, 10] and [118, 120]) instead of padding 8 tokens to 120."""
+def _batched_by_length(lengths: tuple[int, ...], **settings) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Requests of these token lengths, all queued before the batcher's worker runs (as under load): the real lengths
+    of each model call, and each caller's answer."""
     seen: list[list[int]] = []
 
     def run(feed):
@@ -190,14 +161,28 @@ def test_a_collected_batch_is_split_into_calls_of_similar_length():
                                                   for f in feeds])}
 
     async def go() -> list:
-        b = DynamicBatcher([run], collate=collate, max_batch=8, max_delay_us=0, max_queue=100,
-                           length=lambda f: f["attention_mask"].shape[1], max_batch_tokens=None, max_padding=0.25)
+        b = DynamicBatcher([run], collate=collate, max_delay_us=0, max_queue=100, length=lambda f: f["attention_mask"].shape[1],
+                           **settings)
         b.start()
-        requests = [{"attention_mask": np.ones((1, n), np.int64)} for n in (8, 120, 10, 118)]
+        requests = [{"attention_mask": np.ones((1, n), np.int64)} for n in lengths]
         answers = await asyncio.gather(*(asyncio.ensure_future(b.submit(r)) for r in requests))
         await b.stop()
         return answers
 
     answers = asyncio.run(go())
+    return seen, answers
+
+
+def test_length_aware_batching_groups_similar_lengths():
+    """Queued requests of lengths 8, 120, 10, 118: batches pair the short ones and the long ones, under the token
+    budget, instead of padding a short text to 120 tokens."""
+    seen, _ = _batched_by_length((8, 120, 10, 118), max_batch=4, max_batch_tokens=256)
+    assert sorted(seen) == [[8, 10], [118, 120]], seen
+
+
+def test_a_collected_batch_is_split_into_calls_of_similar_length():
+    """Without a binding token budget all four requests are collected together; max_padding splits them into two model
+    calls ([8, 10] and [118, 120]) instead of padding 8 tokens to 120."""
+    seen, answers = _batched_by_length((8, 120, 10, 118), max_batch=8, max_batch_tokens=None, max_padding=0.25)
     assert sorted(seen) == [[8, 10], [118, 120]], seen
     assert all(a.shape == (1, 1) for a in answers)  # each caller got its own row back
