@@ -392,3 +392,21 @@ def test_queue_depth_gauge_counts_waiting_samples(onnx_model):
             assert first.result().status_code == second.result().status_code == 200
         assert depth == 2.0
         assert _metric(s.url, "servopt_queue_depth") == 0.0
+
+
+def test_a_torch_variant_serves_only_sources_that_load_without_unpickling():
+    from servopt.contracts import Artifact, ModelRef
+    from servopt.runtimes.base import get_runtime
+    from servopt.spec import image_classifier_spec
+
+    torch_rt = get_runtime("torch")
+
+    def ref(kind: str, trust: bool = False) -> Artifact:
+        return Artifact(format="torch", ref=ModelRef(kind=kind, path="m", trust_pickle=trust, spec=image_classifier_spec(3)))
+
+    assert torch_rt.servable and torch_rt.serving_refusal(ref("hf_encoder")) is None
+    assert torch_rt.serving_refusal(ref("state_dict")) is None and torch_rt.serving_refusal(ref("torchscript")) is None
+    assert "pickle" in torch_rt.serving_refusal(ref("pickle", trust=True))
+    assert "pickle" in torch_rt.serving_refusal(ref("state_dict", trust=True))
+    assert {"transformers", "safetensors"} <= set(torch_rt.serving_requirements(ref("hf_encoder")))
+    assert "transformers" not in torch_rt.serving_requirements(ref("state_dict"))
