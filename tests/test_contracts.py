@@ -21,7 +21,8 @@ from servopt.runtimes import RUNTIMES, Runtime, RuntimeOptions, Session, get_run
 RUNTIME_NAMES = RUNTIMES.names()
 PASS_NAMES = PASSES.names()
 # Passes that search or calibrate at length: their contract runs in the slow suite.
-SLOW_PASSES = {"ort-quantize-accuracy-aware", "nncf-accuracy-control", "nncf-quantize"}
+SLOW_PASSES = {"ort-quantize-accuracy-aware", "nncf-accuracy-control", "nncf-quantize", "nncf-quantize-onnx",
+               "ort-quantize-calibration-search"}
 
 
 @pytest.fixture(scope="module")

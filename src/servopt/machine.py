@@ -48,6 +48,14 @@ class CpuFeatures:
         return bool(self.flags & {"avx_vnni_int8", "asimddp", "i8mm"})
 
     @property
+    def int8_saturates(self) -> bool:
+        """x86 without 8-bit dot products: ONNX Runtime computes U8S8 with ``vpmaddubsw``, whose 16-bit intermediate
+        saturates when two u8×s8 products add past 32767 (ORT's docs; ``session.x64quantprecision``). Weights in 7 bits
+        (``reduce_range``, NNCF's overflow fix) cannot overflow; U8U8 does not either, more slowly."""
+        x86 = bool(self.flags & {"avx2", "avx512f"})
+        return x86 and not self.int8_dot
+
+    @property
     def bf16(self) -> bool:
         return bool(self.flags & {"avx512_bf16", "amx_bf16", "bf16"})
 

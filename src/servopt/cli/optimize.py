@@ -263,6 +263,8 @@ def demo(
     ray: RayOpt = None,
     quiet: QuietOpt = False,
     text: Annotated[bool, typer.Option("--text", help="the sentence-encoder demo: all-MiniLM-L6-v2 on the shipped texts and pairs")] = False,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="train another demo model with this seed (once, cached): "
+                                      "models differ in how well they quantize")] = 0,
 ) -> None:
     """The built-in demo: a MobileNetV2 trained (once) on the digits stand-in for Food-11, optimized for three targets
     (run directory runs/demo); with --text, all-MiniLM-L6-v2 on servopt's sample sentences and pairs (runs/demo-text)."""
@@ -275,10 +277,10 @@ def demo(
             folder, data_raw, note = ensure_text_demo()
             loaded, default_out = load_model(folder), Path("runs/demo-text")
         else:
-            data_root, weights, training = ensure_demo(log=console.print)
+            data_root, weights, training = ensure_demo(log=console.print, seed=seed)
             note = ("demo: MobileNetV2 trained on scikit-learn's handwritten digits, standing in for Food-11 "
-                    f"(no download possible here); validation top-1 {training['validation_top1']:.2%}")
-            loaded, default_out = load_model(weights, arch="mobilenet_v2"), Path("runs/demo")
+                    f"(no download possible here; seed {seed}); validation top-1 {training['validation_top1']:.2%}")
+            loaded, default_out = load_model(weights, arch="mobilenet_v2"), Path("runs/demo" if seed == 0 else f"runs/demo-seed{seed}")
             data_raw = {"data": data_root, "split": "evaluation"}
         if not quiet:
             console.print(note)

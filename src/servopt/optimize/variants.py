@@ -43,9 +43,21 @@ class Variant:
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
-def _static(fmt: str, act: str, wt: str, method: str = "MinMax", per_channel: bool = True, samples: int = 100) -> dict:
+def _static(fmt: str, act: str, wt: str, method: str = "MinMax", per_channel: bool = True, samples: int = 100,
+            reduce_range: bool = False) -> dict:
     return {"quant_format": fmt, "activation_type": act, "weight_type": wt, "per_channel": per_channel,
-            "calibrate_method": method, "calibration_samples": samples}
+            "calibrate_method": method, "calibration_samples": samples, "reduce_range": reduce_range}
+
+
+def nncf_onnx(cpu: CpuFeatures, **params) -> tuple[str, dict]:
+    """NNCF's post-training INT8 on the ONNX graph, in the INT8 format ONNX Runtime runs fast on ``cpu``: unsigned
+    activations unless it has fast signed kernels, 7-bit weights where U8S8 saturates, full 8 bits where it cannot."""
+    return ("nncf-quantize-onnx", {"activations": "signed" if cpu.int8_signed else "unsigned",
+                                   "overflow_fix": "enable" if cpu.int8_saturates else "disable", **params})
+
+
+NO_SATURATION = ("this CPU has 8-bit dot products (VNNI): U8S8 cannot saturate here, so 7-bit weights or U8U8 kernels "
+                 "would only cost precision or speed")
 
 
 OWN_ENV = ("runs in an environment of its own (onnxruntime-openvino, about 500 MB, created on first use): "
@@ -138,8 +150,29 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
         Variant("ort-int8-percentile", "int8", "onnxruntime",
                 [*export, ("ort-quantize-static", _static("QOperator", "U8", "S8", "Percentile", samples=64))],
                 description="static INT8, QOperator U8S8, Percentile (99.99) calibration"),
+        Variant("ort-int8-static-qop-u8s8-rr", "int8", "onnxruntime",
+                [*export, ("ort-quantize-static", _static("QOperator", "U8", "S8", reduce_range=True))],
+                description="static INT8, QOperator U8S8 with 7-bit weights (reduce_range): no U8S8 saturation without VNNI",
+                **_when(cpu.int8_saturates, NO_SATURATION)),
+        Variant("ort-int8-static-qop-u8s8-x64precision", "int8", "onnxruntime",
+                [*export, ("ort-quantize-static", _static("QOperator", "U8", "S8"))], {"x64_quant_precision": True},
+                description="static INT8 U8S8 run with ONNX Runtime's session.x64quantprecision (U8U8 kernels: no saturation)",
+                **_when(cpu.int8_saturates, NO_SATURATION)),
+        Variant("ort-int8-nncf", "int8", "onnxruntime", [*export, nncf_onnx(cpu)],
+                description="NNCF post-training INT8 on the ONNX graph (fast bias correction), QDQ run by ONNX Runtime"),
+        Variant("ort-int8-nncf-bc", "int8", "onnxruntime", [*export, nncf_onnx(cpu, bias_correction="full")],
+                description="NNCF post-training INT8 on the ONNX graph with full bias correction"),
+        Variant("ort-int8-nncf-mixed", "int8", "onnxruntime", [*export, nncf_onnx(cpu, preset="mixed")],
+                description="NNCF post-training INT8 on the ONNX graph, mixed preset (asymmetric activations)"),
+        Variant("ort-int8-cle-nncf", "int8", "onnxruntime", [*export, ("equalize", {}), nncf_onnx(cpu)],
+                description="cross-layer equalization of conv chains, then NNCF INT8 on the ONNX graph"),
+        Variant("ort-int8-calibration-search", "int8", "onnxruntime",
+                [*export, ("ort-quantize-calibration-search", {"max_drop": accuracy_drop, "try_reduce_range": cpu.int8_saturates})],
+                description=f"static U8S8 INT8, the calibration (method, percentile, symmetry, per-channel) that keeps the tuning "
+                            f"split within {accuracy_drop} point(s), fastest first (Olive's search space, ranked)"),
         Variant("ort-int8-accuracy-aware", "int8", "onnxruntime",
-                [*export, ("ort-quantize-accuracy-aware", {**_static("QOperator", "U8", "S8"), "max_drop": accuracy_drop})],
+                [*export, ("ort-quantize-accuracy-aware", {**_static("QOperator", "U8", "S8", reduce_range=cpu.int8_saturates),
+                                                          "max_drop": accuracy_drop})],
                 description=f"as much INT8 (QOperator U8S8) as fits a {accuracy_drop}-point drop; the fastest mix within it"),
         Variant("ort-fp16", "fp16", "onnxruntime", [*export, ("fp16", {})],
                 description="FP16 weights, half the size" + ("" if cpu.fp16 else
@@ -231,8 +264,15 @@ def text_catalogue(model: LoadedModel, *, accuracy_drop: float, cpu: CpuFeatures
         Variant("ort-int8-static-qdq", "int8", "onnxruntime", [*export, ("ort-quantize-static", _static("QDQ", act, "S8"))],
                 description=f"static INT8 QDQ {act}S8 per channel, calibrated on the tuning texts", **_when(cpu.int8_dot,
                 "static INT8 of activations needs 8-bit dot products (VNNI) to pay on transformers")),
+        Variant("ort-int8-dynamic-per-channel-rr", "int8", "onnxruntime", [*export, (dyn, {"per_channel": True, "reduce_range": True})],
+                description="ORT dynamic INT8, S8 weights per channel in 7 bits (reduce_range): no U8S8 saturation without VNNI",
+                **_when(cpu.int8_saturates, NO_SATURATION)),
+        Variant("ort-int8-nncf", "int8", "onnxruntime", [*export, nncf_onnx(cpu, model_type="transformer", preset="mixed")],
+                description="NNCF post-training INT8 on the ONNX graph, transformer rules (SmoothQuant), QDQ run by ONNX Runtime",
+                **_when(cpu.int8_dot, "static INT8 of activations needs 8-bit dot products (VNNI) to pay on transformers")),
         Variant("ort-int8-accuracy-aware", "int8", "onnxruntime",
-                [*fused, ("ort-quantize-accuracy-aware", {"mode": "dynamic", "per_channel": True, "max_drop": accuracy_drop})],
+                [*fused, ("ort-quantize-accuracy-aware", {"mode": "dynamic", "per_channel": True, "max_drop": accuracy_drop,
+                                                          "reduce_range": cpu.int8_saturates})],
                 description=f"as much dynamic INT8 as keeps mean cosine within {accuracy_drop / 100:.3g} of the original; the fastest mix"),
         Variant("ort-fp16", "fp16", "onnxruntime", [*export, ("fp16", {})],
                 description="FP16 weights, half the size" + ("" if cpu.fp16 else "; no fp16 arithmetic here: computed through casts")),

@@ -113,6 +113,7 @@ def quantize(src: str, dst: Path, params: AccuracyAwareParams, calibration: Data
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(src, str(dst), weight_type=getattr(QuantType, QTYPES[params.weight_type]), per_channel=params.per_channel,
+                     reduce_range=params.reduce_range,
                      nodes_to_exclude=params.nodes_to_exclude or None, extra_options=DYNAMIC_EXTRA)
 
 

@@ -131,13 +131,14 @@ class OrtQuantizeDynamic(Pass):
     class Params(PassParams):
         weight_type: Literal["S8", "U8"] = "S8"
         per_channel: bool = False
+        reduce_range: bool = False  # 7-bit weights: U8S8 cannot saturate on x86 without VNNI
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         src = strip_value_info(str(artifact.path), out_dir)
         quantize_dynamic(src, str(out_dir / "model.onnx"), weight_type=getattr(QuantType, QTYPES[params.weight_type]),
-                         per_channel=params.per_channel, extra_options=DYNAMIC_EXTRA)
+                         per_channel=params.per_channel, reduce_range=params.reduce_range, extra_options=DYNAMIC_EXTRA)
         Path(src).unlink(missing_ok=True)
         return PassOutput(format="onnx", file="model.onnx")
 
@@ -202,12 +203,15 @@ def preprocess_for_quantization(src: str, out_dir: Path) -> str:
 
 
 def quantize_static_onnx(src: str, dst: Path, params: StaticParams, calibration: Dataset | None,
-                         calibration_cache: Path | None = None) -> None:
+                         calibration_cache: Path | None = None, *, percentile: float | None = None,
+                         symmetric: bool | None = None) -> None:
+    """ONNX Runtime's ``quantize_static`` with ``params``; ``percentile`` (Percentile calibration, default 99.99) and
+    ``symmetric`` (activation ranges; default: symmetric for signed activations) are the calibration search's knobs."""
     if calibration is None:
         raise UserError("static quantization needs calibration data", fix="pass --data (its validation split is used)")
-    extra = {"ActivationSymmetric": params.activation_type == "S8"}
+    extra = {"ActivationSymmetric": params.activation_type == "S8" if symmetric is None else symmetric}
     if params.calibrate_method == "Percentile":
-        extra["CalibPercentile"] = 99.99
+        extra["CalibPercentile"] = percentile or 99.99
     # The Entropy/Percentile calibrators print progress to stdout; keep servopt's display clean.
     with contextlib.redirect_stdout(io.StringIO()):
         _quantize_static(src, dst, params, calibration, calibration_cache, extra)

@@ -27,6 +27,8 @@ class OrtOptions(RuntimeOptions):
     allow_spinning: bool = True
     providers: list[str] | None = None
     optimized_model_filepath: str | None = None  # write the optimized graph (the offline-optimization pass)
+    # x86 without VNNI: U8U8 kernels instead of U8S8 ones, which saturate there (``CpuFeatures.int8_saturates``).
+    x64_quant_precision: bool = False
 
 
 def session_options(options: OrtOptions, profile_prefix: str | None = None):
@@ -40,6 +42,8 @@ def session_options(options: OrtOptions, profile_prefix: str | None = None):
         so.inter_op_num_threads = int(options.inter_op_threads)
     if not options.allow_spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if options.x64_quant_precision:
+        so.add_session_config_entry("session.x64quantprecision", "1")
     if options.optimized_model_filepath:
         so.optimized_model_filepath = str(options.optimized_model_filepath)
     if profile_prefix:
