@@ -150,3 +150,18 @@ def test_saturation_follows_the_cpu():
     assert nncf_onnx(avx2)[1]["overflow_fix"] == "enable" and nncf_onnx(vnni)[1]["overflow_fix"] == "disable"
     assert nncf_onnx(avx2)[1]["activations"] == "unsigned"
     assert nncf_onnx(CpuFeatures(frozenset({"avx2", "avx_vnni_int8", "avx_vnni"})))[1]["activations"] == "signed"
+
+
+@pytest.mark.slow
+def test_accuracy_aware_ranks_float_islands_by_cost_and_meets_the_tolerance(hard, tmp_path):
+    """Neither plain calibration nor NNCF alone keeps the hard model: the search falls back layers to float, ranked by
+    error removed per millisecond (each probed unit timed), and ends within the tolerance."""
+    _, _, evaluation = hard
+    built = _build(hard, [("ort-quantize-accuracy-aware", {**STATIC[1], "max_drop": 1.0, "timing_runs": 5,
+                                                          "try_calibrations": []})], tmp_path)
+    report = built.report
+    labels = [s["label"] for s in report["steps"]]
+    assert any("NNCF" in label for label in labels), "NNCF's PTQ is tried as a full-INT8 base"
+    assert report["float_layers"], "the tolerance needs a layer in float here"
+    assert report["float_island_costs"] and all("cost_ms" in c and "per_ms" in c for c in report["float_island_costs"])
+    assert _accuracy(built, evaluation) >= 0.98

@@ -131,6 +131,48 @@ def variant_rows(records: list[Record], reference: Record | None, pareto: set[tu
     return rows
 
 
+def recovered_by(r: Record) -> str:
+    """What an INT8 variant did to keep its accuracy, from its chain and the last pass's build report."""
+    said = []
+    report = r.build_report or {}
+    for step in r.chain:
+        p = step.params
+        if step.pass_name == "equalize":
+            said.append("cross-layer equalization")
+        elif step.pass_name == "nncf-quantize-onnx":
+            bc = p.get("bias_correction", "fast")
+            said.append("NNCF range estimation" + (f" + {bc} bias correction" if bc != "none" else "")
+                        + (", mixed preset" if p.get("preset") == "mixed" else "")
+                        + (", SmoothQuant" if p.get("model_type") == "transformer" else "")
+                        + (", 7-bit weights (overflow fix)" if p.get("overflow_fix") == "enable" else "")
+                        + (", activations made unsigned for ONNX Runtime's U8S8 kernels" if p.get("activations", "unsigned") == "unsigned" else ""))
+        elif step.pass_name == "ort-quantize-calibration-search":
+            chosen = report.get("chosen") or {}
+            said.append(f"calibration search over {len(report.get('points', []))} points → " + (
+                f"{chosen.get('calibrate_method')}{' ' + str(chosen['percentile']) if chosen.get('percentile') else ''}"
+                f"{', symmetric' if chosen.get('symmetric') else ''}{', 7-bit weights' if chosen.get('reduce_range') else ''}"
+                if chosen else "?") + ("" if report.get("within_tolerance", True) else " (none within tolerance)"))
+        elif step.pass_name == "ort-quantize-accuracy-aware":
+            layers = report.get("float_layers")
+            said.append(f"accuracy-aware: {report.get('calibration', p.get('calibrate_method', 'MinMax'))} calibration, "
+                        + (f"{len(layers)} layer(s) in float" if layers else "no layer in float"))
+        elif step.pass_name == "ort-quantize-static":
+            said.append(f"plain {p.get('calibrate_method', 'MinMax')} calibration" + (", 7-bit weights" if p.get("reduce_range") else ""))
+        elif step.pass_name in ("ort-quantize-dynamic", "torch-quantize-dynamic"):
+            said.append("dynamic (activation ranges at run time)" + (", 7-bit weights" if p.get("reduce_range") else ""))
+        elif step.pass_name in ("nncf-quantize", "nncf-accuracy-control"):
+            said.append("NNCF (OpenVINO)" + (" with accuracy control" if step.pass_name == "nncf-accuracy-control" else ""))
+    if r.options.get("x64_quant_precision"):
+        said.append("ONNX Runtime's x64 precision (U8U8) kernels")
+    return "; ".join(said) or "—"
+
+
+def int8_rows(rows: list[VariantRow], records: list[Record]) -> list[tuple[VariantRow, str]]:
+    """Every INT8 variant: the points it lost (from its row) and what recovered them."""
+    by_label = {label(r): r for r in records}
+    return [(row, recovered_by(by_label[row.name])) for row in rows if row.group == "int8" and row.name in by_label]
+
+
 def verdict_rows(summary: Summary) -> list[VerdictRow]:
     rows = []
     for d in summary.targets:
@@ -352,6 +394,12 @@ Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}
 |---|---|---|
 {% for o in p.ops %}| {{ o.op }} | {{ "%.3f"|format(o.ms_per_run) }} | {{ "%.1f"|format(o.share * 100) }}% |
 {% endfor %}{% endfor %}
+{% if int8 %}
+## INT8: points lost and what recovered them
+| variant | status | Δ points | p50 | batch/s | what it did to keep accuracy |
+|---|---|---|---|---|---|
+{% for row, how in int8 %}| {{ row.name }} | {{ row.status }} | {{ row.drop }} | {{ row.p50 }} | {{ row.batch }} | {{ how }} |
+{% endfor %}{% endif %}
 {% if search %}
 ## Accuracy-aware INT8 search ({{ search.metric }} on {{ search.tuning_samples }} tuning samples, reference {{ "%.4f"|format(search.reference_score) }})
 | step | what | float layers | score | drop (points) | within tolerance | p50 ms |
@@ -419,6 +467,9 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 {% for p in profiles %}<h3>{{ p.variant }} <span class="muted">{{ p.profiler }}, {{ "%.2f"|format(p.total_ms_per_run) }} ms of kernels per sample</span></h3>
 <table><tr><th>op</th><th>ms/sample</th><th>share</th><th></th></tr>{% for o in p.ops %}<tr><td>{{ o.op }}</td><td>{{ "%.3f"|format(o.ms_per_run) }}</td><td>{{ "%.1f"|format(o.share * 100) }}%</td>
 <td class="l"><div style="background:#1f77b4;height:9px;width:{{ (o.share * 300)|int }}px"></div></td></tr>{% endfor %}</table>{% else %}<p class="muted">no recommended variant to profile</p>{% endfor %}
+{% if int8 %}<h2>INT8: points lost and what recovered them</h2>
+<table><tr><th>variant</th><th>status</th><th>Δ points</th><th>p50</th><th>batch/s</th><th>what it did to keep accuracy</th></tr>
+{% for row, how in int8 %}<tr><td class="l">{{ row.name }}</td><td>{{ row.status }}</td><td>{{ row.drop }}</td><td>{{ row.p50 }}</td><td>{{ row.batch }}</td><td class="l">{{ how }}</td></tr>{% endfor %}</table>{% endif %}
 {% if search %}<h2>Accuracy-aware INT8 search</h2>
 <p class="muted">{{ search.metric }} on {{ search.tuning_samples }} tuning samples (validation split), float reference {{ "%.4f"|format(search.reference_score) }}, tolerance {{ search.tolerance.max_drop }} ({{ search.tolerance.drop_type }}).</p>
 <table><tr><th>step</th><th>what</th><th>float layers</th><th>score</th><th>drop</th><th>within</th><th>p50 ms</th></tr>
@@ -497,12 +548,13 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
     marks = pareto_marks(summary)
     search = next((r.build_report for r in records if r.status in ("ok", "failed") and r.build_report and "steps" in r.build_report), None)
     env_json = summary.environment.model_dump_json(indent=2) if summary.environment else "{}"
+    rows = variant_rows(records, reference, marks, family, references)
     ctx = {
         "model": Path(config.model).name if config else "?", "run_dir": str(out), "created": summary.created,
         "machine": machine_line(summary), "verdicts": verdict_rows(summary),
         "interleaved": interleave_rows(summary.interleaved), "rounds": summary.interleaved.rounds if summary.interleaved else None,
         "capped": capped_tables(summary), "kinds": kind_sections(summary),
-        "rows": variant_rows(records, reference, marks, family, references), "pareto": summary.pareto_front,
+        "rows": rows, "int8": int8_rows(rows, records), "pareto": summary.pareto_front,
         "profiles": profiles, "search": search, "left_out": config.left_out if config else [],
         "environment": env_json, "note": config.note if config else "",
         "data": data_lines(config.data) if config else [], "grid": grid_table(records),

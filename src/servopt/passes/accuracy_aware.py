@@ -14,8 +14,16 @@ tolerance. This pass:
    costs about a second. (Per-tensor SQNR from ORT's QDQ debugging tools was
    tried first: it misses an outlier channel that wrecks a tensor's range,
    since the outlier itself keeps the SQNR high.);
-3. falls back the k most sensitive layers to float, k = 1, 2, 4, … until the
-   tolerance holds, then bisects for the smallest such k;
+   Then the most sensitive few are TIMED in float one at a time (what each float
+   island costs: a unit early in the network, on the largest tensors, or one
+   that breaks a chain of fused INT8 kernels with Quantize/Dequantize and layout
+   reorders, can cost more than the rest of the model), and ranked by error
+   removed per millisecond lost: the cheapest accuracy first.
+3. falls back the k best-ranked layers to float, k = 1, 2, 4, … until the
+   tolerance holds, then bisects for the smallest such k; with ``try_nncf`` the
+   full-INT8 attempts include NNCF's range estimation + bias correction on the
+   ONNX graph (``nncf-quantize-onnx``), and the fallback starts from whichever
+   base scored best (NNCF keeps the float layers through its ignored scope);
 4. times EVERY candidate within tolerance and returns the FASTEST one (fewer
    float layers is usually, not always, faster: each float island adds
    quantize/dequantize pairs).
@@ -54,6 +62,8 @@ class AccuracyAwareParams(StaticParams):
     sensitivity_samples: int = 128  # tuning samples the per-layer probe compares outputs on
     try_calibrations: list[Literal["MinMax", "Entropy", "Percentile"]] = Field(default_factory=lambda: ["Entropy", "Percentile"])
     timing_runs: int = 60
+    try_nncf: bool = True  # static mode: NNCF PTQ on the ONNX graph as one more full-INT8 base
+    cost_probe: int = 8  # the most sensitive units timed in float, to rank by error removed per millisecond
 
 
 def _predict(path: str, data: Dataset, batch: int = 64) -> np.ndarray:
@@ -105,8 +115,20 @@ def fallback_units(model_path: str) -> list[tuple[str, list[str]]]:
     return units
 
 
-def quantize(src: str, dst: Path, params: AccuracyAwareParams, calibration: Dataset | None, cache: Path | None) -> None:
-    """INT8 of ``src`` with ``params`` (its ``nodes_to_exclude`` kept in float), statically or dynamically."""
+NNCF = "NNCF"  # the base quantizer named in ``calibrate_method``'s place when NNCF's PTQ is the base
+
+
+def quantize(src: str, dst: Path, params: AccuracyAwareParams, calibration: Dataset | None, cache: Path | None,
+             base: str = "ort") -> None:
+    """INT8 of ``src`` with ``params`` (its ``nodes_to_exclude`` kept in float), statically or dynamically; ``base="nncf"``:
+    NNCF's PTQ on the ONNX graph, in the format ONNX Runtime runs fast (unsigned activations for U8)."""
+    if base == "nncf":
+        from servopt.passes.nncf_onnx import NncfOnnxParams, nncf_quantize_onnx
+
+        nncf_quantize_onnx(src, dst, NncfOnnxParams(
+            subset_size=params.calibration_samples, activations="unsigned" if params.activation_type == "U8" else "signed",
+            overflow_fix="enable" if params.reduce_range else "disable", ignored_names=params.nodes_to_exclude), calibration)
+        return
     if params.mode == "static":
         quantize_static_onnx(src, dst, params, calibration, cache)
         return
@@ -115,6 +137,32 @@ def quantize(src: str, dst: Path, params: AccuracyAwareParams, calibration: Data
     quantize_dynamic(src, str(dst), weight_type=getattr(QuantType, QTYPES[params.weight_type]), per_channel=params.per_channel,
                      reduce_range=params.reduce_range,
                      nodes_to_exclude=params.nodes_to_exclude or None, extra_options=DYNAMIC_EXTRA)
+
+
+def rank_by_cost(float_path: str, ranked: list[tuple[str, list[str], float]], params: AccuracyAwareParams,
+                 calibration: Dataset, timing: Dataset, work: Path, cache: Path) -> tuple[list[tuple[str, list[str], float]], list[dict]]:
+    """Time the ``params.cost_probe`` most sensitive units in float one at a time and put them first, ordered by error
+    removed per millisecond of p50 lost against full INT8 (a floor of 2 % of it keeps a free unit from dividing by 0)."""
+    top = [r for r in ranked[: params.cost_probe] if r[2] > 0]
+    if not top:
+        return ranked, []
+
+    def p50(excluded: list[str]) -> float:
+        path = work / "cost-probe.onnx"
+        quantize(float_path, path, params.model_copy(update={"nodes_to_exclude": excluded}), calibration, cache)
+        ms = _p50_ms(str(path), timing, params.timing_runs)
+        path.unlink(missing_ok=True)
+        return ms
+
+    full = p50([])
+    costs = []
+    for name, unit, removed in top:
+        cost = p50(unit) - full
+        costs.append({"layer": name, "error_removed": removed, "cost_ms": cost, "per_ms": removed / max(cost, 0.02 * full)})
+    order = {c["layer"]: i for i, c in enumerate(sorted(costs, key=lambda c: -c["per_ms"]))}
+    probed = sorted(top, key=lambda r: order[r[0]])
+    rest = [r for r in ranked if r[0] not in order]
+    return probed + rest, [{**c, "full_int8_p50_ms": full} for c in costs]
 
 
 def rank_sensitivity(float_path: str, params: AccuracyAwareParams, calibration: Dataset, probe: Dataset, work: Path,
@@ -156,12 +204,13 @@ class AccuracyAwareInt8(Pass):
         allowed = params.max_drop / 100 if params.drop_type == "absolute" else ref * params.max_drop
         steps: list[dict] = []
 
-        def attempt(excluded: list[str], label: str, config: AccuracyAwareParams, cache: Path) -> dict:
+        def attempt(excluded: list[str], label: str, config: AccuracyAwareParams, cache: Path, base: str = "ort") -> dict:
             """Quantize with ``config`` minus ``excluded`` (ranges calibrated once per method, cached), score it."""
             path = out_dir / f"candidate-{len(steps)}.onnx"
-            quantize(src, path, config.model_copy(update={"nodes_to_exclude": excluded}), ctx.calibration, cache)
+            quantize(src, path, config.model_copy(update={"nodes_to_exclude": excluded}), ctx.calibration, cache, base)
             score = _score(str(path), tuning, float_out, score_of)
-            step = {"step": len(steps), "label": label, "calibration": config.calibrate_method, "float_layers": len(excluded), "excluded": excluded,
+            step = {"step": len(steps), "label": label, "calibration": NNCF if base == "nncf" else config.calibrate_method,
+                    "float_layers": len(excluded), "excluded": excluded,
                     "score": score, "drop_points": (ref - score) * 100, "within_tolerance": ref - score <= allowed + 1e-12,
                     "path": str(path)}
             steps.append(step)
@@ -177,24 +226,33 @@ class AccuracyAwareInt8(Pass):
             step = attempt([], label, trial, out_dir / f"calibration_cache_{method}.json")
             if step["score"] > max((s["score"] for s in steps[:-1]), default=-1.0):
                 base = trial
+        base_quantizer = "ort"
+        if params.mode == "static" and params.try_nncf and not any(s["within_tolerance"] for s in steps):
+            step = attempt([], "full INT8, NNCF range estimation + bias correction", params, out_dir / "unused", "nncf")
+            if step["score"] > max(s["score"] for s in steps[:-1]):
+                base_quantizer = "nncf"
         ranking: list[tuple[str, list[str], float]] = []
+        costs: list[dict] = []
         cache = out_dir / f"calibration_cache_{base.calibrate_method}.json"
         if not any(s["within_tolerance"] for s in steps):
             probe = tuning.subset(np.arange(min(len(tuning), params.sensitivity_samples)))
+            # Sensitivity is probed with ONNX Runtime's quantizer (ranges cached: a second a layer) whatever the base.
             ranking = rank_sensitivity(src, base, ctx.calibration, probe, out_dir, cache)
+            if params.cost_probe:
+                ranking, costs = rank_by_cost(src, ranking, base, ctx.calibration, tuning, out_dir, cache)
 
             def excluded(k: int) -> list[str]:
                 return list(dict.fromkeys(n for _, unit, _ in ranking[:k] for n in unit))
 
             k, last_fail, first_pass = 1, 0, None
             while len(steps) < params.max_steps and k <= len(ranking):
-                if attempt(excluded(k), f"{k} most sensitive layer(s) in float", base, cache)["within_tolerance"]:
+                if attempt(excluded(k), f"{k} best-ranked layer(s) in float", base, cache, base_quantizer)["within_tolerance"]:
                     first_pass = k
                     break
                 last_fail, k = k, min(k * 2, len(ranking)) if k < len(ranking) else k + 1
             while first_pass is not None and first_pass - last_fail > 1 and len(steps) < params.max_steps:
                 mid = (first_pass + last_fail) // 2
-                if attempt(excluded(mid), f"{mid} most sensitive layer(s) in float", base, cache)["within_tolerance"]:
+                if attempt(excluded(mid), f"{mid} best-ranked layer(s) in float", base, cache, base_quantizer)["within_tolerance"]:
                     first_pass = mid
                 else:
                     last_fail = mid
@@ -219,5 +277,6 @@ class AccuracyAwareInt8(Pass):
                   "metric": ctx.family.tuning_metric(tuning),
                   "tuning_samples": len(tuning), "steps": steps, "chosen_step": best["step"],
                   "float_layers": best["excluded"], "calibration": best["calibration"], "weighted_layers": weighted_layers,
-                  "sensitivity": [{"layer": n, "unit": u, "error_removed": e} for n, u, e in ranking[:20]]}
+                  "sensitivity": [{"layer": n, "unit": u, "error_removed": e} for n, u, e in ranking[:20]],
+                  "float_island_costs": costs}
         return PassOutput(format="onnx", file="model.onnx", report=report)

@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import Field
 
 from servopt.contracts import Artifact
+from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, register_pass
 
@@ -43,7 +44,7 @@ class NncfOnnxParams(PassParams):
     ignored_names: list[str] = Field(default_factory=list)  # node names kept in float
 
 
-def nncf_quantize_onnx(src: str, dst: Path, params: NncfOnnxParams, ctx: BuildContext) -> dict:
+def nncf_quantize_onnx(src: str, dst: Path, params: NncfOnnxParams, calibration: Dataset | None) -> dict:
     """Run ``nncf.quantize`` on the ONNX model at ``src`` and save the QDQ model at ``dst``; returns the report."""
     import nncf
     import onnx
@@ -55,10 +56,10 @@ def nncf_quantize_onnx(src: str, dst: Path, params: NncfOnnxParams, ctx: BuildCo
     )
 
     nncf.set_log_level(logging.ERROR)
-    if ctx.calibration is None:
+    if calibration is None:
         raise UserError("NNCF quantization needs calibration data", fix="pass --data (its validation split is used)")
-    count = min(params.subset_size, len(ctx.calibration))
-    samples = [ctx.calibration.slice(i, i + 1) for i in range(count)]
+    count = min(params.subset_size, len(calibration))
+    samples = [calibration.slice(i, i + 1) for i in range(count)]
     model = onnx.load(src)
     names = {n.name for n in model.graph.node}
     ignored = nncf.IgnoredScope(types=params.ignored_types, names=[n for n in params.ignored_names if n in names],
@@ -150,7 +151,7 @@ class NncfQuantizeOnnx(Pass):
         from servopt.passes.onnx_passes import preprocess_for_quantization
 
         src = preprocess_for_quantization(str(artifact.path), out_dir)
-        report = nncf_quantize_onnx(src, out_dir / "model.onnx", params, ctx)
+        report = nncf_quantize_onnx(src, out_dir / "model.onnx", params, ctx.calibration)
         Path(out_dir / "preprocessed.onnx").unlink(missing_ok=True)
         Path(out_dir / "no_value_info.onnx").unlink(missing_ok=True)
         return PassOutput(format="onnx", file="model.onnx", report=report)
