@@ -162,8 +162,8 @@ def test_accuracy_aware_finds_a_mix_that_full_int8_misses(tmp_path, trained):
     """Full INT8 loses more than the tolerance; the search keeps some layers in float, not all, and meets it."""
     model = load_model(trained["path"])
     ctx = BuildContext(source=model, calibration=trained["val"].subset(np.arange(0, 300, 3)), tuning=trained["val"])
-    # MinMax only: the layer fallback is what is under test here (other calibrations are tried by default).
-    params = {"quant_format": "QOperator", "max_drop": 1.0, "timing_runs": 10, "try_calibrations": []}
+    # MinMax only: the layer fallback is what is under test here (other calibrations and NNCF are tried by default).
+    params = {"quant_format": "QOperator", "max_drop": 1.0, "timing_runs": 10, "try_calibrations": [], "try_nncf": False}
     artifact = build_chain(source_artifact(model), [("ort-quantize-accuracy-aware", params)], tmp_path, ctx)
     report = artifact.report
     full = report["steps"][0]
