@@ -17,6 +17,8 @@ Peers (``--peer``):
   ``.avx512_vnni(is_static=True)`` and ``AutoCalibrationConfig.minmax`` / ``.percentiles`` / ``.entropy`` (all
   other arguments at their defaults), the calibration images as a ``datasets.Dataset``, ``fit`` then ``quantize`` as in
   Optimum's quantization guide.
+- ``nncf-onnx-defaults``, ``nncf-onnx-accuracy-control``: NNCF on the ONNX graph, ``nncf.quantize`` with its defaults
+  and ``nncf.quantize_with_accuracy_control`` (1 point of top-1 on the validation split), QDQ models run by ONNX Runtime.
 - ``olive-static-defaults``: Olive's ``OnnxStaticQuantization`` pass with every option at its default, run through
   ``olive.workflows.run`` on the local ONNX file, calibration from a user dataset (``servopt_npz``, registered below).
 - ``olive-static-search``: the same pass with Olive's own search space for it (every option that declares
@@ -52,7 +54,8 @@ import numpy as np
 OPTIMUM_ISAS = {"avx2": "avx2", "avx512vnni": "avx512_vnni"}
 OPTIMUM_CALIBRATIONS = ("minmax", "percentiles", "entropy")
 OLIVE_PEERS = ("olive-static-defaults", "olive-static-search")
-PEERS = tuple(f"optimum-{isa}-{cal}" for isa in OPTIMUM_ISAS for cal in OPTIMUM_CALIBRATIONS) + OLIVE_PEERS
+NNCF_PEERS = ("nncf-onnx-defaults", "nncf-onnx-accuracy-control")
+PEERS = tuple(f"optimum-{isa}-{cal}" for isa in OPTIMUM_ISAS for cal in OPTIMUM_CALIBRATIONS) + OLIVE_PEERS + NNCF_PEERS
 OLIVE_DATASET = "servopt_npz"
 OLIVE_ARGMAX = "servopt_argmax"
 
@@ -111,6 +114,43 @@ def build_optimum(peer: str, model: Path, calib: Path, out: Path) -> dict:
             "ort_config_json": ort_config,
         },
     }
+
+
+# --------------------------------------------------------------------------------------------------------- NNCF
+
+
+def build_nncf(peer: str, model: Path, calib: Path, tuning: Path, out: Path) -> dict:
+    """NNCF on the ONNX model as its documentation shows: ``nncf.quantize`` with every option at its default, or
+    ``nncf.quantize_with_accuracy_control`` (max_drop 0.01 absolute top-1 on the validation split); the QDQ model it
+    writes is what a user hands to ONNX Runtime."""
+    import nncf
+    import onnx
+    import onnxruntime as ort
+
+    inputs, _ = read_npz(calib)
+    name = next(iter(inputs))
+    calibration = nncf.Dataset([{k: v[i:i + 1] for k, v in inputs.items()} for i in range(len(inputs[name]))])
+    fp32 = onnx.load(str(model))
+    out.mkdir(parents=True, exist_ok=True)
+    call = "nncf.quantize(model, nncf.Dataset(calibration))"
+    if peer == "nncf-onnx-defaults":
+        quantized = nncf.quantize(fp32, calibration)
+    else:
+        val_inputs, labels = read_npz(tuning)
+        items = [({k: v[i:i + 1] for k, v in val_inputs.items()}, int(labels[i])) for i in range(len(labels))]
+
+        def validate(candidate, data) -> float:
+            session = ort.InferenceSession(candidate.SerializeToString(), providers=["CPUExecutionProvider"])
+            return float(np.mean([int(np.argmax(session.run(None, x)[0]) == y) for x, y in data]))
+
+        quantized = nncf.quantize_with_accuracy_control(fp32, calibration, nncf.Dataset(items), validation_fn=validate,
+                                                         max_drop=0.01, drop_type=nncf.DropType.ABSOLUTE)
+        call = ("nncf.quantize_with_accuracy_control(model, calibration, validation, validate (top-1 in ONNX Runtime), "
+                "max_drop=0.01, drop_type=ABSOLUTE)")
+    path = out / "model.onnx"
+    onnx.save(quantized, str(path))
+    return {"path": str(path), "configuration": {"tool": f"nncf {nncf.__version__} (ONNX backend)", "call": call,
+                                                 "calibration_samples": len(inputs[name])}}
 
 
 # -------------------------------------------------------------------------------------------------------- Olive
@@ -304,6 +344,8 @@ def main() -> None:
     try:
         if args.peer.startswith("optimum-"):
             result.update(build_optimum(args.peer, args.model.resolve(), args.calib.resolve(), out))
+        elif args.peer in NNCF_PEERS:
+            result.update(build_nncf(args.peer, args.model.resolve(), args.calib.resolve(), args.tuning.resolve(), out))
         else:
             num_classes = args.num_classes or int(read_npz(args.tuning)[1].max()) + 1
             result.update(build_olive(args.peer, args.model.resolve(), args.calib.resolve(), args.tuning.resolve(), out,

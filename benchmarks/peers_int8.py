@@ -1,7 +1,7 @@
-"""Is servopt's cpu-server pick faster than the INT8 tools a user would reach for instead? (issue 11)
+"""Is servopt's cpu-server pick faster than the INT8 tools a user would reach for instead? (issues 11 and 15)
 
-Aim: on this CPU, servopt's pick gives >= 1.2x the batch-32 throughput of the best INT8 peer and <= 0.85x the p50
-batch-1 latency of the best INT8 peer, with both within the same accuracy tolerance (1 point of top-1 vs fp32).
+Aim (issue 15): on this CPU, servopt's pick, within 1 point of fp32's top-1, gives >= 1.1x the batch-32 throughput of
+the fastest peer configuration that stays within the same point, and a batch-1 p50 no slower than that peer's.
 
 Every candidate starts from the SAME fp32 ONNX (the run's ``ort-fp32`` artifact) and the SAME calibration images:
 the run's validation split, read through the model's family and spread to 100 samples exactly as ``servopt optimize``
@@ -76,12 +76,13 @@ HERE = Path(__file__).resolve().parent
 BUILDER = HERE / "peers_build.py"
 ENV_NAME = "int8-peers"
 KNOWN_PEERS = [f"optimum-{isa}-{cal}" for isa in ("avx2", "avx512vnni") for cal in ("minmax", "percentiles", "entropy")] + [
-    "olive-static-defaults", "olive-static-search"]  # as peers_build.PEERS
+    "olive-static-defaults", "olive-static-search", "nncf-onnx-defaults", "nncf-onnx-accuracy-control"]  # as peers_build.PEERS
 DEFAULT_PEERS = ["optimum-avx2-minmax", "optimum-avx2-percentiles", "optimum-avx512vnni-minmax",
-                 "optimum-avx512vnni-percentiles", "olive-static-defaults", "olive-static-search"]
+                 "optimum-avx512vnni-percentiles", "olive-static-defaults", "olive-static-search", "nncf-onnx-defaults",
+                 "nncf-onnx-accuracy-control"]
 TOLERANCE_POINTS = 1.0  # accuracy tolerance, points of top-1 vs fp32, for servopt's pick and for every peer
-AIM_THROUGHPUT = 1.2  # pick / best peer, batch-32 throughput: at least this
-AIM_P50 = 0.85  # pick / best peer, batch-1 p50: at most this
+AIM_THROUGHPUT = 1.1  # pick / best peer within tolerance, batch-32 throughput: at least this (issue 15)
+AIM_P50 = 1.0  # pick / best peer within tolerance, batch-1 p50: no slower (issue 11 asked 0.85 of the best peer at any accuracy)
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "OLIVE_DISABLE_TELEMETRY": "1"}
 
@@ -92,7 +93,7 @@ def peer_requirements() -> list[str]:
     CUDA build); transformers is narrowed to what optimum-onnx accepts (<4.58), else pip backtracks through dozens of
     releases; ``datasets`` because ORTQuantizer.fit takes a ``datasets.Dataset``."""
     return [f"onnxruntime=={metadata.version('onnxruntime')}", "optimum-onnx==0.1.0", "olive-ai==0.13.0",
-            "torch==2.13.0", "transformers>=4.57,<4.58", "datasets"]
+            "torch==2.13.0", "transformers>=4.57,<4.58", "datasets", f"nncf=={metadata.version('nncf')}"]
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
