@@ -165,3 +165,17 @@ def test_accuracy_aware_ranks_float_islands_by_cost_and_meets_the_tolerance(hard
     assert report["float_layers"], "the tolerance needs a layer in float here"
     assert report["float_island_costs"] and all("cost_ms" in c and "per_ms" in c for c in report["float_island_costs"])
     assert _accuracy(built, evaluation) >= 0.98
+
+
+def test_demo_seed_trains_another_model_and_keeps_seed_0s_cache(tmp_path):
+    """``servopt demo --seed N``: each seed its own cached weights (its recipe hash); seed 0 keeps the path it always had,
+    so an existing cache is not retrained."""
+    from servopt.demo import RECIPE, demo_model_path, recipe
+
+    assert recipe(0) == RECIPE
+    paths = {demo_model_path(tmp_path, seed) for seed in (0, 1, 2)}
+    assert len(paths) == 3 and all(p.parent == tmp_path / "demo" for p in paths)
+    import hashlib
+    import json
+
+    assert demo_model_path(tmp_path).name.endswith(hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:12] + ".pt")
