@@ -13,7 +13,7 @@ from servopt.bench.protocol import Protocol, measure_session
 from servopt.contracts import Artifact, SessionInfo
 from servopt.data.dataset import Dataset
 from servopt.families import FAMILIES
-from servopt.machine import CpuFeatures, isa_rank
+from servopt.machine import CpuFeatures, Device, Isa, richer
 from servopt.models.sources import load_model
 from servopt.optimize.variants import catalogue, select
 from servopt.runtimes import Session, get_runtime, open_session
@@ -32,7 +32,18 @@ def onnx_model(tmp_path_factory) -> Path:
 def test_feature_levels():
     assert (AVX2.level, ZEN4.level, SAPPHIRE.level) == ("avx2", "avx512_vnni", "amx")
     assert not AVX2.int8_dot and ZEN4.int8_dot and ZEN4.bf16 and not ZEN4.fp16 and SAPPHIRE.fp16 and SAPPHIRE.amx
-    assert isa_rank("avx2") < isa_rank("avx512_vnni") < isa_rank("amx") and isa_rank("arm") < isa_rank("avx2")
+    assert Isa.AVX2 < Isa.AVX512_VNNI < Isa.AMX and not Isa.AVX512_VNNI > Isa.AMX and max(Isa) is Isa.AMX
+    assert richer("amx", "avx2") and not richer("avx2", "avx2") and not richer("arm", "avx2") and not richer("avx2", "arm")
+    assert not richer(None, "avx2") and not richer("avx512", None)
+
+
+def test_devices_say_where_figures_count():
+    from servopt.contracts import Environment
+
+    here, with_gpu = Environment(cpu="x"), Environment(cpu="x", gpu=True)
+    assert Device.CPU.measurable_on(here) and not Device.GPU.measurable_on(here) and Device.GPU.measurable_on(with_gpu)
+    assert not Device.EDGE.measurable_on(with_gpu), "an edge device is measured on the device itself"
+    assert Device.EDGE.computes_on is Device.CPU and Device.GPU.computes_on is Device.GPU
     assert CpuFeatures(frozenset({"asimd", "asimddp", "asimdhp"})).int8_dot
     # ONNX Runtime's S8S8 kernels: VNNI (even AMX) speeds up U8S8 only; signed activations need AVX-VNNI-INT8 or ARM dot products
     assert not ZEN4.int8_signed and not SAPPHIRE.int8_signed and ARROW_LAKE.int8_signed

@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import lru_cache
 from importlib import metadata
 
@@ -26,6 +27,67 @@ KNOWN_FEATURES = (
     "asimd", "asimddp", "asimdhp", "fphp", "sve", "sve2", "i8mm", "bf16",  # ARM (dot product, fp16 arithmetic, int8 matmul)
 )
 BASE_LIBRARIES = ("numpy", "onnx", "onnxruntime")
+
+
+class Isa(StrEnum):
+    """The x86 instruction-set ladder servopt measures against, poorest first: the one declaration of it. A target
+    names one; a machine's is ``CpuFeatures.level``; runtimes map it to their own caps (``Runtime.isa_cap_env``)."""
+
+    AVX2 = "avx2"
+    AVX512 = "avx512"
+    AVX512_VNNI = "avx512_vnni"
+    AMX = "amx"
+
+    @property
+    def rank(self) -> int:
+        return list(Isa).index(self)
+
+    # Every comparison by rank: str's own (alphabetical) ones would otherwise answer for the ones not defined here.
+    def __lt__(self, other: object) -> bool:
+        return self.rank < Isa(other).rank
+
+    def __le__(self, other: object) -> bool:
+        return self.rank <= Isa(other).rank
+
+    def __gt__(self, other: object) -> bool:
+        return self.rank > Isa(other).rank
+
+    def __ge__(self, other: object) -> bool:
+        return self.rank >= Isa(other).rank
+
+
+def richer(level: Isa | str | None, than: Isa | str | None) -> bool:
+    """Whether ``level`` is richer than ``than`` on the ladder; a level off the ladder (ARM, baseline x86) never is."""
+    try:
+        return level is not None and than is not None and Isa(level) > Isa(than)
+    except ValueError:
+        return False
+
+
+class Device(StrEnum):
+    """Where a target runs, and where a runtime computes: what may be measured on which machine is decided here."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    EDGE = "edge"
+
+    @property
+    def computes_on(self) -> Device:
+        """The device a variant for this target computes on (an edge target takes CPU variants)."""
+        return Device.GPU if self is Device.GPU else Device.CPU
+
+    def measurable_on(self, env: Environment | None) -> bool:
+        """Whether figures taken on ``env`` count for this device: a CPU target's on any CPU (verdicts say which), a GPU
+        target's only on a machine with a GPU, an edge device's never (measure on the device itself)."""
+        if self is Device.CPU:
+            return True
+        if self is Device.GPU:
+            return bool(env and env.gpu)
+        return False
+
+    def why_not_measurable(self) -> str:
+        return ("measure on the device with `servopt bench`" if self is Device.EDGE
+                else "not measured: these figures come from a machine without a GPU")
 
 
 @dataclass(frozen=True)
@@ -69,31 +131,24 @@ class CpuFeatures:
         return bool(self.flags & {"amx_int8", "amx_bf16"})
 
     @property
-    def level(self) -> str:
+    def level(self) -> Isa | str:
+        """The richest rung of the ``Isa`` ladder this CPU reaches; ``arm`` or ``baseline`` off the ladder."""
         if self.amx:
-            return "amx"
+            return Isa.AMX
         if "avx512_vnni" in self.flags:
-            return "avx512_vnni"
+            return Isa.AVX512_VNNI
         if "avx512f" in self.flags:
-            return "avx512"
+            return Isa.AVX512
         if "avx2" in self.flags:
-            return "avx2"
+            return Isa.AVX2
         return "arm" if self.flags & {"asimd", "sve"} else "baseline"
 
     def describe(self) -> str:
-        parts = [self.level]
+        parts = [str(self.level)]
         parts += [name for name, on in (("VNNI/dot-product INT8", self.int8_dot),
                                         ("signed INT8", self.int8_signed), ("bf16", self.bf16), ("fp16", self.fp16),
                                         ("AMX", self.amx)) if on]
         return ", ".join(parts)
-
-
-ISA_LEVELS = ("avx2", "avx512", "avx512_vnni", "amx")
-
-
-def isa_rank(level: str) -> int:
-    """Position on the x86 ladder; unknown levels (ARM) rank below everything, so they never count as richer."""
-    return ISA_LEVELS.index(level) if level in ISA_LEVELS else -1
 
 
 def _cpuinfo_lines() -> list[str]:

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from servopt.contracts import Contract, Interleaved, Record
 from servopt.families.base import Family
-from servopt.machine import CpuFeatures, isa_rank, machine_label
+from servopt.machine import CpuFeatures, Device, machine_label, richer
 from servopt.optimize.targets import Target
 
 QUALITY_BOUNDS = ("accuracy_drop_points", "cosine_mean", "spearman_drop_points")
@@ -75,8 +75,17 @@ def figures(rec: Record, interleaved: Interleaved | None) -> Figures:
     return Figures(p50_ms=rec.p50_ms, throughput_ips=rec.batch_ips, source="sweep")
 
 
+def computes_on(rec: Record) -> Device:
+    return Device.GPU if rec.needs_gpu else Device.CPU
+
+
+def serves(target: Target, rec: Record) -> bool:
+    """Whether the variant computes on the kind of device the target runs (an edge target takes CPU variants)."""
+    return computes_on(rec) is target.device.computes_on
+
+
 def eligible(target: Target, rec: Record) -> bool:
-    return rec.status == "ok" and rec.needs_gpu == (target.device == "gpu")
+    return rec.status == "ok" and serves(target, rec)
 
 
 def for_target(target: Target, records: list[Record]) -> list[Record]:
@@ -104,7 +113,7 @@ def isa_note(target: Target, rec: Record, fig: Figures) -> str | None:
     if cap:
         return f"measured with the instruction set capped at {cap} (target: {target.isa})"
     measured = CpuFeatures(frozenset(env.cpu_flags)).level
-    if isa_rank(measured) > isa_rank(target.isa):
+    if richer(measured, target.isa):
         why = f"; {rec.runtime} cannot be held to {target.isa}" if fig.capped_run else ""
         return f"measured with a richer instruction set ({measured}) than the target's ({target.isa}){why}"
     return None
@@ -137,11 +146,8 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
         add("spearman_drop_points", target.max_spearman_drop, sp, True, sp is not None, "Spearman on the scored pairs")
     if target.max_size_mb is not None:
         add("size_mb", target.max_size_mb, rec.size_mb, True, True, "size on disk holds everywhere")
-    on_gpu = bool(env and env.gpu)
-    speed_here = target.device == "cpu" or (target.device == "gpu" and on_gpu)
-    speed_note = (f"measured on {_where(rec)}, not on {target.hardware}" if speed_here
-                  else "measure on the device with `servopt bench`" if target.device == "edge"
-                  else "not measured: these figures come from a machine without a GPU")
+    speed_here = target.device.measurable_on(env)
+    speed_note = f"measured on {_where(rec)}, not on {target.hardware}" if speed_here else target.device.why_not_measurable()
     if target.max_p50_ms is not None:
         add("p50_ms", target.max_p50_ms, fig.p50_ms, True, speed_here, speed_note)
     if target.min_throughput_ips is not None:
@@ -174,16 +180,16 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     """Best passing variant under the target's objective, or the nearest miss and by how much."""
     records = for_target(target, records)
     candidates = [r for r in records if eligible(target, r)]
-    skipped = [r.name for r in records if r.status == "skipped" and r.needs_gpu == (target.device == "gpu")]
+    skipped = [r.name for r in records if r.status == "skipped" and serves(target, r)]
     by_name = {r.name: r for r in records}
-    if target.device == "gpu" and not candidates:
+    if target.device is Device.GPU and not candidates:
         return Decision(target=target, status="not measured",
                         reason=f"no GPU variant was measured on a GPU; skipped: {', '.join(skipped) or 'none'}")
     verdicts = [judge(target, r, ref, family, interleaved) for r in candidates]
     # Decide on one source of figures: when the top candidates were re-measured side by side, pick among them
     # (comparing a sweep figure with an interleaved one would compare two different moments of a noisy machine).
     side_by_side = [v for v in verdicts if v.figures.source == "interleaved"]
-    pool = side_by_side if target.device == "cpu" and side_by_side else verdicts
+    pool = side_by_side if target.device is Device.CPU and side_by_side else verdicts
     passing = sorted((v for v in pool if v.passes), key=lambda v: _objective_key(target, v))
     objective = "highest batch throughput" if target.objective == "throughput" else "lowest p50 latency"
     if passing:
@@ -194,7 +200,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
             reason += f" (next: {passing[1].variant})"
         if pending:
             reason += f"; still to measure on {target.hardware}: {', '.join(pending)}"
-        elif target.device == "cpu":
+        elif target.device is Device.CPU:
             reason += f" (figures from {_where(by_name[best.variant])}, not from {target.hardware})"
         reason += "".join(f"; {n}" for n in best.notes)
         return Decision(target=target, status="pass" if not pending else "pass (pending device)", recommended=best.variant,
@@ -229,7 +235,7 @@ def interleave_candidates(targets: list[Target], records: list[Record], ref: Rec
     """The top few variants per CPU target (passing first), to be re-measured side by side."""
     chosen: list[str] = []
     for t in targets:
-        if t.device != "cpu":
+        if t.device is not Device.CPU:  # only a CPU target's figures are taken here, side by side
             continue
         verdicts = [judge(t, r, ref, family) for r in for_target(t, records) if eligible(t, r)]
         acc_ok = [v for v in verdicts if all(b.status != "fail" for b in v.bounds if b.bound in QUALITY_BOUNDS)]

@@ -19,7 +19,7 @@ from markupsafe import Markup
 
 from servopt.contracts import Interleaved, Record
 from servopt.families.base import Family, family_of
-from servopt.machine import CpuFeatures, isa_rank
+from servopt.machine import CpuFeatures, richer
 from servopt.optimize.rundir import Summary, load_config, load_profile
 from servopt.results import write_text_atomic
 
@@ -241,7 +241,7 @@ def isa_match(summary: Summary, target_isa: str | None, kind: str | None = None)
     here = CpuFeatures(frozenset(env.cpu_flags)).level
     if here == target_isa:
         return f"measured on the target's instruction set ({here})"
-    if isa_rank(here) > isa_rank(target_isa):
+    if richer(here, target_isa):
         how = "re-measured capped where runtimes allow" if target_isa in capped else "not capped"
         return f"this machine is {here}, richer than the target's {target_isa}: {how}"
     return f"this machine is {here}, poorer than the target's {target_isa}"

@@ -30,7 +30,7 @@ from servopt.contracts import ChainStep, Gate, Interleaved, OpProfile, Record
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
-from servopt.machine import CpuFeatures, cpu_features, environment, gpu_present, isa_rank
+from servopt.machine import CpuFeatures, Device, cpu_features, environment, gpu_present, richer
 from servopt.models.sources import LoadedModel
 from servopt.optimize.decide import Decision, decide, interleave_candidates, pareto_front
 from servopt.optimize.executor import LOST, Executor, LocalExecutor, Lost
@@ -149,7 +149,7 @@ def kinds_of(v: Variant, targets: list[Target], kinds: dict[str | None, dict[str
     others for CPU and edge targets); a variant no target can use is still measured once, as one machine would."""
     if not distributed:
         return [None]
-    mine = [k for k in kinds if any(t.kind == k and (t.device == "gpu") == v.needs_gpu for t in targets)]
+    mine = [k for k in kinds if any(t.kind == k and t.device.computes_on is (Device.GPU if v.needs_gpu else Device.CPU) for t in targets)]
     return mine or [next(iter(kinds))]
 
 
@@ -479,7 +479,7 @@ def run_capped(run: Run, records: list[Record], reference: Record | None, eval_p
     # The measuring machine: this one, or on a cluster the nodes of this kind (their records say which CPU).
     here = CpuFeatures(frozenset(env.cpu_flags)).level if executor.distributed and env else cpu_features().level
     for t in run.targets if targets is None else targets:
-        if t.device != "cpu" or t.isa is None or t.isa in capped or isa_rank(here) <= isa_rank(t.isa):
+        if t.device is not Device.CPU or t.isa is None or t.isa in capped or not richer(here, t.isa):
             continue
         progress.step(f"re-measuring {t.name}'s candidates with the instruction set capped at {t.isa}")
         try:

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
 from servopt.errors import UserError
+from servopt.machine import Device, Isa
 
 
 class Target(BaseModel):
@@ -22,7 +23,7 @@ class Target(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     hardware: str = Field(description="the machine the budget is for, e.g. 'AMD EPYC 7763'")
-    device: Literal["cpu", "gpu", "edge"]
+    device: Device
     objective: Literal["throughput", "latency"] = "throughput"
     max_p50_ms: PositiveFloat | None = Field(None, description="median single-sample latency bound")
     min_throughput_ips: PositiveFloat | None = Field(None, description="batch throughput bound, samples/s")
@@ -31,7 +32,7 @@ class Target(BaseModel):
     min_cosine: float | None = Field(None, ge=-1, le=1, description="embeddings: mean cosine similarity to the original's, at least")
     max_spearman_drop: NonNegativeFloat | None = Field(
         None, description="embeddings with scored pairs: Spearman points lost against the original, at most")
-    isa: Literal["avx2", "avx512", "avx512_vnni", "amx"] | None = Field(
+    isa: Isa | None = Field(
         None, description="the target CPU's instruction set: its candidates are measured capped to it where a runtime allows")
     ray_resources: dict[str, PositiveFloat] | None = Field(
         None, description="a distributed sweep (--ray): the Ray resources of the nodes this target's candidates are "

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from servopt.contracts import Artifact, OpProfile, OpTime, SessionInfo
 from servopt.envs import EnvSpec
 from servopt.errors import UserError
+from servopt.machine import Device, Isa
 from servopt.registry import Registry
 
 
@@ -68,7 +69,7 @@ class Runtime(ABC):
     artifact_formats: ClassVar[tuple[str, ...]]  # which artifact formats it opens
     Options: ClassVar[type[RuntimeOptions]] = RuntimeOptions
     thread_option: ClassVar[str | None] = None  # the option that sets intra-op threads
-    needs_gpu: ClassVar[bool] = False
+    device: ClassVar[Device] = Device.CPU  # where it computes: a GPU runtime serves only GPU targets
     servable: ClassVar[bool] = False  # may `servopt serve` run it (never a pickle: see serving_refusal)
     triton_platform: ClassVar[str] = "custom"  # Triton's name for the backend, in model metadata and config
     requirements: ClassVar[tuple[str, ...]] = ()  # pip distributions a serving install needs for this runtime
@@ -106,7 +107,7 @@ class Runtime(ABC):
         (``onnxruntime-openvino`` and ``onnxruntime-gpu`` overwrite the plain ``onnxruntime``); None: this one."""
         return None
 
-    def isa_cap_env(self, level: str) -> dict[str, str] | None:
+    def isa_cap_env(self, level: Isa) -> dict[str, str] | None:
         """Environment variables that hold this runtime to an instruction-set ``level`` (``avx2`` … ``amx``), or None
         where it cannot be held (it then measures with whatever the CPU has, and verdicts say so)."""
         return None
@@ -124,7 +125,7 @@ class Runtime(ABC):
 
 
 # oneDNN's names for the levels a target may name (ONEDNN_MAX_CPU_ISA): OpenVINO's and torch's CPU kernels use it.
-ONEDNN_ISA = {"avx2": "AVX2", "avx512": "AVX512_CORE", "avx512_vnni": "AVX512_CORE_VNNI", "amx": "AVX512_CORE_AMX"}
+ONEDNN_ISA = {Isa.AVX2: "AVX2", Isa.AVX512: "AVX512_CORE", Isa.AVX512_VNNI: "AVX512_CORE_VNNI", Isa.AMX: "AVX512_CORE_AMX"}
 
 RUNTIMES: Registry[Runtime] = Registry("runtime", "servopt.runtimes")
 register_runtime = RUNTIMES.register

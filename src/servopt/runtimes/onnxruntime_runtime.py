@@ -13,7 +13,7 @@ import numpy as np
 
 from servopt.contracts import Artifact, OpProfile, SessionInfo
 from servopt.errors import UserError
-from servopt.machine import gpu_present
+from servopt.machine import Device, gpu_present
 from servopt.runtimes.base import Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 GRAPH_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -142,7 +142,7 @@ class OnnxRuntimeCuda(OnnxRuntime):
     """ONNX Runtime on the CUDA / TensorRT providers: skipped honestly where no GPU exists."""
 
     name = "onnxruntime-cuda"
-    needs_gpu = True
+    device = Device.GPU
     requirements = ("onnxruntime-gpu",)
     default_providers = ("CUDAExecutionProvider", "CPUExecutionProvider")
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from servopt.contracts import Artifact, OpProfile, SessionInfo
 from servopt.errors import UserError
+from servopt.machine import Isa
 from servopt.runtimes.base import ONEDNN_ISA, Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 # servopt's precision names → OpenVINO's element types for INFERENCE_PRECISION_HINT.
@@ -140,7 +141,7 @@ class OpenVinoRuntime(Runtime):
             return False, "openvino is not installed (pip install servopt[openvino])"
         return True, ""
 
-    def isa_cap_env(self, level: str) -> dict[str, str] | None:
+    def isa_cap_env(self, level: Isa) -> dict[str, str] | None:
         """oneDNN honours ONEDNN_MAX_CPU_ISA (convolutions: brgconv_avx512 → brgconv_avx2, read back in ``kernels``);
         OpenVINO's own JIT kernels and its MLAS fully-connected path are not capped in release builds, so the cap is
         partial and the session's ``kernels`` say which ran."""

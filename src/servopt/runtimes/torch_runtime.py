@@ -16,6 +16,7 @@ import numpy as np
 
 from servopt.contracts import Artifact, OpProfile, SessionInfo
 from servopt.errors import UserError
+from servopt.machine import Device, Isa
 from servopt.runtimes.base import ONEDNN_ISA, Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 # glibc returns large tensor buffers to the OS after every forward unless told not to; set in a process's
@@ -189,12 +190,12 @@ class TorchRuntime(Runtime):
             return False, "torch is not installed (pip install servopt[torch])"
         return True, ""
 
-    def isa_cap_env(self, level: str) -> dict[str, str] | None:
+    def isa_cap_env(self, level: Isa) -> dict[str, str] | None:
         """ATen's vectorized kernels honour ATEN_CPU_CAPABILITY (read back as ``cpu_capability``); oneDNN's
         convolutions and matrix products honour ONEDNN_MAX_CPU_ISA."""
         if level not in ONEDNN_ISA:
             return None
-        return {"ATEN_CPU_CAPABILITY": "avx2" if level == "avx2" else "avx512", "ONEDNN_MAX_CPU_ISA": ONEDNN_ISA[level]}
+        return {"ATEN_CPU_CAPABILITY": "avx2" if level == Isa.AVX2 else "avx512", "ONEDNN_MAX_CPU_ISA": ONEDNN_ISA[level]}
 
     def open(self, artifact: Artifact, options: TorchOptions) -> Session:
         return TorchSession(artifact, options)
@@ -203,7 +204,7 @@ class TorchRuntime(Runtime):
 @register_runtime
 class TorchCudaRuntime(TorchRuntime):
     name = "torch-cuda"
-    needs_gpu = True
+    device = Device.GPU
 
     def available(self) -> tuple[bool, str]:
         ok, why = super().available()
