@@ -78,3 +78,45 @@ def test_no_module_imports_a_lower_layer():
             if theirs is not None and theirs > mine:
                 violations.append(f"{rel} (layer {mine}) imports {name} (layer {theirs})")
     assert not violations, "\n".join(violations)
+
+
+def _module_file(name: str) -> str | None:
+    """``servopt.serve.rest`` → ``serve/rest.py``; a package → its ``__init__.py``; ``servopt.x.name`` → ``x.py``."""
+    parts = name.split(".")[1:]
+    while parts:
+        candidate = SRC.joinpath(*parts)
+        if candidate.with_suffix(".py").exists():
+            return "/".join(parts) + ".py"
+        if (candidate / "__init__.py").exists():
+            return "/".join(parts) + "/__init__.py"
+        parts = parts[:-1]
+    return None
+
+
+def test_no_import_circles():
+    """No module reaches itself through imports (function-level ones included): a circle means two modules each know
+    the other, and one of them belongs elsewhere. A package's ``__init__`` re-exporting its own modules is no circle."""
+    graph: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        rel = str(path.relative_to(SRC))
+        if "proto" in path.parts:
+            continue
+        package = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
+        targets = {_module_file(n) for n in imports(path)} - {None, rel}
+        # an __init__ importing its own package's modules only re-exports them
+        graph[rel] = {t for t in targets if not (rel.endswith("__init__.py") and t.startswith(package))}
+    circles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                circles.append(" → ".join([*stack[stack.index(nxt):], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, "import circles:\n" + "\n".join(circles)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from servopt import export as X
 from servopt.data import text as T
 from servopt.errors import UserError
 from servopt.models import hf_encoder as H
@@ -369,7 +370,7 @@ def test_minilm_onnx_export_verifies_at_several_lengths(tmp_path, minilm, minilm
     out = tmp_path / "minilm.onnx"
     names = minilm_info.input_names()
     real = [tok(TEXTS, names), tok(T.read_texts(T.DEMO_SENTENCES)[:8], names)]
-    report = H.export_encoder_onnx(minilm, spec, out, verify_inputs=real)
+    report = X.export_module(minilm, spec, out, X.token_plan(spec, real=real))
     assert report["verification_real"]["batches"] == 2 and report["verification_real"]["min_cosine"] > 0.99999
     assert report["exporter"] == "dynamo" and report["checker"] == "passed" and report["weights_inline"]
     assert not (tmp_path / "minilm.onnx.data").exists()
@@ -390,7 +391,7 @@ def test_tiny_models_export(tmp_path, tiny_bert, tiny_mpnet, tok, family, export
     encoder = H.load_sentence_encoder(info)
     spec = H.encoder_spec(info)
     out = tmp_path / f"{family}.onnx"
-    report = H.export_encoder_onnx(encoder, spec, out, exporter=exporter, lengths=(7, 32, 120), batches=(1, 3))
+    report = X.export_module(encoder, spec, out, X.token_plan(spec, lengths=(7, 32, 120), batches=(1, 3)), exporter=exporter)
     assert report["exporter"] == exporter and report["max_abs_diff"] < 1e-4
     assert [v["sequence_length"] for v in report["verification"]] == [7, 32, 120]
     batch = tok(TEXTS, info.input_names())
@@ -404,8 +405,9 @@ def test_torchscript_export_of_a_wrapper_left_in_training_mode(tmp_path, tiny_be
     info = H.inspect_encoder(folder)
     encoder = H.SentenceEncoder(model, pooling="cls", uses_token_type_ids=True)  # not .eval()
     assert encoder.training
-    report = H.export_encoder_onnx(encoder, H.encoder_spec(info), tmp_path / "b.onnx", exporter="torchscript",
-                                   lengths=(5, 40), batches=(1, 3))
+    spec = H.encoder_spec(info)
+    report = X.export_module(encoder, spec, tmp_path / "b.onnx", X.token_plan(spec, lengths=(5, 40), batches=(1, 3)),
+                             exporter="torchscript")
     assert report["exporter"] == "torchscript" and report["opset"] == 17 and report["max_abs_diff"] < 1e-5
     assert not encoder.training and not model.training
 
@@ -418,11 +420,11 @@ def test_verification_catches_a_drifted_model(tmp_path, tiny_bert):
     encoder = H.load_sentence_encoder(info)
     spec = H.encoder_spec(info)
     out = tmp_path / "bert.onnx"
-    H.export_encoder_onnx(encoder, spec, out, exporter="torchscript", lengths=(7,), batches=(2,))
+    X.export_module(encoder, spec, out, X.token_plan(spec, lengths=(7,), batches=(2,)), exporter="torchscript")
     with torch.no_grad():
         encoder.model.embeddings.LayerNorm.bias += 0.5
     with pytest.raises(UserError, match="differs from torch"):
-        H.verify_encoder_onnx(encoder, spec, out, lengths=(7,), batches=(2,))
+        X.verify_module(encoder, spec, out, X.token_plan(spec, lengths=(7,), batches=(2,)))
 
 
 def test_output_rename_moves_a_colliding_internal_value():
@@ -435,7 +437,7 @@ def test_output_rename_moves_a_colliding_internal_value():
         [helper.make_tensor_value_info("tmp_out", TensorProto.FLOAT, [2])],
     )
     proto = helper.make_model(graph)
-    H._name_output(proto, "tmp_out", "embedding")
+    X.name_output(proto, "tmp_out", "embedding")
     onnx.checker.check_model(proto)
     assert [o.name for o in proto.graph.output] == ["embedding"]
     assert [list(n.output) for n in proto.graph.node] == [["embedding_internal0"], ["embedding"]]

@@ -113,9 +113,8 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
     """Read the data through the model's family, then run the sweep (``optimize.runner``) with progress bars."""
 
     from servopt.cli.common import data_options
-    from servopt.optimize.executor import open_executor
     from servopt.optimize.rundir import load_run
-    from servopt.optimize.runner import Run, optimize
+    from servopt.optimize.runner import Run, open_executor, optimize
     from servopt.optimize.targets import load_targets
 
     targets = load_targets(settings.targets)

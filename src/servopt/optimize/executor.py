@@ -55,11 +55,3 @@ class LocalExecutor(Executor):
             done.set_exception(e)
         return done
 
-
-def open_executor(ray_address: str | None) -> Executor:
-    """The local executor, or a Ray cluster's (``auto``, ``local``, ``ray://host:10001``, ``host:6379``)."""
-    if not ray_address:
-        return LocalExecutor()
-    from servopt.optimize.ray_executor import RayExecutor
-
-    return RayExecutor.connect(ray_address)

@@ -46,6 +46,16 @@ from servopt.settings import OptimizeSettings
 REFERENCE_ORT = "ort-fp32"
 
 
+def open_executor(ray_address: str | None) -> Executor:
+    """The local executor, or a Ray cluster's (``auto``, ``local``, ``ray://host:10001``, ``host:6379``): Ray is imported
+    only here, and only when asked for."""
+    if not ray_address:
+        return LocalExecutor()
+    from servopt.optimize.ray_executor import RayExecutor
+
+    return RayExecutor.connect(ray_address)
+
+
 def sweep_protocol() -> Protocol:
     """Shorter phases than `servopt bench` so a 25-variant sweep fits in minutes; the close calls are
     re-measured interleaved with longer phases before deciding."""
