@@ -21,7 +21,8 @@ from servopt.bench.jobs import InterleaveJob, OpenSpec
 from servopt.bench.launcher import launch
 from servopt.bench.protocol import Protocol
 from servopt.optimize.rundir import load_run
-from servopt.optimize.runner import REFERENCE_ORT
+
+REFERENCE_ORT = "ort-fp32"  # the baseline variant of every catalogue
 
 
 def main() -> None:

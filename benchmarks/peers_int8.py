@@ -69,8 +69,9 @@ from servopt.families import family_of
 from servopt.families.image import ImageClassification, classification_accuracy
 from servopt.machine import cpu_features, cpu_model
 from servopt.optimize.rundir import load_config, load_run
-from servopt.optimize.runner import REFERENCE_ORT
 from servopt.runtimes import get_runtime
+
+REFERENCE_ORT = "ort-fp32"  # the baseline variant of every catalogue
 
 HERE = Path(__file__).resolve().parent
 BUILDER = HERE / "peers_build.py"

@@ -16,9 +16,9 @@ import pytest
 
 from servopt.contracts import Artifact
 from servopt.data.dataset import Dataset
+from servopt.families.catalogue import nncf_onnx
 from servopt.machine import CpuFeatures
 from servopt.models.sources import load_model
-from servopt.optimize.variants import nncf_onnx
 from servopt.passes import BuildContext, build_chain, source_artifact
 from servopt.runtimes import open_session
 

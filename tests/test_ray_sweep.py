@@ -134,7 +134,7 @@ class FakeCluster:
     def prepare(self, run_dir, kinds) -> None:
         self.kinds = kinds
 
-    def submit(self, fn, *args, resources=None, what=""):
+    def submit(self, fn, *args, resources=None, what="", exclusive=True):
         from concurrent.futures import Future
 
         from servopt.optimize.executor import LOST, Lost
@@ -157,11 +157,11 @@ class FakeCluster:
 def test_a_lost_variant_is_recorded_failed_then_measured_again_on_rerun(trained, digits, targets_file, tmp_path, monkeypatch):  # noqa: F811
     """The runner's distributed path, without Ray: a measurement lost for one kind is a failed record saying why, the
     sweep goes on, and the same command measures that one again (and nothing else)."""
-    import servopt.optimize.runner
+    import servopt.optimize.sweep
 
     out, lose = tmp_path / "lost", "measure ort-offline-all for xeon-8480"
     first = FakeCluster(lose=(lose,))
-    monkeypatch.setattr(servopt.optimize.runner, "open_executor", lambda address: first)
+    monkeypatch.setattr(servopt.optimize.sweep, "open_executor", lambda address: first)
     result = runner.invoke(app, _cmd(trained["path"], digits, out, targets_file))
     assert result.exit_code == 0, result.output
     assert first.kinds == {"epyc-7763": {"epyc-7763": 1.0}, "xeon-8480": {"xeon-8480": 1.0}}
@@ -172,7 +172,7 @@ def test_a_lost_variant_is_recorded_failed_then_measured_again_on_rerun(trained,
     summary = json.loads((out / "summary.json").read_text())
     assert [len(d["verdicts"]) for d in summary["targets"]] == [2, 1]  # xeon: decided on what it has
     again = FakeCluster()
-    monkeypatch.setattr(servopt.optimize.runner, "open_executor", lambda address: again)
+    monkeypatch.setattr(servopt.optimize.sweep, "open_executor", lambda address: again)
     result = runner.invoke(app, _cmd(trained["path"], digits, out, targets_file))
     assert result.exit_code == 0, result.output
     assert [w for w in again.ran if w.startswith(("measure", "build"))] == [lose]

@@ -273,6 +273,9 @@ class Record(Contract):
     # A distributed sweep: the kind of node it was measured for (a label of the targets' Ray resources, e.g. "epyc-7763");
     # only the targets of that kind are decided on it. None: one machine measured it for every target.
     measured_for: str | None = None
+    # A racing sweep: why this variant got no cold start nor side-by-side re-measure (what beat it beyond noise, for
+    # every target it could serve). None: a contender, or a full sweep.
+    screened_out: str | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from servopt.errors import UserError
 from servopt.home import default_home
-from servopt.runtimes.torch_runtime import MALLOC_TUNED_ENV
+from servopt.machine import MALLOC_TUNED_ENV
 
 RECIPE = {"arch": "mobilenet_v2", "epochs_small": 12, "small_px": 64, "epochs_full": 2, "full_px": 224,
           "batch": 64, "lr": 3e-3, "fine_tune_lr": 5e-4, "seed": 0, "version": 1}

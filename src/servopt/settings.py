@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -32,6 +33,22 @@ class ServeSettings(BaseSettings):
     limit_concurrency: int | None = None  # uvicorn's limit on connections + requests in progress
 
 
+def parse_duration(text: str | None) -> float | None:
+    """``300``, ``300s``, ``5m``, ``1.5h`` → seconds; None stays None. Raises ValueError naming the form."""
+    if text is None or str(text).strip() == "":
+        return None
+    raw = str(text).strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(raw[-1])
+    number = raw[:-1] if scale else raw
+    try:
+        seconds = float(number) * (scale or 1)
+    except ValueError as e:
+        raise ValueError(f"{text!r} is not a duration: use seconds (300), or 300s, 5m, 1h") from e
+    if seconds <= 0:
+        raise ValueError(f"{text!r}: a duration must be positive")
+    return seconds
+
+
 class OptimizeSettings(BaseSettings):
     """``servopt optimize`` and ``servopt demo`` (``SERVOPT_OPTIMIZE_TARGETS=cpu-server`` …)."""
 
@@ -48,4 +65,17 @@ class OptimizeSettings(BaseSettings):
     verify_min_agreement: float = 0.9
     verify_min_cosine: float = 0.99
     note: str = ""  # shown at the top of the report
+    full: bool = False  # no race: every variant built, measured and cold-started (slower; the same decisions)
+    lab: bool = False  # also the lab's ladder (text: plain / eval / no_grad / compile)
+    budget: str | None = None  # a time budget for the whole sweep: 300, 300s, 5m, 1h
     ray: str | None = None  # a distributed sweep: the Ray cluster (auto, ray://HOST:10001, HOST:6379, local); None: this machine
+
+    @field_validator("budget")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        parse_duration(value)
+        return value
+
+    @property
+    def budget_seconds(self) -> float | None:
+        return parse_duration(self.budget)

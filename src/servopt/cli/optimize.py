@@ -48,6 +48,11 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="run directory (rerun
 VariantsOpt = Annotated[list[str] | None, typer.Option("--variants", help="only these variants (names, globs or groups)")]
 IncludeAllOpt = Annotated[bool, typer.Option("--include-all", help="also the variants left out of the default sweep")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress, no tables")]
+FullOpt = Annotated[bool, typer.Option("--full", help="no race: build, measure and cold-start every variant (slower; the same "
+                                                             "decisions, every variant's figures complete)")]
+LabOpt = Annotated[bool, typer.Option("--lab", help="also the lab's ladder (text: plain / eval / no_grad / torch.compile)")]
+BudgetOpt = Annotated[str | None, typer.Option("--budget", help="a time budget for the whole sweep (300, 5m, 1h): the likeliest "
+                                                                "winners first; what it did not try is listed")]
 RayOpt = Annotated[str | None, typer.Option(
     "--ray", help="a distributed sweep on a Ray cluster: auto, ray://HOST:10001, HOST:6379, or local (Ray started here); "
                   "the run directory must be visible from every node (docs/ray.md) [needs servopt[ray]]")]
@@ -90,7 +95,7 @@ def print_summary(summary, records) -> None:
 
 
 def _progress_ui(quiet: bool):
-    from servopt.optimize.runner import Progress as Callbacks
+    from servopt.optimize.sweep import Progress as Callbacks
 
     if quiet:
         return None, Callbacks()
@@ -110,11 +115,11 @@ def _progress_ui(quiet: bool):
 
 
 def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) -> object:
-    """Read the data through the model's family, then run the sweep (``optimize.runner``) with progress bars."""
+    """Read the data through the model's family, then run the sweep (``optimize.sweep``) with progress bars."""
 
     from servopt.cli.common import data_options
+    from servopt.optimize import sweep
     from servopt.optimize.rundir import load_run
-    from servopt.optimize.runner import Run, open_executor, optimize
     from servopt.optimize.targets import load_targets
 
     targets = load_targets(settings.targets)
@@ -128,14 +133,15 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
             console.print(f"[yellow]{escape(n)}[/yellow]")
     count = settings.calibration_samples
     calib = tune.subset(np.arange(0, len(tune), max(1, len(tune) // count))[:count])  # spread over the split
-    run = Run(model=loaded, eval_data=eval_data, calibration=calib, tuning=tune, settings=settings, targets=targets)
     bar, callbacks = _progress_ui(quiet or json_out)
-    with open_executor(settings.ray) as executor:  # --ray: a Ray cluster's nodes; else this machine, Ray never imported
+    with sweep.open_executor(settings.ray) as executor:  # --ray: a Ray cluster's nodes; else this machine, Ray never imported
+        run = sweep.Sweep(model=loaded, eval_data=eval_data, calibration=calib, tuning=tune, settings=settings, targets=targets,
+                          executor=executor, progress=callbacks)
         if bar:
             with bar:
-                summary = optimize(run, callbacks, executor)
+                summary = run.run()
         else:
-            summary = optimize(run, callbacks, executor)
+            summary = run.run()
     if json_out:
         print(summary.model_dump_json(by_alias=True))
     elif not quiet:
@@ -147,9 +153,15 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
 def optimize_settings(**given):
     """Settings from the command line over ``SERVOPT_OPTIMIZE_*`` variables over the defaults. A distributed sweep
     (``--ray``) without Ray installed fails here, before any model or data is read."""
+    from pydantic import ValidationError
+
     from servopt.settings import OptimizeSettings
 
-    settings = OptimizeSettings(**{k: v for k, v in given.items() if v is not None and v is not False})
+    try:
+        settings = OptimizeSettings(**{k: v for k, v in given.items() if v is not None and v is not False})
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise UserError(f"--{first['loc'][0]}: {first['msg'].removeprefix('Value error, ')}", fix="see --help") from e
     if settings.ray:
         from servopt.optimize.ray_executor import import_ray
 
@@ -181,6 +193,9 @@ def optimize(
     include_all: IncludeAllOpt = False,
     calibration_samples: Annotated[int | None, typer.Option(help="calibration samples from the tuning split [default: 100]")] = None,
     quick: Annotated[bool, typer.Option(help="a smoke run: tiny timing phases, figures not for decisions")] = False,
+    full: FullOpt = False,
+    lab: LabOpt = False,
+    budget: BudgetOpt = None,
     ray: RayOpt = None,
     quiet: QuietOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="print summary.json to stdout")] = False,
@@ -191,7 +206,8 @@ def optimize(
         from servopt.cli.common import open_model
 
         settings = optimize_settings(targets=targets, out=out, variants=variants, include_all=include_all,
-                                     calibration_samples=calibration_samples, quick=quick, ray=ray)
+                                     calibration_samples=calibration_samples, quick=quick, ray=ray, full=full, lab=lab,
+                                     budget=budget)
         run_optimize(open_model(model, arch, num_classes, trust_pickle, input_shape),
                      {"data": data, "split": split, "limit": limit, "strict": strict, "resize": resize, "crop": crop,
                       "mean": mean, "std": std, "texts": texts, "column": column, "pairs": pairs}, settings, quiet, json_out)
@@ -259,6 +275,9 @@ def demo(
     targets: TargetsOpt = None,
     variants: VariantsOpt = None,
     include_all: IncludeAllOpt = False,
+    full: FullOpt = False,
+    lab: LabOpt = False,
+    budget: BudgetOpt = None,
     ray: RayOpt = None,
     quiet: QuietOpt = False,
     text: Annotated[bool, typer.Option("--text", help="the sentence-encoder demo: all-MiniLM-L6-v2 on the shipped texts and pairs")] = False,
@@ -284,7 +303,7 @@ def demo(
         if not quiet:
             console.print(note)
         settings = optimize_settings(out=out or default_out, targets=targets, variants=variants, include_all=include_all, note=note,
-                                     ray=ray)
+                                     ray=ray, full=full, lab=lab, budget=budget)
         run_optimize(loaded, data_raw, settings, quiet, False)
 
     run_cli(go)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from servopt.contracts import Accuracy, Agreement, Gate, PairsQuality, Record
 from servopt.data.dataset import Dataset, synthetic_inputs
 from servopt.errors import UserError
+from servopt.families.catalogue import CatalogueContext, Variant, tensor_catalogue
 from servopt.families.metrics import agreement
 from servopt.registry import Registry
 from servopt.spec import ModelSpec, Task, TensorSpec
@@ -83,6 +84,11 @@ class Family(ABC):
         except ValidationError as e:
             first = e.errors()[0]
             raise UserError(f"--{'.'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}", fix="see --help") from e
+
+    def catalogue(self, ctx: CatalogueContext) -> list[Variant]:
+        """Every variant servopt knows for this family's models (``families.catalogue``); which run by default follows
+        the CPU in ``ctx``. The default suits fixed-shape tensor inputs; a family with other needs declares its own."""
+        return tensor_catalogue(ctx)
 
     @abstractmethod
     def has_data(self, options: DataOptions) -> bool:

@@ -28,6 +28,21 @@ from servopt.data.text import DEMO_PAIRS, DEMO_SENTENCES, TextTokenizer, batchin
 from servopt.data.text import token_length_stats as length_stats
 from servopt.errors import UserError
 from servopt.families.base import DataOptions, EmbeddingBase, Judgement, LengthBatches, register_family
+from servopt.families.catalogue import (
+    NO_BF16,
+    NO_FP16,
+    NO_SATURATION,
+    TUNED,
+    CatalogueContext,
+    Variant,
+    gpu_variants,
+    nncf_onnx,
+    openvino_float,
+    ort_reference,
+    ortep_openvino,
+    static,
+    when,
+)
 from servopt.families.metrics import agreement, cosine
 from servopt.spec import ModelSpec, TensorSpec
 
@@ -88,6 +103,83 @@ class TextEmbedding(EmbeddingBase):
 
     def has_data(self, options: TextDataOptions) -> bool:
         return options.texts is not None or options.pairs is not None
+
+    def catalogue(self, ctx: CatalogueContext) -> list[Variant]:
+        """What the lab compares (eval / no_grad / inference_mode, torch.compile modes, dynamic INT8, bf16/fp16 autocast,
+        ONNX export with dynamic batch and sequence, ORT online vs offline and its transformer optimizer, dynamic and
+        static INT8, OpenVINO fp32/bf16/INT8), for any encoder; judged by the embeddings. The lab's ladder (plain, eval,
+        no_grad, compile) is the ``lab`` group: measured with ``--lab``, never needed to answer a target."""
+        cpu, export, drop = ctx.cpu, ctx.export, ctx.accuracy_drop
+        # ONNX Runtime's transformer optimizer recognises attention in the TorchScript exporter's graph of eager
+        # attention (the dynamo graph fuses only BiasGelu): that chain exports that way.
+        fusable = [("export-onnx", {"exporter": "torchscript", "attention": "eager"})] if ctx.is_torch else []
+        fused = [*fusable, ("ort-transformers-optimize", {})]
+        dyn = "ort-quantize-dynamic"
+        act = "S8" if cpu.int8_signed else "U8"  # ONNX Runtime's fast static INT8 on this CPU (see CpuFeatures.int8_signed)
+        lab = {"default": False, "left_out_why": "the lab's ladder: measured with --lab (or --variants lab)"}
+        no_vnni = "static INT8 of activations needs 8-bit dot products (VNNI) to pay on transformers"
+        per_channel = "ort-int8-dynamic-per-channel"
+        v: list[Variant] = []
+        if ctx.is_torch:
+            v += [
+                Variant("torch-eager", "pytorch", "torch", description="PyTorch eval() + inference_mode (the original)", role="original"),
+                Variant("torch-plain", "lab", "torch", options={"grad_mode": "plain"}, gate=False, **lab,
+                        description="the module as a notebook calls it: training mode (dropout on), autograd on; measured as "
+                                    "the baseline, never chosen (dropout changes its embeddings)"),
+                Variant("torch-eval", "lab", "torch", options={"grad_mode": "eval"}, description="eval(), autograd on", **lab),
+                Variant("torch-no-grad", "lab", "torch", options={"grad_mode": "no_grad"}, description="eval() + no_grad", **lab),
+                Variant("torch-compile", "lab", "torch", options={"compile": "default", "compile_dynamic": True}, env=TUNED, **lab,
+                        description="torch.compile, dynamic shapes (no recompile per length); compile time counts as cold start"),
+                Variant("torch-compile-max-autotune", "lab", "torch", options={"compile": "max-autotune", "compile_dynamic": True},
+                        env=TUNED, default=False, left_out_why="minutes of autotuning: opt in",
+                        description="torch.compile max-autotune, dynamic shapes"),
+                Variant("torch-compile-max-autotune-no-cudagraphs", "lab", "torch",
+                        options={"compile": "max-autotune-no-cudagraphs", "compile_dynamic": True}, env=TUNED, default=False,
+                        left_out_why="minutes of autotuning: opt in", description="torch.compile max-autotune-no-cudagraphs"),
+                Variant("torch-int8-dynamic", "pytorch", "torch", chain=[("torch-quantize-dynamic", {})],
+                        options={"quantize_dynamic": True}, description="torch.ao dynamic INT8 of nn.Linear (state_dict size on disk measured)"),
+                Variant("torch-bf16-autocast", "pytorch", "torch", options={"dtype": "bf16", "autocast": True},
+                        description="torch.autocast(bf16) over fp32 weights", **when(cpu.bf16, NO_BF16)),
+                Variant("torch-fp16-autocast", "pytorch", "torch", options={"dtype": "fp16", "autocast": True},
+                        description="torch.autocast(fp16) over fp32 weights", **when(cpu.fp16, NO_FP16)),
+            ]
+        v += [
+            ort_reference(ctx, "ONNX Runtime defaults, graph optimized online at load (the reference every ratio is taken against)"),
+            Variant("ort-offline-all", "onnxruntime", "onnxruntime", [*export, ("ort-graph-offline", {"level": "all"})],
+                    {"graph_optimization_level": "disable"}, description="graph optimized offline, loaded with optimizations off (faster cold start)"),
+            Variant("ort-transformers", "onnxruntime", "onnxruntime", fused,
+                    description="ONNX Runtime's transformer optimizer: attention, LayerNorm, GELU fusions (which applied: build report)"),
+            Variant("ort-int8-dynamic", "int8", "onnxruntime", [*export, (dyn, {})], description="ORT dynamic INT8, S8 weights per tensor"),
+            Variant(per_channel, "int8", "onnxruntime", [*export, (dyn, {"per_channel": True})],
+                    description="ORT dynamic INT8, S8 weights per channel"),
+            Variant("ort-int8-dynamic-u8", "int8", "onnxruntime", [*export, (dyn, {"weight_type": "U8"})],
+                    description="ORT dynamic INT8, U8 weights"),
+            Variant("ort-transformers-int8-dynamic", "int8", "onnxruntime", [*fused, (dyn, {"per_channel": True})],
+                    description="transformer-optimized graph, then dynamic INT8 (S8 weights per channel)"),
+            Variant("ort-int8-static-qdq", "int8", "onnxruntime", [*export, ("ort-quantize-static", static("QDQ", act, "S8"))],
+                    description=f"static INT8 QDQ {act}S8 per channel, calibrated on the tuning texts", **when(cpu.int8_dot, no_vnni)),
+            Variant("ort-int8-dynamic-per-channel-rr", "int8", "onnxruntime", [*export, (dyn, {"per_channel": True, "reduce_range": True})],
+                    description="ORT dynamic INT8, S8 weights per channel in 7 bits (reduce_range): no U8S8 saturation without VNNI",
+                    refines=per_channel, **when(cpu.int8_saturates, NO_SATURATION)),
+            Variant("ort-int8-nncf", "int8", "onnxruntime", [*export, nncf_onnx(cpu, model_type="transformer", preset="mixed")],
+                    description="NNCF post-training INT8 on the ONNX graph, transformer rules (SmoothQuant), QDQ run by ONNX Runtime",
+                    **when(cpu.int8_dot, no_vnni)),
+            Variant("ort-int8-accuracy-aware", "int8", "onnxruntime",
+                    [*fused, ("ort-quantize-accuracy-aware", {"mode": "dynamic", "per_channel": True, "max_drop": drop,
+                                                              "reduce_range": cpu.int8_saturates})],
+                    refines="ort-transformers-int8-dynamic",
+                    description=f"as much dynamic INT8 as keeps mean cosine within {drop / 100:.3g} of the original; the fastest mix"),
+            Variant("ort-fp16", "fp16", "onnxruntime", [*export, ("fp16", {})],
+                    description="FP16 weights, half the size" + ("" if cpu.fp16 else "; no fp16 arithmetic here: computed through casts")),
+            *openvino_float(ctx),
+            *ortep_openvino(ctx),
+            Variant("nncf-int8-latency", "openvino", "openvino", [*export, ("nncf-quantize", {"model_type": "transformer"})],
+                    {"hint": "LATENCY"}, description="NNCF INT8 with the transformer model type, OpenVINO LATENCY hint"),
+            Variant("nncf-int8-throughput", "openvino", "openvino", [*export, ("nncf-quantize", {"model_type": "transformer"})],
+                    {"hint": "THROUGHPUT"}, description="NNCF INT8 with the transformer model type, OpenVINO THROUGHPUT hint"),
+            *gpu_variants(ctx),
+        ]
+        return v
 
     def _texts(self, options: TextDataOptions) -> tuple[list[str], list[tuple[str, str, float]], str]:
         if not self.has_data(options):

@@ -1,16 +1,17 @@
 """Where the sweep's jobs run: here, one after another (``LocalExecutor``), or as tasks on a Ray cluster
 (``ray_executor.RayExecutor``, ``servopt optimize --ray ADDRESS``).
 
-The runner hands every unit of work (a build, a variant's measurement, an interleaved re-measure, a profile) to an
+The sweep hands every unit of work (a build, a variant's measurement, an interleaved re-measure, a profile) to an
 executor as a plain function and its arguments, with the Ray resources of the kind of node it must run on, and gets a
-``concurrent.futures.Future`` back. The local executor calls the function at once, in this process: the sweep on one
-machine is what it always was, and nothing of Ray is imported.
+``concurrent.futures.Future`` back: one algorithm for both. The local executor resolves an exclusive unit (anything
+timed, or a build that times itself) at once, in this process, after whatever else is running has finished; the
+others (builds) run two at a time in threads, each in its own process. Nothing of Ray is imported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,8 +31,10 @@ class Executor:
         """Check that the jobs can run: ``kinds`` maps each kind of node (``targets.measurement_kind``) to its
         resources. Raises ``UserError`` when they cannot."""
 
-    def submit(self, fn: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None, what: str = "") -> Future:
-        """Run ``fn(*args)`` on a node with ``resources`` (None: any node), alone there; the future holds its result."""
+    def submit(self, fn: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None, what: str = "",
+               exclusive: bool = True) -> Future:
+        """Run ``fn(*args)`` on a node with ``resources`` (None: any node); ``exclusive``: alone there (a measurement),
+        else beside other non-exclusive units (a build, which times nothing). The future holds its result."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -45,13 +48,28 @@ class Executor:
 
 
 class LocalExecutor(Executor):
-    """Everything on this machine, one job after another, in the calling thread: today's sweep."""
+    """Everything on this machine: exclusive units one after another in the calling thread (nothing else running),
+    the others ``parallel`` at a time in worker threads."""
 
-    def submit(self, fn: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None, what: str = "") -> Future:
+    def __init__(self, parallel: int = 2) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="servopt-build")
+        self._running: set[Future] = set()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None, what: str = "",
+               exclusive: bool = True) -> Future:
+        if not exclusive:
+            future = self._pool.submit(fn, *args)
+            self._running.add(future)
+            future.add_done_callback(self._running.discard)
+            return future
+        wait(list(self._running))  # a measurement (or a self-timing build) never shares the machine with a build
         done: Future = Future()
         try:
             done.set_result(fn(*args))
         except Exception as e:  # noqa: BLE001  (raised again by .result(), in the caller, as if called directly)
             done.set_exception(e)
         return done
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 

@@ -188,7 +188,9 @@ class RayExecutor(Executor):
         self._log = run_dir / "work" / "ray-tasks.jsonl"
 
     # -- running jobs ------------------------------------------------------------------------------------------------
-    def submit(self, fn: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None, what: str = "") -> Future:
+    def submit(self, fn: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None, what: str = "",
+               exclusive: bool = True) -> Future:
+        """Every task holds its node's slot, builds too (``exclusive`` is for one machine, where builds share it)."""
         result: Future = Future()
         ref = self._task.options(**task_options(resources), name=f"servopt {what}"[:100]).remote(fn, args)
         with self._lock:

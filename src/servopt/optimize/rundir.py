@@ -10,6 +10,7 @@ directories written by servopt 0.1 (``servopt.result/1`` records and
     artifacts/<pass>-<hash>/   built models, cached by content hash of (source, pass chain, parameters)
     work/<variant>/<job>/  each job's job.json, job.log and replay.sh
     results.jsonl          one Record per variant, appended atomically (append-only)
+    race.jsonl             a racing sweep's outcome per record key: its cold start, or what screened it out
     interleave.json        the side-by-side re-measure of the top candidates with the reference
     profiles/<variant>.json    op-level profiles of the recommended variants
     summary.json, report.md, report.html
@@ -34,6 +35,77 @@ from servopt.optimize.decide import Decision
 from servopt.optimize.targets import Target, kind_slug
 from servopt.results import parse_record, read_jsonl
 from servopt.spec import ModelSpec
+
+
+class RunDir:
+    """Every path of a run directory, in one place (the layout is the module docstring's). Paths are absolute, so every
+    record is readable from any working directory and every node of a cluster sees the same ones."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).resolve()
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def eval_data(self) -> Path:
+        return self.data / "eval.npz"
+
+    def saved_data(self, name: str) -> Path:
+        """A dataset the build processes read (``calib``, ``tune``)."""
+        return self.data / f"{name}.npz"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results.jsonl"
+
+    @property
+    def race(self) -> Path:
+        """What the race added to a record after its measurement (its cold start, or what screened it out), by key:
+        results.jsonl keeps one line per measurement."""
+        return self.root / "race.jsonl"
+
+    def read_results(self) -> list[dict]:
+        """results.jsonl's lines with what the race added to each (a torn last line of either is skipped)."""
+        race: dict[str, dict] = {}
+        for row in read_jsonl(self.race):
+            race[row["key"]] = row
+        return [{**r, **{k: v for k, v in race.get(r.get("key"), {}).items() if k != "key"}} for r in read_jsonl(self.results)]
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def work_root(self) -> Path:
+        return self.root / "work"
+
+    def work(self, variant: str, kind: str | None = None) -> Path:
+        """A variant's job folders: ``work/<variant>/`` (one machine), ``work/<variant>/<kind>/`` per kind of node."""
+        folder = self.work_root / variant
+        return folder if kind is None else folder / kind_slug(kind)
+
+    def reference_outputs(self, kind: str | None = None) -> Path:
+        return self.root / ("reference_outputs.npy" if kind is None else f"reference_outputs-{kind_slug(kind)}.npy")
+
+    def interleave(self, kind: str | None = None, isa: str | None = None) -> Path:
+        return self.root / f"{self.interleave_label(kind, isa)}.json"
+
+    @staticmethod
+    def interleave_label(kind: str | None = None, isa: str | None = None) -> str:
+        return "-".join(["interleave", *([kind_slug(kind)] if kind else []), *([str(isa)] if isa else [])])
+
+    def profile(self, variant: str, kind: str | None = None) -> Path:
+        return self.root / "profiles" / (f"{variant}.json" if kind is None else f"{kind_slug(kind)}/{variant}.json")
 
 
 class LeftOut(Contract):
@@ -82,6 +154,13 @@ class Summary(Contract):
     counts: dict[str, int]
     environment: Environment | None = None
     kinds: list[KindSummary] = Field(default_factory=list)  # a distributed sweep: per kind of node (the fields above: kind None)
+    # What went wrong on the way to the decisions without stopping them (a re-measure that failed, so the sweep's
+    # figures decided), in words: shown in the report.
+    problems: list[str] = Field(default_factory=list)
+    racing: bool = False  # variants beaten beyond noise were screened out (their records say by what); False: --full
+    not_tried: list[LeftOut] = Field(default_factory=list)  # chosen but not measured: the time budget, or not needed
+    budget_s: float | None = None
+    wall_s: float | None = None
 
     def kind(self, kind: str | None) -> KindSummary | None:
         return next((k for k in self.kinds if k.kind == kind), None) if kind else None
@@ -91,7 +170,7 @@ class Summary(Contract):
 
 
 def load_config(out: Path) -> RunConfig | None:
-    path = out / "config.json"
+    path = RunDir(out).config
     if not path.exists():
         return None
     raw = json.loads(path.read_text())
@@ -101,26 +180,21 @@ def load_config(out: Path) -> RunConfig | None:
 
 def load_run(out: Path) -> tuple[Summary | None, list[Record]]:
     """(summary, records) of an existing run directory: the latest record of each configured variant."""
-    out = Path(out)
-    if not (out / "results.jsonl").exists():
+    rd = RunDir(out)
+    if not rd.results.exists():
         raise UserError(f"{out} is not a servopt run directory (no results.jsonl)", fix="run `servopt optimize … --out DIR` first")
-    summary_path = out / "summary.json"
-    summary = _summary(json.loads(summary_path.read_text()), out) if summary_path.exists() else None
+    summary = _summary(json.loads(rd.summary.read_text()), out) if rd.summary.exists() else None
     # results.jsonl is append-only: a re-measured variant (changed settings) appears again. The run's view is the
     # latest record of each variant (and kind of node, on a distributed sweep) of the current configuration.
-    latest = {(r["name"], r.get("measured_for")): r for r in read_jsonl(out / "results.jsonl")}
+    latest = {(r["name"], r.get("measured_for")): r for r in rd.read_results()}
     config = load_config(out)
     names = config.variants if config else list(dict.fromkeys(n for n, _ in latest))
     kinds = config.measured_for if config else list(dict.fromkeys(k for _, k in latest))
     return summary, [parse_record(latest[(n, k)], out) for n in names for k in kinds if (n, k) in latest]
 
 
-def profile_path(out: Path, variant: str, kind: str | None = None) -> Path:
-    return out / "profiles" / (f"{variant}.json" if kind is None else f"{kind_slug(kind)}/{variant}.json")
-
-
 def load_profile(out: Path, variant: str, kind: str | None = None) -> OpProfile | None:
-    path = profile_path(out, variant, kind)
+    path = RunDir(out).profile(variant, kind)
     if not path.exists():
         return None
     raw = json.loads(path.read_text())

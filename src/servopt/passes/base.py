@@ -65,6 +65,9 @@ class Pass(ABC):
     input_format: ClassVar[str]  # torch | onnx
     output_format: ClassVar[str]  # onnx | openvino | torch
     Params: ClassVar[type[PassParams]] = PassParams
+    # A pass that times candidates while it builds (the accuracy-aware search times float islands): the sweep builds
+    # it alone on the machine, never beside another build.
+    times_itself: ClassVar[bool] = False
 
     @abstractmethod
     def run(self, artifact: Artifact, params: Any, out_dir: Path, ctx: BuildContext) -> PassOutput:

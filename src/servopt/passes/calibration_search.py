@@ -55,6 +55,7 @@ def search_space(params: CalibrationSearchParams) -> list[dict]:
 @register_pass
 class CalibrationSearch(Pass):
     name = "ort-quantize-calibration-search"
+    times_itself = True
     input_format = "onnx"
     output_format = "onnx"
     Params = CalibrationSearchParams

@@ -21,7 +21,6 @@ from servopt.runtimes.base import ONEDNN_ISA, Runtime, RuntimeOptions, Session, 
 
 # glibc returns large tensor buffers to the OS after every forward unless told not to; set in a process's
 # environment before it starts, this took eager batch-32 from 26 to 91 img/s here (FIELD-NOTES), training too.
-MALLOC_TUNED_ENV = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"}
 
 
 class TorchOptions(RuntimeOptions):

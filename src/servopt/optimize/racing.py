@@ -1,0 +1,192 @@
+"""The race: which variants can still win a target, what order to try them in, and what earlier runs taught.
+
+A racing sweep (irace, Hyperband's successive halving, Triton model_analyzer's quick search) measures every variant
+briefly and spends the long measurements only on the contenders. Here a variant is **screened out** when, for every
+target it could serve, another variant beats it on everything that target asks for — each quality bound and the size
+missed by no more, and every speed figure the target uses (its objective, its p50 and throughput bounds) better
+*beyond the noise*: the winner's pessimistic end of its 95 % interval still ahead of the loser's optimistic end, by a
+margin for the drift between two moments of a shared machine. Such a variant can be neither a target's pick nor its
+nearest miss, so the decisions stay those of the full sweep.
+
+Order by expected value: the throughput ratio to the baseline that earlier runs of the same model family measured on
+a CPU with the same features (``$SERVOPT_HOME/history.jsonl``), else a prior from the CPU's features. With a time
+budget, the likely winners are measured first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from servopt.contracts import Record
+from servopt.families.base import Family
+from servopt.home import default_home
+from servopt.machine import CpuFeatures, Isa, cpu_features, richer
+from servopt.optimize.decide import QUALITY_BOUNDS, eligible, judge
+from servopt.optimize.targets import Target
+from servopt.results import append_jsonl, read_jsonl
+from servopt.runtimes.base import get_runtime
+
+# Two measurements of the same variant at two moments of this shared machine differed by up to this factor on top of
+# their confidence intervals (docs/protocol.md): a win smaller than that is not a win.
+DRIFT = 1.10
+DETERMINISTIC_BOUNDS = (*QUALITY_BOUNDS, "size_mb")
+
+
+def history_path() -> Path:
+    return default_home() / "history.jsonl"
+
+
+def _signature(cpu: CpuFeatures) -> str:
+    return ",".join(sorted(cpu.flags))
+
+
+def prior(name: str, group: str, cpu: CpuFeatures) -> float:
+    """What a variant is expected to give, as a log throughput ratio to the baseline, before any run of this family on
+    this CPU: INT8 first (much more where the CPU has 8-bit dot products), then OpenVINO, ONNX Runtime's graph
+    variants, and PyTorch; bf16/fp16 only pay where the CPU computes them."""
+    base = {"int8": 0.6, "openvino": 0.2, "onnxruntime": 0.0, "openvino-ep": 0.0, "fp16": -0.5, "pytorch": -0.7, "lab": -1.5,
+            "gpu": -2.0}.get(group, -0.2)
+    if group == "int8" and cpu.int8_dot:
+        base += 0.3
+    if "bf16" in name:
+        base += 0.4 if cpu.bf16 else -1.0
+    if "fp16" in name:
+        base += 0.3 if cpu.fp16 else -0.5
+    return base
+
+
+def learned(family: str, cpu: CpuFeatures) -> dict[str, float]:
+    """The mean log throughput ratio to the baseline of each variant in earlier runs of ``family`` on this CPU's features."""
+    sums: dict[str, list[float]] = defaultdict(list)
+    for row in read_jsonl(history_path()):
+        if row.get("family") == family and row.get("cpu") == _signature(cpu) and row.get("log_ratio") is not None:
+            sums[row["variant"]].append(float(row["log_ratio"]))
+    return {name: sum(v) / len(v) for name, v in sums.items()}
+
+
+def order(units: list, family: str, cpu: CpuFeatures) -> list:
+    """Units (anything with a ``variant``) in the order to measure them: the baseline first (every ratio needs it),
+    then by expected value, highest first; ties keep the catalogue's order."""
+    history = learned(family, cpu)
+
+    def value(u) -> float:
+        v = u.variant
+        return math.inf if v.is_baseline else history.get(v.name, prior(v.name, v.group, cpu))
+
+    return sorted(units, key=lambda u: -value(u))
+
+
+def remember(family: str, cpu: CpuFeatures, records: list[Record], baseline: str) -> None:
+    """Append this run's throughput ratios to the history that orders the next run of the same family on this CPU."""
+    by_name = {r.name: r for r in records if r.status == "ok" and r.batch_ips}
+    base = by_name.get(baseline)
+    if base is None or not base.batch_ips:
+        return
+    history_path().parent.mkdir(parents=True, exist_ok=True)
+    for r in by_name.values():
+        append_jsonl(history_path(), {"family": family, "cpu": _signature(cpu), "variant": r.name,
+                                      "log_ratio": round(math.log(r.batch_ips / base.batch_ips), 4)})
+
+
+def finish_estimate(rounds: int, targets: int) -> float:
+    """Seconds the end of a sweep takes after the last screening: cold starts of a few contenders, the side-by-side
+    re-measure of up to three candidates per target with the baseline (two phases of 1.5 s and a load each), profiles
+    of the picks, the report."""
+    candidates = min(6, 3 * max(1, targets)) + 1
+    return 4 * 4.0 + candidates * rounds * 4.0 + targets * 5.0 + 5.0
+
+
+def misses_quality(target: Target, rec: Record, ref: Record | None, family: Family) -> bool:
+    """Whether ``rec`` fails one of the target's quality bounds."""
+    return any(b.status == "fail" for b in judge(target, rec, ref, family).bounds if b.bound in QUALITY_BOUNDS)
+
+
+def _interval(rec: Record, what: str) -> tuple[float, float] | None:
+    """(pessimistic, optimistic) ends of a speed figure: p50 in ms (high, low) or batch throughput (low, high), from
+    the 95 % interval of the median the protocol computes, widened by the drift between two moments."""
+    if what == "p50_ms":
+        lat = rec.latency_ms
+        if lat is None:
+            return None
+        lo, hi = (lat.p50_ci95 or [lat.p50, lat.p50])[:2]
+        return hi * DRIFT, lo / DRIFT
+    thr, lat = rec.batch_ips, rec.batch_latency_ms
+    if not thr:
+        return None
+    lo, hi = (lat.p50_ci95 if lat and lat.p50_ci95 and lat.p50 else [lat.p50, lat.p50] if lat else [1.0, 1.0])[:2]
+    p50 = lat.p50 if lat and lat.p50 else 1.0
+    return thr * p50 / hi / DRIFT, thr * p50 / lo * DRIFT  # throughput moves inversely with the batch's latency
+
+
+def _speed_dims(target: Target) -> list[str]:
+    dims = {"p50_ms" if target.objective == "latency" else "throughput_ips"}
+    if target.max_p50_ms is not None:
+        dims.add("p50_ms")
+    if target.min_throughput_ips is not None:
+        dims.add("throughput_ips")
+    return sorted(dims)
+
+
+def beats(target: Target, a: Record, b: Record, ref: Record | None, family: Family, here_isa: str | None = None) -> str | None:
+    """Why ``a`` beats ``b`` for ``target`` beyond noise on everything the target asks for, or None."""
+    if a.name == b.name or not (eligible(target, a) and eligible(target, b)):
+        return None
+    # A target held to a poorer instruction set than this machine's: a runtime that will be capped may slow down, so
+    # only figures that stand uncapped can beat (a capped loser only gets slower).
+    if target.isa is not None and richer(here_isa, target.isa) and get_runtime(a.runtime).isa_cap_env(target.isa) is not None:
+        return None
+    va, vb = judge(target, a, ref, family), judge(target, b, ref, family)
+    miss_a = {x.bound: x.miss or 0.0 for x in va.bounds if x.bound in DETERMINISTIC_BOUNDS}
+    miss_b = {x.bound: x.miss or 0.0 for x in vb.bounds if x.bound in DETERMINISTIC_BOUNDS}
+    if any(miss_a.get(k, 0.0) > miss_b.get(k, 0.0) for k in miss_a):
+        return None
+    why = []
+    for dim in _speed_dims(target):
+        ia, ib = _interval(a, dim), _interval(b, dim)
+        if ia is None or ib is None:
+            return None
+        a_worst, b_best = ia[0], ib[1]
+        ahead = a_worst < b_best if dim == "p50_ms" else a_worst > b_best
+        if not ahead:
+            return None
+        unit = "ms p50" if dim == "p50_ms" else "/s"
+        fig = (a.p50_ms, b.p50_ms) if dim == "p50_ms" else (a.batch_ips, b.batch_ips)
+        why.append(f"{fig[0]:.4g} vs {fig[1]:.4g} {unit}")
+    return f"{target.name}: {a.name} is ahead beyond noise ({'; '.join(why)}) and meets every quality and size bound it does"
+
+
+def screened_out(targets: list[Target], records: list[Record], ref: Record | None, family: Family, keep: set[str],
+                 here_isa: str | None = None) -> dict[str, str]:
+    """Variants beaten beyond noise for every target they could serve, each with what beat it. ``keep`` (the original
+    and the baseline) are never screened out: every figure is compared with them."""
+    here_isa = here_isa or str(_measuring_level(records))
+    ok = [r for r in records if r.status == "ok"]
+    screened: dict[str, str] = {}
+    for b in ok:
+        if b.name in keep:
+            continue
+        mine = [t for t in targets if eligible(t, b)]
+        reasons = []
+        for t in mine:
+            why = next((w for a in ok if (w := beats(t, a, b, ref, family, here_isa))), None)
+            if why is None:
+                break
+            reasons.append(why)
+        else:
+            if mine:
+                screened[b.name] = "screened out — " + " | ".join(reasons)
+    return screened
+
+
+def _measuring_level(records: list[Record]):
+    env = next((r.environment for r in records if r.environment), None)
+    return CpuFeatures(frozenset(env.cpu_flags)).level if env else cpu_features().level
+
+
+def cap_changes(names: list[str], records: list[Record], isa: Isa) -> bool:
+    """Whether a capped re-measure can change anything: some candidate's runtime can be held to ``isa`` (ONNX
+    Runtime's cannot: its figures would only be measured again, about 40 s of a demo sweep for nothing)."""
+    by_name = {r.name: r for r in records}
+    return any(n in by_name and get_runtime(by_name[n].runtime).isa_cap_env(isa) is not None for n in names)

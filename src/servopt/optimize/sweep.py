@@ -1,0 +1,663 @@
+"""``servopt optimize``: the one sweep — build, verify and screen every variant, race, decide per target, report.
+
+One algorithm for one machine and for a Ray cluster: every unit of work (a build, a measurement, a cold start, a
+re-measure, a profile) goes to an executor as a function and its arguments and comes back as a future. The local
+executor resolves them here (measurements one at a time, builds two at a time while nothing is timed); the Ray
+executor runs them as tasks, a measurement alone on a node of the kind its targets name.
+
+The stages, in order (``Sweep.run``):
+1. the original model, measured first on every kind of node: everything is verified against its outputs;
+2. rounds of (build a few variants, in parallel, nothing timed) then (screen them: verify, then a short timed
+   measurement, one at a time), the variants ordered by the value the CPU's features and earlier runs of the same
+   family predict (``optimize.racing.expected_value``), until the catalogue or the time budget (``--budget``) runs out;
+3. variants that only recover quality another one lost (``Variant.refines``) are built only when that one misses a
+   target's quality bounds;
+4. the race: a variant that another beats beyond the measurement noise on everything every target asks for is
+   screened out (recorded, with what beat it); the contenders get their cold start and the side-by-side re-measure;
+5. per kind of node: the interleaved and instruction-set-capped re-measures, the decisions, profiles, the reports.
+``--full`` turns the race off (every variant built, measured and cold-started): the same decisions, slower.
+
+A killed run leaves at most a temporary build folder or a torn last line; both are ignored, so running the same
+command again skips everything finished (``RunDir`` says where everything is).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servopt.bench.jobs import ColdStartJob, InterleaveJob, MeasureJob, OpenSpec, ProfileJob
+from servopt.bench.launcher import launch
+from servopt.bench.protocol import Protocol
+from servopt.bench.run import measure
+from servopt.contracts import ChainStep, ColdStart, Gate, Interleaved, OpProfile, Record
+from servopt.data.dataset import Dataset
+from servopt.errors import UserError
+from servopt.families.base import Family, family_of
+from servopt.machine import CpuFeatures, Device, cpu_features, environment, gpu_present, richer
+from servopt.models.sources import LoadedModel
+from servopt.optimize import racing
+from servopt.optimize.decide import Decision, decide, interleave_candidates, pareto_front
+from servopt.optimize.executor import LOST, Executor, LocalExecutor, Lost
+from servopt.optimize.rundir import KindSummary, LeftOut, RunConfig, RunDir, Summary, load_profile
+from servopt.optimize.targets import Target
+from servopt.optimize.variants import (
+    Variant,
+    baseline_of,
+    catalogue,
+    device_of,
+    is_linear_heavy,
+    original_of,
+    select,
+    variant_key,
+)
+from servopt.passes.base import BuildContext, cached_artifact, file_hash, get_pass, source_artifact
+from servopt.passes.build_job import BuildJob
+from servopt.results import append_jsonl, parse_record, write_json_atomic
+from servopt.runtimes.base import all_libraries, get_runtime
+from servopt.settings import OptimizeSettings
+
+BUILD_ROUND = 4  # variants built together (two at a time here) before they are screened one by one
+
+
+def sweep_protocol() -> Protocol:
+    """Short phases, so that a sweep of 25 variants fits in minutes; the contenders are re-measured side by side with
+    longer phases before deciding."""
+    return Protocol(min_runs=50, min_seconds=1.0, batch_min_runs=8, batch_min_seconds=1.0, warmup=10, cold_start=False)
+
+
+def interleave_protocol() -> Protocol:
+    return Protocol(min_runs=50, min_seconds=1.5, batch_min_runs=8, batch_min_seconds=1.5)
+
+
+def open_executor(ray_address: str | None) -> Executor:
+    """The local executor, or a Ray cluster's (``auto``, ``local``, ``ray://host:10001``, ``host:6379``): Ray is imported
+    only here, and only when asked for."""
+    if not ray_address:
+        return LocalExecutor()
+    from servopt.optimize.ray_executor import RayExecutor
+
+    return RayExecutor.connect(ray_address)
+
+
+@dataclass
+class Progress:
+    """Callbacks the CLI turns into rich progress bars; silent by default."""
+
+    start: Callable[[int], None] = lambda total: None
+    step: Callable[[str], None] = lambda message: None
+    advance: Callable[[], None] = lambda: None
+    note: Callable[[str], None] = lambda message: None
+
+
+@dataclass
+class Unit:
+    """One measurement to make: a variant, for a kind of node (None: this machine, for every target)."""
+
+    variant: Variant
+    kind: str | None
+    key: str
+
+
+def unit_key(variant_key: str, kind: str | None) -> str:
+    """A record's key: the variant's (what it is, on what data, under what protocol), and on a distributed sweep the
+    kind of node it is measured for, so a resumed run keeps one record per variant and kind. One machine: unchanged."""
+    if kind is None:
+        return variant_key
+    return hashlib.sha256(f"{variant_key}|{kind}".encode()).hexdigest()[:16]
+
+
+def lost(record: dict) -> bool:
+    """A record of a job the cluster lost (its worker or node died): a rerun measures it again, as after a kill here."""
+    return record.get("status") == "failed" and str(record.get("error") or "").startswith(LOST)
+
+
+def runtime_available(runtime: str) -> tuple[bool, str]:
+    """Whether the machine this runs on can run the runtime, and why not."""
+    ok, why = get_runtime(runtime).available()
+    if get_runtime(runtime).device is Device.GPU and not gpu_present():
+        ok, why = False, why or "no NVIDIA GPU on this machine"
+    return ok, why
+
+
+def measure_variant(job: MeasureJob, spec, workdir: Path) -> Record:
+    """A variant's measurement on the machine this runs on (a node of its kind, in a distributed sweep): skipped
+    when its runtime cannot run here, else verified and timed (``bench.run.measure``)."""
+    ok, why = runtime_available(job.session.runtime)
+    if not ok:
+        return Record(name=job.session.name, runtime=job.session.runtime, status="skipped", error=why)
+    return measure(job, spec, workdir)
+
+
+def cold_start(job: ColdStartJob, workdir: Path) -> ColdStart:
+    """Imports + load + first answer, timed from outside the job's process, with its peak memory."""
+    started = launch(job, workdir)
+    return started.result.model_copy(update={"total_s": started.ready_s}) if started.result is not None else ColdStart(error=started.error)
+
+
+def _linear_heavy(model: LoadedModel) -> bool:
+    if model.kind == "onnx":
+        return is_linear_heavy(str(model.path))
+    import torch
+
+    mods = list(model.torch_module().modules())
+    return sum(isinstance(m, torch.nn.Linear) for m in mods) > sum(isinstance(m, torch.nn.Conv2d) for m in mods)
+
+
+def _ident(chain: list[tuple[str, dict]]) -> str:
+    return json.dumps(chain, sort_keys=True, default=str)
+
+
+@dataclass
+class KindOutcome:
+    """What the finish makes of one kind of node's records: its re-measures and its targets' decisions."""
+
+    decisions: dict[str, Decision]
+    interleaved: Interleaved | None
+    capped: dict[str, Interleaved]
+    pareto_front: list[str]
+
+
+@dataclass
+class Sweep:
+    """One run of ``servopt optimize``: the model, its data, the settings and targets, where jobs run, and the run
+    directory. ``run()`` is the whole algorithm."""
+
+    model: LoadedModel
+    eval_data: Dataset
+    calibration: Dataset | None
+    tuning: Dataset | None
+    settings: OptimizeSettings
+    targets: list[Target]
+    executor: Executor = field(default_factory=LocalExecutor)
+    progress: Progress = field(default_factory=Progress)
+    # filled in by run()
+    records: dict[tuple[str, str | None], Record] = field(default_factory=dict)
+    references: dict[str | None, Record] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    not_tried: list[LeftOut] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    # ------------------------------------------------------------------------------------------------ context
+    def __post_init__(self) -> None:
+        self.dir = RunDir(self.settings.out)
+        self.family: Family = family_of(self.model.spec)
+        self.distributed = self.executor.distributed
+        drop = min((t.max_accuracy_drop for t in self.targets), default=1.0)
+        self.all_variants = catalogue(self.model, linear_heavy=_linear_heavy(self.model), accuracy_drop=drop, cpu=cpu_features())
+        self.original = original_of(self.all_variants)
+        self.baseline = baseline_of(self.all_variants)
+        chosen = select(self.all_variants, self.settings.variants, self.settings.include_all)
+        if self.settings.lab:
+            chosen += [v for v in self.all_variants if v.group == "lab" and v.default is False and v not in chosen
+                       and "autotun" not in v.left_out_why]
+        # The original must be measured (everything is verified against it), and the baseline (ratios are taken to it).
+        for must in (self.baseline, self.original):
+            if must not in chosen:
+                chosen.insert(0, must)
+        self.chosen = sorted(chosen, key=lambda v: (not v.is_original, not v.is_baseline))
+        self.kinds = self._measurement_kinds()
+
+    @property
+    def out(self) -> Path:
+        return self.dir.root
+
+    @property
+    def racing(self) -> bool:
+        return not self.settings.full
+
+    @property
+    def protocol(self) -> Protocol:
+        """The sweep's protocol, with the family's own axes (a text encoder's batch × length grid, real texts batched
+        in arrival order and sorted by length)."""
+        base = Protocol.quick().model_copy(update={"cold_start": False}) if self.settings.quick else sweep_protocol()
+        grid = list(self.family.sweep_grid[:2] if self.settings.quick else self.family.sweep_grid)
+        return base.model_copy(update={"grid": grid, "length_batching": self.eval_data.lengths is not None})
+
+    @property
+    def interleave_protocol(self) -> Protocol:
+        return Protocol.quick() if self.settings.quick else interleave_protocol()
+
+    @property
+    def interleave_rounds(self) -> int:
+        return 2 if self.settings.quick else self.settings.interleave_rounds
+
+    def _measurement_kinds(self) -> dict[str | None, dict[str, float] | None]:
+        """The kinds of node the sweep measures on, in the targets' order, with their Ray resources. One machine: one
+        kind, None (this machine, for every target)."""
+        if not self.distributed:
+            return {None: None}
+        kinds: dict[str | None, dict[str, float] | None] = {}
+        for t in self.targets:
+            kinds.setdefault(t.kind, dict(t.ray_resources) if t.ray_resources else None)
+        return kinds
+
+    def kinds_of(self, v: Variant) -> list[str | None]:
+        """The kinds a variant is measured for: each kind with a target it can serve (a GPU variant for GPU targets, the
+        others for CPU and edge targets); a variant no target can use is still measured once, as one machine would."""
+        if not self.distributed:
+            return [None]
+        mine = [k for k in self.kinds if any(t.kind == k and t.device.computes_on is device_of(v) for t in self.targets)]
+        return mine or [next(iter(self.kinds))]
+
+    def targets_of(self, kind: str | None) -> list[Target]:
+        return [t for t in self.targets if (t.kind if self.distributed else None) == kind]
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    # ------------------------------------------------------------------------------------------------ the run
+    def run(self) -> Summary:
+        self._prepare()
+        todo = self._todo()
+        self.progress.start(len(self.units))
+        self._measure_originals(todo)
+        first = [u for u in todo if not u.variant.is_original and not (self.racing and u.variant.refines)]
+        self._screen(racing.order(first, self.family.name, cpu_features()))
+        if self.racing:
+            needed = [u for u in todo if u.variant.refines and not u.variant.is_original and self._refinement_needed(u)]
+            skipped = [u for u in todo if u.variant.refines and u not in needed]
+            self._screen(needed)
+            for u in skipped:
+                self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built: {u.variant.refines} already meets every "
+                                              "quality bound (it only recovers quality that one loses; --full builds it)"))
+        self._race_and_cold_start()
+        return self._finish()
+
+    def _prepare(self) -> None:
+        self.dir.data.mkdir(parents=True, exist_ok=True)
+        self.eval_data.save(self.dir.eval_data)
+        data_hash = file_hash([self.dir.eval_data])
+        self.start = source_artifact(self.model)
+        proto = self.protocol.model_dump()
+        self.units = [Unit(v, k, unit_key(variant_key(v, str(self.start.hash), proto, data_hash), k))
+                      for v in self.chosen for k in self.kinds_of(v)]
+        write_json_atomic(self.dir.config, RunConfig(
+            model=str(self.model.path), model_kind=self.model.kind, source_hash=str(self.start.hash), spec=self.model.spec,
+            targets=self.targets, variants=[v.name for v in self.chosen], protocol=proto,
+            data={"eval": self.eval_data.source, "samples": len(self.eval_data), **self.eval_data.meta},
+            left_out=[LeftOut(name=v.name, why=v.left_out) for v in self.all_variants if v not in self.chosen],
+            note=self.settings.note, measured_for=list(self.kinds)))
+        saved: dict[str, str | None] = {}
+        for name, data in (("calib", self.calibration), ("tune", self.tuning)):  # for the build processes
+            saved[name] = None
+            if data is not None:
+                data.save(self.dir.saved_data(name))
+                saved[name] = str(self.dir.saved_data(name))
+        self.ctx = BuildContext(source=self.model, calibration=self.calibration, tuning=self.tuning, log=self.progress.step,
+                                calibration_path=saved["calib"], tuning_path=saved["tune"])
+        if self.distributed:
+            self.executor.prepare(self.out, {k or "any node": r or {} for k, r in self.kinds.items()})
+
+    def _todo(self) -> list[Unit]:
+        """The units a rerun has not finished (a lost job counts as not finished); the finished ones' records loaded."""
+        done = {r["key"]: r for r in self.dir.read_results()}
+        todo = []
+        for u in self.units:
+            if u.key in done and not lost(done[u.key]):
+                rec = parse_record(done[u.key], self.out)
+                self.records[(u.variant.name, u.kind)] = rec
+                self.progress.note(f"{u.variant.name}{self._for(u.kind)}: cached ({rec.status})")
+                self.progress.advance()
+            else:
+                todo.append(u)
+        for k in self.kinds:
+            rec = self.records.get((self.original.name, k))
+            if rec is not None:
+                self.references[k] = rec
+        return todo
+
+    @staticmethod
+    def _for(kind: str | None) -> str:
+        return f" for {kind}" if kind else ""
+
+    def _base_record(self, u: Unit) -> Record:
+        v = u.variant
+        return Record(key=u.key, name=v.name, group=v.group, runtime=v.runtime, options=v.options, env=v.env,
+                      chain=[ChainStep(pass_name=n, params=p) for n, p in v.chain], description=v.description,
+                      needs_gpu=device_of(v) is Device.GPU, batch_size=self.protocol.batch_size, status="skipped",
+                      measured_for=u.kind)
+
+    def _record(self, u: Unit, rec: Record) -> Record:
+        append_jsonl(self.dir.results, rec)
+        self.records[(u.variant.name, u.kind)] = rec
+        self.progress.advance()
+        return rec
+
+    # ------------------------------------------------------------------------------------------------ builds
+    def _build(self, variants: list[Variant]) -> dict[str, tuple[object, float | None, str | None]]:
+        """Every chain the variants need, the shared steps once and first: by depth, each distinct prefix one build
+        job (a later job finds the steps before it cached), in parallel except passes that time themselves, which build
+        alone. Nothing is timed meanwhile. Per variant: (artifact or None, build seconds, error)."""
+        cache = self.dir.artifacts
+        failed: dict[str, str] = {}  # a chain prefix (JSON) → why it could not be built
+        wall: dict[str, float] = {}
+        for depth in range(1, max((len(v.chain) for v in variants), default=0) + 1):
+            owners: dict[str, tuple[Variant, list[tuple[str, dict]]]] = {}
+            for v in sorted(variants, key=lambda v: len(v.chain)):  # a prefix's folder: the variant whose whole chain it is
+                prefix = v.chain[:depth]
+                if len(v.chain) < depth or any(_ident(v.chain[:d]) in failed for d in range(1, depth)):
+                    continue
+                if _ident(prefix) not in owners and cached_artifact(self.start, prefix, cache) is None:
+                    owners[_ident(prefix)] = (v, prefix)
+            futures: dict[str, Future] = {}
+            for key, (v, prefix) in owners.items():
+                folder = self.dir.work(v.name) / ("build" if len(v.chain) == depth else f"build-{depth}")
+                what = f"build {v.name}" + ("" if len(v.chain) == depth else f" (step {depth})")
+                self.progress.step(what)
+                job = BuildJob(start=self.start, chain=[ChainStep(pass_name=n, params=p) for n, p in prefix], cache=str(cache),
+                               source=self.model.ref(), calibration=self.ctx.calibration_path, tuning=self.ctx.tuning_path,
+                               env=v.env)
+                alone = get_pass(prefix[-1][0]).times_itself
+                futures[key] = self.executor.submit(launch, job, folder, what=what, exclusive=alone)
+            for key, future in futures.items():
+                try:
+                    built = future.result()
+                except Lost as e:
+                    failed[key] = str(e)
+                    continue
+                if built.result is None:
+                    failed[key] = f"build failed: {built.error}"
+                else:
+                    wall[key] = built.wall_s
+        out: dict[str, tuple[object, float | None, str | None]] = {}
+        for v in variants:
+            why = next((failed[_ident(v.chain[:d])] for d in range(1, len(v.chain) + 1) if _ident(v.chain[:d]) in failed), None)
+            artifact = None if why else cached_artifact(self.start, v.chain, cache)
+            if artifact is None and why is None:
+                why = "build failed: its artifact is missing after the build"
+            out[v.name] = (artifact, wall.get(_ident(v.chain), 0.0), why)
+        return out
+
+    # ------------------------------------------------------------------------------------------------ measurements
+    def _measure_job(self, u: Unit, artifact, reference: Record | None, ref_outputs: Path) -> MeasureJob:
+        """The measurement of a variant; the original's (``reference`` None) saves the outputs the others are verified against."""
+        v, s = u.variant, self.settings
+        gate = None if reference is None or not v.gate else Gate(
+            reference_top1=reference.accuracy.top1 if reference.accuracy else None, max_drop_points=s.verify_max_drop,
+            min_agreement=s.verify_min_agreement, min_cosine=s.verify_min_cosine)
+        return MeasureJob(session=OpenSpec(name=v.name, artifact=artifact, runtime=v.runtime, options=v.options),
+                          data=str(self.dir.eval_data), family=self.model.spec.family_name,
+                          reference=None if reference is None else str(ref_outputs),
+                          save_outputs=str(ref_outputs) if reference is None else None, protocol=self.protocol, gate=gate, env=v.env)
+
+    def _merged(self, u: Unit, measured: Record, build_s: float | None) -> Record:
+        """The measurement's record with the variant's own fields (key, chain …) and its build time."""
+        base = self._base_record(u)
+        if measured.status == "skipped":
+            return base.model_copy(update={"status": "skipped", "error": measured.error})
+        keep = {"key", "group", "chain", "description", "needs_gpu", "measured_for"}
+        return measured.model_copy(update={**{k: getattr(base, k) for k in keep},
+                                           "build_s": round(build_s, 2) if build_s is not None else None,
+                                           "stage": "measure" if measured.status != "ok" else None})
+
+    def _measure(self, units: list[Unit]) -> None:
+        """Build the units' variants (nothing timed meanwhile), then measure each, one at a time per node."""
+        available = {u.variant.name: runtime_available(u.variant.runtime) for u in units}
+        to_build = list({u.variant.name: u.variant for u in units if available[u.variant.name][0] or self.distributed}.values())
+        built = self._build(to_build) if to_build else {}
+        pending: dict[Future, Unit] = {}
+        for u in units:
+            if not self.distributed and not available[u.variant.name][0]:
+                self._record(u, self._base_record(u).model_copy(update={"status": "skipped", "error": available[u.variant.name][1]}))
+                continue
+            artifact, _, why = built[u.variant.name]
+            if why is not None:
+                self._record(u, self._base_record(u).model_copy(update={"status": "failed", "stage": "build", "error": why}))
+                continue
+            ref_kind = u.kind if u.kind in self.references else next(iter(self.references), None)
+            reference = None if u.variant.is_original else self.references[ref_kind]
+            job = self._measure_job(u, artifact, reference, self.dir.reference_outputs(u.kind if reference is None else ref_kind))
+            self.progress.step(f"measuring {u.variant.name}{self._for(u.kind)}")
+            future = self.executor.submit(measure_variant, job, self.model.spec, self.dir.work(u.variant.name, u.kind),
+                                          resources=self.kinds[u.kind], what=f"measure {u.variant.name}{self._for(u.kind)}")
+            if future.done():  # measured here: recorded at once, so a kill loses at most the measurement under way
+                self._collect(u, future, built[u.variant.name][1])
+            else:
+                pending[future] = u
+        for future in as_completed(pending):
+            self._collect(pending[future], future, built[pending[future].variant.name][1])
+
+    def _collect(self, u: Unit, future: Future, build_s: float | None) -> None:
+        try:
+            rec = self._merged(u, future.result(), build_s)
+        except Lost as e:
+            rec = self._base_record(u).model_copy(update={"status": "failed", "stage": "measure", "error": str(e)})
+        self._record(u, rec)
+
+    def _measure_originals(self, todo: list[Unit]) -> None:
+        """The original first, on every kind that measures it: the others are verified against its outputs there."""
+        self._measure([u for u in todo if u.variant.is_original])
+        for k in self.kinds:
+            rec = self.records.get((self.original.name, k))
+            if rec is not None:
+                self.references[k] = rec
+        for k, rec in self.references.items():
+            if rec.status != "ok":
+                raise UserError(f"the original model could not be measured{self._for(k)}: {rec.error}",
+                                fix="check the cluster, then rerun" if str(rec.error).startswith(LOST) else "check the model and data")
+        if not self.references:
+            raise UserError("the original model was not measured", fix="check the model, the data and --variants")
+
+    def _screen(self, units: list[Unit]) -> None:
+        """Build and screen ``units`` in rounds (a cluster: all at once), within the time budget."""
+        size = max(1, len(units)) if self.distributed else BUILD_ROUND
+        for i in range(0, len(units), size):
+            batch = units[i:i + size]
+            if not self._budget_allows(len(batch)):
+                for u in units[i:]:
+                    self.not_tried.append(LeftOut(name=u.variant.name, why=f"the time budget ({self.settings.budget}) ran out "
+                                                  f"after {self.elapsed():.0f} s: rerun with a larger --budget (finished variants are kept)"))
+                return
+            self._measure(batch)
+
+    def _budget_allows(self, count: int) -> bool:
+        """Whether ``count`` more variants fit the time budget with room left for the race's re-measures and the report
+        (both estimated from what this run has measured so far)."""
+        budget = self.settings.budget_seconds
+        if budget is None:
+            return True
+        measured = [r for r in self.records.values() if r.status == "ok" and r.phases]
+        per_variant = (sum(r.phases[-1].stop - r.phases[0].start for r in measured) / len(measured) + 3.0) if measured else 15.0
+        per_variant += sum((r.build_s or 0.0) for r in measured) / max(1, len(measured)) / 2  # two builds at a time
+        reserve = racing.finish_estimate(self.interleave_rounds, len(self.targets))
+        return self.elapsed() + count * per_variant + reserve <= budget
+
+    def _refinement_needed(self, u: Unit) -> bool:
+        """A variant that only recovers quality is built when the one it refines failed, or misses the quality bounds
+        of a target of its kind."""
+        base = self.records.get((u.variant.refines, u.kind)) if u.variant.refines else None
+        if base is None or base.status != "ok":
+            return True
+        ref = self.references.get(u.kind) or next(iter(self.references.values()))
+        return any(racing.misses_quality(t, base, ref, self.family) for t in self.targets_of(u.kind) or self.targets)
+
+    # ------------------------------------------------------------------------------------------------ the race
+    def _race_and_cold_start(self) -> None:
+        """Screen out, per kind of node, what is beaten beyond noise for every target; cold-start the contenders."""
+        pending: dict[Future, tuple[Unit, Record]] = {}
+        by_unit = {(u.variant.name, u.kind): u for u in self.units}
+        for kind in self.kinds:
+            records = [r for (n, k), r in self.records.items() if k == kind]
+            reference = self.references.get(kind) or next(iter(self.references.values()))
+            keep = {self.original.name, self.baseline.name}
+            beaten = racing.screened_out(self.targets_of(kind) or self.targets, records, reference, self.family, keep) \
+                if self.racing else {}
+            for rec in records:
+                u = by_unit.get((rec.name, kind))
+                if u is None or rec.status != "ok":
+                    continue
+                if rec.name in beaten and rec.screened_out is None and rec.cold_start is None:
+                    self._update(u, rec.model_copy(update={"screened_out": beaten[rec.name]}))
+                elif rec.name not in beaten and rec.cold_start is None and rec.artifact is not None:
+                    job = ColdStartJob(session=OpenSpec(name=rec.name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+                                       spec=self.model.spec, env=rec.env)
+                    self.progress.step(f"cold start of {rec.name}{self._for(kind)}")
+                    future = self.executor.submit(cold_start, job, self.dir.work(rec.name, kind) / "coldstart",
+                                                  resources=self.kinds[kind], what=f"cold start {rec.name}{self._for(kind)}")
+                    pending[future] = (u, rec)
+        for future in as_completed(pending):
+            u, rec = pending[future]
+            try:
+                cold = future.result()
+            except Lost as e:
+                cold = ColdStart(error=str(e))
+            self._update(u, rec.model_copy(update={"cold_start": cold, "screened_out": None}))
+
+    def _update(self, u: Unit, rec: Record) -> None:
+        """A record completed after screening (its cold start, or what screened it out), kept in race.jsonl by key."""
+        append_jsonl(self.dir.race, {"key": rec.key, "cold_start": rec.cold_start.model_dump() if rec.cold_start else None,
+                                     "screened_out": rec.screened_out})
+        self.records[(u.variant.name, u.kind)] = rec
+
+    # ------------------------------------------------------------------------------------------------ re-measures
+    def run_interleave(self, names: list[str], records: list[Record], isa: str | None = None, kind: str | None = None) -> Interleaved | None:
+        """Candidates and the baseline, side by side in one process (cached by the set measured). With ``isa``, every
+        runtime that can be held to that instruction set is (its environment variables for the whole process), and each
+        variant's figures say whether its runtime was. ``kind``: on a node of that kind (its records)."""
+        baseline = self.baseline.name
+        by_name = {r.name: r for r in records if r.status == "ok"}
+        if baseline not in by_name:
+            return None
+        # One process runs them all: a runtime living in its own Python environment cannot join (its sweep figures stand).
+        names = [n for n in names if n in by_name and n != baseline and get_runtime(by_name[n].runtime).environment() is None]
+        names.append(baseline)
+        caps = {n: get_runtime(by_name[n].runtime).isa_cap_env(isa) if isa else None for n in names}
+        cache_key = json.dumps([sorted(str(by_name[n].key) for n in names), self.interleave_rounds,
+                                self.interleave_protocol.model_dump(), isa])
+        path, label = self.dir.interleave(kind, isa), self.dir.interleave_label(kind, isa)
+        if path.exists():
+            previous = Interleaved.model_validate({k: v for k, v in json.loads(path.read_text()).items() if k != "protocol"})
+            if previous.cache_key == cache_key:
+                return previous
+        env: dict[str, str] = {}
+        for n in names:  # torch variants want their allocator settings (the others do not mind them), and the ISA caps
+            env.update(by_name[n].env)
+            env.update(caps[n] or {})
+        sessions = [OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
+                    for n in names if by_name[n].artifact is not None]
+        job = InterleaveJob(sessions=sessions, reference=baseline, data=str(self.dir.eval_data), protocol=self.interleave_protocol,
+                            rounds=self.interleave_rounds, env=env)
+        try:
+            launched = self.executor.submit(launch, job, self.dir.work_root / label, resources=self.kinds.get(kind), what=label).result()
+        except Lost as e:
+            raise UserError(f"interleaved re-measure {label}: {e}", fix="check the cluster, then rerun") from e
+        if launched.result is None:
+            raise UserError(f"interleaved re-measure {label} failed: {launched.error}", fix=f"see work/{label}/job.log")
+        variants = {n: v.model_copy(update={"isa_cap": isa if caps.get(n) else None}) for n, v in launched.result.variants.items()}
+        result = launched.result.model_copy(update={"cache_key": cache_key, "variants": variants})
+        write_json_atomic(path, result)
+        return result
+
+    def run_capped(self, records: list[Record], reference: Record | None, kind: str | None, targets: list[Target]) -> dict[str, Interleaved]:
+        """For each CPU target that names a poorer instruction set than the measuring machine's, its candidates
+        re-measured with the runtimes held to that instruction set where they can be (oneDNN / ATen caps)."""
+        capped: dict[str, Interleaved] = {}
+        env = next((r.environment for r in records if r.status == "ok" and r.environment), None)
+        # The measuring machine: this one, or on a cluster the nodes of this kind (their records say which CPU).
+        here = CpuFeatures(frozenset(env.cpu_flags)).level if self.distributed and env else cpu_features().level
+        for t in targets:
+            if t.device is not Device.CPU or t.isa is None or t.isa in capped or not richer(here, t.isa):
+                continue
+            names = interleave_candidates([t], records, reference, self.family)
+            if not racing.cap_changes(names, records, t.isa):
+                self.problems.append(f"{t.name}: no candidate's runtime can be held to {t.isa}; its figures stand uncapped")
+                continue
+            self.progress.step(f"re-measuring {t.name}'s candidates with the instruction set capped at {t.isa}")
+            try:
+                result = self.run_interleave(names, records, isa=t.isa, kind=kind)
+            except UserError as e:
+                self.problems.append(f"{t.name}: {e.problem} — decided on the uncapped figures")
+                continue
+            if result is not None:
+                capped[t.isa] = result
+        return capped
+
+    def profile_variants(self, names: list[str], records: list[Record], kind: str | None = None) -> None:
+        """Op-level profiles of the recommended variants, each in its own process (a measurement, so not in the report
+        step: ``servopt report`` only reads), cached; a failed profile is stored with its reason."""
+        by_name = {r.name: r for r in records}
+        for name in dict.fromkeys(names):
+            rec = by_name.get(name)
+            if rec is None or rec.artifact is None or load_profile(self.out, name, kind) is not None:
+                continue
+            self.progress.step(f"profiling {name}{self._for(kind)}")
+            job = ProfileJob(session=OpenSpec(name=name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+                             data=str(self.dir.eval_data), env=rec.env)
+            try:
+                launched = self.executor.submit(launch, job, self.dir.work(name, kind) / "profile", resources=self.kinds.get(kind),
+                                                what=f"profile {name}").result()
+                prof = launched.result or OpProfile(variant=name, profiler="none", total_ms_per_run=0.0, error=launched.error)
+            except Lost as e:
+                prof = OpProfile(variant=name, profiler="none", total_ms_per_run=0.0, error=str(e))
+            write_json_atomic(self.dir.profile(name, kind), prof)
+
+    # ------------------------------------------------------------------------------------------------ finish
+    def _finish_kind(self, kind: str | None, records: list[Record]) -> KindOutcome:
+        """One kind of node (one machine: the only one): the side-by-side re-measure of its targets' top candidates, the
+        capped re-measures, and its targets' decisions, on its own records only."""
+        targets = self.targets_of(kind)
+        reference = self.references.get(kind) or next(iter(self.references.values()))
+        contenders = [r for r in records if r.screened_out is None]
+        self.progress.step(f"re-measuring the top candidates side by side with the reference{self._for(kind)}")
+        names = interleave_candidates(targets, contenders, reference, self.family)
+        interleaved = None
+        if names:
+            try:
+                interleaved = self.run_interleave(names, records, kind=kind)
+            except UserError as e:
+                self.problems.append(f"{e.problem} — decided on the sweep's figures")
+        capped = self.run_capped(contenders, reference, kind, targets)
+        decisions = {t.name: decide(t, records, reference, self.family, capped.get(t.isa or "") or interleaved) for t in targets}
+        return KindOutcome(decisions, interleaved, capped, pareto_front(records, reference, self.family))
+
+    def _per_kind(self, work: Callable, kinds: Iterable) -> list:
+        """``work`` for each kind: one after another here, all kinds at once on a cluster (each on its own nodes)."""
+        kinds = list(kinds)
+        if not self.distributed or len(kinds) < 2:
+            return [work(k) for k in kinds]
+        with ThreadPoolExecutor(len(kinds)) as pool:
+            return list(pool.map(work, kinds))
+
+    def _finish(self) -> Summary:
+        """Decide per target (after the interleaved re-measure), profile the picks, write summary.json and the reports."""
+        names = [v.name for v in self.chosen]
+        records = [self.records[(u.variant.name, u.kind)] for u in self.units if (u.variant.name, u.kind) in self.records]
+        records.sort(key=lambda r: names.index(r.name))
+        of_kind = {k: [r for r in records if r.measured_for == k] for k in self.kinds}
+        outcomes = dict(zip(self.kinds, self._per_kind(lambda k: self._finish_kind(k, of_kind[k]), self.kinds), strict=True))
+        decisions = {name: d for o in outcomes.values() for name, d in o.decisions.items()}
+        here = outcomes.get(None)  # one machine, or the targets of a distributed sweep that name no resources
+        by_kind = [KindSummary(kind=k, ray_resources=self.kinds[k] or {}, targets=[t.name for t in self.targets_of(k)],
+                               nodes=sorted({r.environment.node for r in of_kind[k] if r.environment and r.environment.node}),
+                               interleaved=o.interleaved, capped=o.capped, pareto_front=o.pareto_front,
+                               environment=self.references[k].environment if k in self.references else None)
+                   for k, o in outcomes.items() if k is not None]
+        primary = next((k for k in self.kinds if k in self.references), None)
+        reference = self.references.get(primary)
+        summary = Summary(
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), run_dir=str(self.out), reference=reference.name if reference else None,
+            reference_ort=self.baseline.name if any(r.name == self.baseline.name for r in records) else None,
+            targets=[decisions[t.name] for t in self.targets], pareto_front=here.pareto_front if here else [],
+            interleaved=here.interleaved if here else None, capped=here.capped if here else {},
+            counts={s: sum(r.status == s for r in records) for s in ("ok", "failed", "skipped")},
+            environment=environment(libraries=all_libraries()), kinds=by_kind, problems=self.problems,
+            not_tried=self.not_tried, racing=self.racing, budget_s=self.settings.budget_seconds, wall_s=round(self.elapsed(), 1))
+        write_json_atomic(self.dir.summary, summary)
+
+        def profile(kind: str | None) -> None:
+            picks = [d.recommended or d.nearest for d in (decisions[t.name] for t in self.targets_of(kind))]
+            self.profile_variants([p for p in picks if p], of_kind[kind], kind)
+
+        self._per_kind(profile, self.kinds)
+        racing.remember(self.family.name, cpu_features(), records, self.baseline.name)
+        from servopt.optimize.report import write_reports
+
+        self.progress.step("writing the report")
+        write_reports(self.out, summary, records)
+        return summary
