@@ -189,3 +189,70 @@ def test_openvino_reads_an_int8_model_as_asking_for_int8(graphs):
                                         get_runtime("openvino").parse_options({"precision": "fp32"})).info()
     assert info.precision_requested == "int8" and info.details["float_precision"] == "fp32"
     assert info.precision_actual == "int8" and ran_as_asked(info) is None
+
+
+# ------------------------------------------------------------------------------------------------------------ torch
+
+
+@pytest.fixture(scope="module")
+def tiny_pickle(tmp_path_factory) -> Artifact:
+    """A plain nn.Module (conv, conv, linear): what autocast and dynamic INT8 act on."""
+    import torch
+
+    from servopt.models.sources import load_model
+
+    path = tmp_path_factory.mktemp("torch") / "net.pt"
+    torch.save(TinyNet.build(), str(path))
+    return Artifact(format="torch", ref=load_model(path, trust_pickle=True, input_shape={"input": [1, 3, 32, 32]}).ref())
+
+
+@pytest.fixture(scope="module")
+def images() -> Dataset:
+    x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    return Dataset({"input": x}, None, None, "t")
+
+
+def _torch(artifact: Artifact, options: dict, images: Dataset):
+    rt = get_runtime("torch")
+    session = rt.open(artifact, rt.parse_options(options))
+    session.warm_up(images.slice(0, 1))
+    return session
+
+
+def test_torch_autocast_is_read_from_what_the_module_computed(tiny_pickle, images):
+    info = _torch(tiny_pickle, {"dtype": "bf16", "autocast": True}, images).info()
+    assert info.precision_actual == "bf16 (computed over fp32 weights)" and info.details["compute_ops"] == {"bf16": 3}
+    assert ran_as_asked(info) is None
+    cast = _torch(tiny_pickle, {"dtype": "bf16"}, images).info()
+    assert cast.precision_actual == "bf16" and ran_as_asked(cast) is None
+    assert _torch(tiny_pickle, {}, images).info().precision_actual == "fp32"
+
+
+def test_an_autocast_that_did_not_apply_fails_verification(tiny_pickle, images, monkeypatch):
+    """The options say bf16 autocast; the module computed in fp32 (here: the autocast context dropped): recorded failed."""
+    import contextlib
+
+    from servopt.runtimes.torch_runtime import TorchSession
+
+    monkeypatch.setattr(TorchSession, "_context", lambda self: contextlib.nullcontext())
+    session = _torch(tiny_pickle, {"dtype": "bf16", "autocast": True}, images)
+    assert session.info().precision_actual == "fp32"
+    measured = measure_session(session, images, session.run(images.inputs), IMAGES, Protocol.quick())
+    assert measured.status == "failed" and "asked for bf16 but torch runs fp32" in measured.error
+
+
+def test_torch_int8_is_read_from_the_module(tiny_pickle, images, tmp_path):
+    info = _torch(tiny_pickle, {"quantize_dynamic": True}, images).info()
+    assert info.precision_actual == "int8 (dynamic, 1 of 3 compute ops)" and ran_as_asked(info) is None
+    # torch.export's module has no nn.Linear for quantize_dynamic to swap: it asks for INT8 and runs fp32.
+    import torch
+
+    from servopt.models.sources import load_model
+
+    path = tmp_path / "net.pt2"
+    torch.export.save(torch.export.export(TinyNet.build(), (torch.zeros(2, 3, 32, 32),),
+                                          dynamic_shapes=({0: torch.export.Dim("batch")},)), str(path))
+    exported = Artifact(format="torch", ref=load_model(path).ref())
+    name = exported.ref.spec.inputs[0].name
+    info = _torch(exported, {"quantize_dynamic": True}, Dataset({name: images.inputs["input"]}, None, None, "t")).info()
+    assert info.precision_actual == "fp32" and "asked for int8 but torch runs fp32" in ran_as_asked(info)
