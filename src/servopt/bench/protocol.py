@@ -18,7 +18,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from servopt.bench.interference import DEFAULT_THRESHOLD, CpuMonitor
 from servopt.bench.stats import latency_summary, throughput, timed_loop
-from servopt.contracts import CpuReport, Gate, GridPoint, Interference, Latency, LengthBatching, Measured, Phase, Throughput
+from servopt.contracts import (
+    CpuReport,
+    Gate,
+    GridPoint,
+    Interference,
+    Latency,
+    LengthBatching,
+    Measured,
+    Phase,
+    SessionInfo,
+    Throughput,
+)
 from servopt.data.dataset import Dataset
 from servopt.families.base import Family
 from servopt.machine import node_name
@@ -98,8 +109,7 @@ def measure_session(session: Session, data: Dataset, reference: np.ndarray | Non
         judged.agreement.batch_consistency, judged.agreement.batch_consistency_min = mean, low
         judged.agreement.cosine_mean_alone = alone
     failed = family.gate_failure(judged, gate) if gate else None
-    precision = _precision_mismatch(session)
-    failed = failed or precision
+    failed = "; ".join(f for f in (failed, ran_as_asked(session.info())) if f) or None
     if failed:
         return Measured(status="failed", error=f"verification failed: {failed}", accuracy=judged.accuracy, agreement=judged.agreement,
                         pairs=judged.pairs)
@@ -170,10 +180,22 @@ def batch_consistency(session: Session, data: Dataset, outputs: np.ndarray, batc
     return float(both.mean()), float(both.min()), to_ref
 
 
-def _precision_mismatch(session: Session) -> str | None:
-    """A runtime that runs another precision than the variant asked for fails verification loudly."""
-    info = session.info()
+def precision_matches(asked: str, ran: str) -> bool:
+    """``ran`` is ``asked``, possibly with how (``int8 (QDQ)``, ``fp16 (TensorRT)``, ``bf16 (autocast over fp32 weights)``)."""
+    return ran == asked or ran.startswith(asked + " ")
+
+
+def ran_as_asked(info: SessionInfo) -> str | None:
+    """Why a session does not run what its variant asked for, or None: a provider that fell back (ONNX Runtime runs on
+    the CPU when CUDA or TensorRT cannot start, and says so only when asked) or a precision other than the one asked
+    for (OpenVINO's bf16 default, an fp16 pass that changed nothing, an INT8 model run in float). Such a variant fails
+    verification, whatever the runtime: its figures would be recorded under a name that is not what ran."""
+    problems = []
+    if info.provider_fallback:
+        ran = info.details.get("providers")
+        problems.append(f"the variant asked for {info.provider_requested} but {info.runtime} ran on {info.provider_actual}"
+                        + (f" (providers that ran: {', '.join(ran)})" if ran else ""))
     asked, ran = info.precision_requested, info.precision_actual
-    if asked and ran and ran != "unknown" and not ran.startswith(asked) and not ran.startswith("int8"):
-        return f"the variant asked for {asked} but {info.runtime} runs {ran} ({info.details.get('precision_source', '')})"
-    return None
+    if asked and ran and ran != "unknown" and not precision_matches(asked, ran):
+        problems.append(f"the variant asked for {asked} but {info.runtime} runs {ran} ({info.details.get('precision_source', '')})")
+    return "; ".join(problems) or None

@@ -135,11 +135,20 @@ def gpu_variants(ctx: CatalogueContext) -> list[Variant]:
     """CUDA and TensorRT (ONNX Runtime), and PyTorch on CUDA: skipped with the reason where no GPU exists."""
     v = [Variant("ort-cuda-fp32", "gpu", "onnxruntime-cuda", ctx.export, description="ONNX Runtime CUDA execution provider"),
          Variant("ort-tensorrt-fp16", "gpu", "onnxruntime-cuda", ctx.export,
-                 {"providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"]},
+                 {"providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"], "trt_fp16": True},
                  description="ONNX Runtime TensorRT execution provider, FP16")]
     if ctx.is_torch:
         v.append(Variant("torch-cuda-fp16", "gpu", "torch-cuda", options={"dtype": "fp16"}, description="PyTorch on CUDA in FP16"))
     return v
+
+
+def asking_precision(variants: list[Variant]) -> list[Variant]:
+    """ONNX Runtime variants of the INT8 and FP16 groups ask for that precision, so a run that computes another one
+    (a quantizer that left every layer float, an FP16 graph cast back) fails verification instead of passing as fast."""
+    for v in variants:
+        if v.runtime.startswith("onnxruntime") and v.group in ("int8", "fp16") and "precision" not in v.options:
+            v.options = {**v.options, "precision": v.group}
+    return variants
 
 
 def tensor_catalogue(ctx: CatalogueContext) -> list[Variant]:
@@ -245,4 +254,4 @@ def tensor_catalogue(ctx: CatalogueContext) -> list[Variant]:
                 description=f"nncf.quantize_with_accuracy_control, max drop {drop} point(s)"),
         *gpu_variants(ctx),
     ]
-    return v
+    return asking_precision(v)

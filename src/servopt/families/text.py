@@ -35,6 +35,7 @@ from servopt.families.catalogue import (
     TUNED,
     CatalogueContext,
     Variant,
+    asking_precision,
     gpu_variants,
     nncf_onnx,
     openvino_float,
@@ -179,7 +180,7 @@ class TextEmbedding(EmbeddingBase):
                     {"hint": "THROUGHPUT"}, description="NNCF INT8 with the transformer model type, OpenVINO THROUGHPUT hint"),
             *gpu_variants(ctx),
         ]
-        return v
+        return asking_precision(v)
 
     def _texts(self, options: TextDataOptions) -> tuple[list[str], list[tuple[str, str, float]], str]:
         if not self.has_data(options):

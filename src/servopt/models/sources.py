@@ -41,7 +41,8 @@ class LoadedModel:
             from servopt.models.hf_encoder import inspect_encoder
 
             info = inspect_encoder(self.path, trust_pickle=self.trust_pickle)
-            return [f for f in (info.weights_path, info.model_folder / "config.json", info.tokenizer_path) if f.exists()]
+            files = [*weight_files(info.weights_path), info.model_folder / "config.json", info.tokenizer_path]
+            return [f for f in files if f.exists()]
         return model_files(self.path) if self.kind == "onnx" else [self.path]
 
     def size_mb(self) -> float:
@@ -64,6 +65,23 @@ class LoadedModel:
     def from_ref(cls, ref: ModelRef) -> LoadedModel:
         return cls(kind=ref.kind, path=Path(ref.path), spec=ref.spec.model_copy(deep=True), arch=ref.arch,
                    num_classes=ref.num_classes, trust_pickle=ref.trust_pickle)
+
+
+def weight_files(weights: Path) -> list[Path]:
+    """A checkpoint's weight files: the file itself, or for a sharded one (``model.safetensors.index.json``,
+    ``pytorch_model.bin.index.json``) its index and every shard its ``weight_map`` names, in name order. The weights
+    are in the shards: sizing or hashing the index alone would call a 400 MB model 30 KB and miss a changed shard."""
+    if not weights.name.endswith(".index.json"):
+        return [weights]
+    try:
+        weight_map = json.loads(weights.read_text(encoding="utf-8")).get("weight_map") or {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise UserError(f"{weights} is not a readable checkpoint index ({e})", fix=f"restore {weights.name} from the original model") from e
+    shards = sorted({str(v) for v in weight_map.values()})
+    outside = [s for s in shards if Path(s).is_absolute() or ".." in Path(s).parts]
+    if outside:
+        raise UserError(f"{weights} names shards outside its folder: {', '.join(outside)}", fix="restore the index from the original model")
+    return [weights, *(weights.parent / s for s in shards)]
 
 
 def model_files(onnx_path: Path) -> list[Path]:

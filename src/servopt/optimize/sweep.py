@@ -56,7 +56,15 @@ from servopt.optimize.variants import (
     select,
     variant_key,
 )
-from servopt.passes.base import BuildContext, cached_artifact, file_hash, get_pass, source_artifact
+from servopt.passes.base import (
+    BuildContext,
+    build_data_key,
+    cached_artifact,
+    chain_data_key,
+    dataset_digest,
+    get_pass,
+    source_artifact,
+)
 from servopt.passes.build_job import BuildJob
 from servopt.results import append_jsonl, parse_record, write_json_atomic
 from servopt.runtimes.base import all_libraries, get_runtime
@@ -272,10 +280,16 @@ class Sweep:
     def _prepare(self) -> None:
         self.dir.data.mkdir(parents=True, exist_ok=True)
         self.eval_data.save(self.dir.eval_data)
-        data_hash = file_hash([self.dir.eval_data])
-        self.start = source_artifact(self.model)
+        data_hash = dataset_digest(self.dir.eval_data)
+        saved: dict[str, str | None] = {}
+        for name, data in (("calib", self.calibration), ("tune", self.tuning)):  # for the build processes
+            saved[name] = None
+            if data is not None:
+                data.save(self.dir.saved_data(name))
+                saved[name] = str(self.dir.saved_data(name))
+        self.start = source_artifact(self.model, build_data_key(saved["calib"], saved["tune"]))
         proto = self.protocol.model_dump()
-        self.units = [Unit(v, k, unit_key(variant_key(v, str(self.start.hash), proto, data_hash), k))
+        self.units = [Unit(v, k, unit_key(variant_key(v, str(self.start.hash), proto, data_hash, chain_data_key(self.start, v.chain)), k))
                       for v in self.chosen for k in self.kinds_of(v)]
         write_json_atomic(self.dir.config, RunConfig(
             model=str(self.model.path), model_kind=self.model.kind, source_hash=str(self.start.hash), spec=self.model.spec,
@@ -283,12 +297,6 @@ class Sweep:
             data={"eval": self.eval_data.source, "samples": len(self.eval_data), **self.eval_data.meta},
             left_out=[LeftOut(name=v.name, why=v.left_out) for v in self.all_variants if v not in self.chosen],
             note=self.settings.note, measured_for=list(self.kinds)))
-        saved: dict[str, str | None] = {}
-        for name, data in (("calib", self.calibration), ("tune", self.tuning)):  # for the build processes
-            saved[name] = None
-            if data is not None:
-                data.save(self.dir.saved_data(name))
-                saved[name] = str(self.dir.saved_data(name))
         self.ctx = BuildContext(source=self.model, calibration=self.calibration, tuning=self.tuning, log=self.progress.step,
                                 calibration_path=saved["calib"], tuning_path=saved["tune"])
         if self.distributed:

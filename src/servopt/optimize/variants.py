@@ -52,16 +52,17 @@ def device_of(v: Variant) -> Device:
     return get_runtime(v.runtime).device
 
 
-def variant_key(v: Variant, source_hash: str, protocol: dict, data_hash: str) -> str:
+def variant_key(v: Variant, source_hash: str, protocol: dict, data_hash: str, build_data: str | None = None) -> str:
     """Identity of a measurement: same key → same result, so a rerun skips it. Pass parameters enter with their
-    defaults filled in, so a changed default invalidates the old measurement."""
+    defaults filled in, so a changed default invalidates the old measurement; ``build_data`` (the calibration and
+    tuning data's key, where a pass of the chain reads them) so a variant built on other data is measured again."""
     from servopt.passes.base import validate_params
 
     chain = [(name, validate_params(name, params).model_dump()) for name, params in v.chain]
     identity = {k: val for k, val in asdict(v).items()
                 if k not in ("default", "description", "left_out_why", "gate", "role", "refines")}
-    body = json.dumps([{**identity, "chain": chain, "needs_gpu": device_of(v) is Device.GPU}, source_hash, protocol, data_hash],
-                      sort_keys=True, default=str)
+    parts = [{**identity, "chain": chain, "needs_gpu": device_of(v) is Device.GPU}, source_hash, protocol, data_hash]
+    body = json.dumps(parts + ([build_data] if build_data is not None else []), sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 

@@ -4,7 +4,10 @@ Each pass declares its parameters once as a pydantic model, which both
 validates them and documents them (Olive's design). Passes register by name, so
 a new one is one file in ``servopt/passes/`` imported by ``passes/__init__``.
 Built artifacts are cached by a content hash of (source model, pass chain,
-parameters): a rerun never rebuilds, and a kill mid-build leaves no half folder.
+parameters, and the content of the calibration and tuning data for a pass that
+reads them): a rerun never rebuilds, a rerun on other data does, and a kill
+mid-build leaves no half folder (its ``.tmp-*`` folder is removed by the next
+build of that step on the same host).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servopt.contracts import Artifact, Contract
@@ -68,6 +72,11 @@ class Pass(ABC):
     # A pass that times candidates while it builds (the accuracy-aware search times float islands): the sweep builds
     # it alone on the machine, never beside another build.
     times_itself: ClassVar[bool] = False
+    # Whether what it builds depends on the calibration or tuning data (``BuildContext.calibration`` / ``tuning``): its
+    # cache key then includes their content (``Artifact.data_key``). True unless a pass says otherwise, so a pass that
+    # reads data can never be handed a model built on other data; a pass that reads none sets False and is not rebuilt
+    # when the data change.
+    reads_data: ClassVar[bool] = True
 
     @abstractmethod
     def run(self, artifact: Artifact, params: Any, out_dir: Path, ctx: BuildContext) -> PassOutput:
@@ -97,12 +106,45 @@ def file_hash(paths: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def source_artifact(model: LoadedModel) -> Artifact:
-    """The artifact a chain starts from, with a content hash of the source files."""
+def dataset_digest(data: str | Path | Dataset) -> str:
+    """A digest of a dataset's content: every array's name, dtype, shape and bytes (inputs, labels, lengths, extras), in
+    name order. Not its path, its file's bytes or its description: the same samples saved elsewhere digest alike, other
+    samples or another count of them digest differently."""
+    if isinstance(data, Dataset):
+        arrays = {f"input:{k}": v for k, v in data.inputs.items()} | {f"extra:{k}": v for k, v in data.extras.items()}
+        arrays |= {k: v for k, v in (("labels", data.labels), ("lengths", data.lengths)) if v is not None}
+    else:
+        with np.load(Path(data)) as z:
+            arrays = {k: z[k] for k in z.files if k != "__meta__"}
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def build_data_key(calibration: str | Path | Dataset | None, tuning: str | Path | Dataset | None) -> str | None:
+    """The identity of the data a build may read (None: it has none): what ``Artifact.data_key`` carries."""
+    if calibration is None and tuning is None:
+        return None
+    parts = [f"{what}:{dataset_digest(d) if d is not None else '-'}" for what, d in (("calibration", calibration), ("tuning", tuning))]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def source_artifact(model: LoadedModel, data_key: str | None = None) -> Artifact:
+    """The artifact a chain starts from, with a content hash of the source files and the key of the data its passes may
+    read (``build_data_key``)."""
     digest = file_hash(model.files())
     if model.kind == "onnx":
-        return Artifact(format="onnx", path=str(model.path), hash=digest)
-    return Artifact(format="torch", ref=model.ref(), hash=digest)
+        return Artifact(format="onnx", path=str(model.path), hash=digest, data_key=data_key)
+    return Artifact(format="torch", ref=model.ref(), hash=digest, data_key=data_key)
+
+
+def chain_data_key(start: Artifact, chain: list[tuple[str, dict]]) -> str | None:
+    """The data key that shapes what ``chain`` builds from ``start``: ``start.data_key`` when one of its passes reads
+    data, else None. A result key folds it in, so a variant built on other data is measured again."""
+    return start.data_key if any(get_pass(name).reads_data for name, _ in chain) else None
 
 
 def resolve(artifact_dir: Path, start: Artifact) -> Artifact:
@@ -112,7 +154,8 @@ def resolve(artifact_dir: Path, start: Artifact) -> Artifact:
         format=meta["format"], path=str(artifact_dir / meta["file"]) if meta.get("file") else None,
         ref=start.ref if meta["format"] == "torch" else None,  # a torch pass keeps the source and transforms it on load
         size_file=str(artifact_dir / Path(meta["size_file"]).name) if meta.get("size_file") else None,
-        hash=meta["hash"], built_by=meta.get("pass"), params=meta.get("params"), report=meta.get("report"))
+        hash=meta["hash"], built_by=meta.get("pass"), params=meta.get("params"), report=meta.get("report"),
+        data_key=start.data_key)
 
 
 def _step_dir(artifact: Artifact, name: str, params: dict, cache: Path) -> tuple[Path, PassParams]:
@@ -121,7 +164,8 @@ def _step_dir(artifact: Artifact, name: str, params: dict, cache: Path) -> tuple
     parsed = validate_params(name, params)
     if artifact.format != p.input_format:
         raise UserError(f"pass {name} takes {p.input_format}, got {artifact.format}", fix="reorder the chain")
-    key = hashlib.sha256(json.dumps([artifact.hash, name, parsed.model_dump()], sort_keys=True).encode()).hexdigest()[:16]
+    identity = [artifact.hash, name, parsed.model_dump()] + ([artifact.data_key] if p.reads_data and artifact.data_key else [])
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return cache / f"{name}-{key}", parsed
 
 
@@ -151,6 +195,27 @@ def _publish(tmp: Path, out: Path) -> None:
     tmp.rename(out)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_builds(cache: Path, name: str, key: str) -> list[Path]:
+    """Remove the ``.tmp-*`` folders of this step left by builds on this host whose process is gone (a kill mid-build);
+    another host's, or a live process's, are left alone. Returns what it removed."""
+    prefix = f".tmp-{name}-{key}-{socket.gethostname()}-"
+    stale = [t for t in cache.glob(f"{prefix}*")
+             if t.name[len(prefix):].isdigit() and int(t.name[len(prefix):]) != os.getpid() and not _alive(int(t.name[len(prefix):]))]
+    for t in stale:
+        shutil.rmtree(t, ignore_errors=True)
+    return stale
+
+
 def build_chain(start: Artifact, chain: list[tuple[str, dict]], cache: Path, ctx: BuildContext) -> Artifact:
     """Apply ``chain`` to ``start``, reusing every step already built under ``cache``."""
     artifact = start
@@ -158,6 +223,7 @@ def build_chain(start: Artifact, chain: list[tuple[str, dict]], cache: Path, ctx
         p = get_pass(name)
         out, parsed = _step_dir(artifact, name, params, cache)
         key = out.name.rsplit("-", 1)[1]
+        remove_stale_builds(cache, name, key)
         if not (out / "artifact.json").exists():
             # A folder of this process's own: builds running in parallel (a distributed sweep) may build the same step.
             tmp = cache / f".tmp-{name}-{key}-{socket.gethostname()}-{os.getpid()}"

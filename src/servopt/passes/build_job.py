@@ -28,9 +28,13 @@ class BuildJob(JobBase):
 
     def run(self, started: float) -> Artifact:
         from servopt.data.dataset import Dataset
+        from servopt.errors import UserError
         from servopt.models.sources import LoadedModel
-        from servopt.passes.base import BuildContext, build_chain
+        from servopt.passes.base import BuildContext, build_chain, build_data_key
 
+        if self.start.data_key is not None and self.start.data_key != build_data_key(self.calibration, self.tuning):
+            raise UserError("the build's calibration/tuning data are not the data its cache key names",
+                            fix="key the start artifact with build_data_key() of the same files the build reads")
         ctx = BuildContext(source=LoadedModel.from_ref(self.source),
                            calibration=Dataset.load(Path(self.calibration)) if self.calibration else None,
                            tuning=Dataset.load(Path(self.tuning)) if self.tuning else None, log=lambda m: print(m, flush=True))

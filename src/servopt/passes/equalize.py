@@ -102,6 +102,7 @@ class Equalize(Pass):
     """Cross-layer equalization of Conv → (ReLU) → Conv chains: the same function, channel ranges evened out."""
 
     name = "equalize"
+    reads_data = False  # data-free: weights alone
     input_format = "onnx"
     output_format = "onnx"
     Params = EqualizeParams

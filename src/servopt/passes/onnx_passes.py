@@ -28,6 +28,7 @@ class ExportOnnx(Pass):
     """torch → ONNX with verification (``servopt.export``)."""
 
     name = "export-onnx"
+    reads_data = False  # the exported model is the same whatever data verifies it
     input_format = "torch"
     output_format = "onnx"
 
@@ -53,6 +54,7 @@ class OrtTransformersOptimize(Pass):
     GELU and embeddings into ORT's contrib operators; the report lists which fusions applied."""
 
     name = "ort-transformers-optimize"
+    reads_data = False
     input_format = "onnx"
     output_format = "onnx"
 
@@ -80,6 +82,7 @@ class OrtGraphOffline(Pass):
     """Save the graph ONNX Runtime optimized, to load later with optimizations disabled (faster start)."""
 
     name = "ort-graph-offline"
+    reads_data = False
     input_format = "onnx"
     output_format = "onnx"
 
@@ -99,6 +102,7 @@ class Fp16(Pass):
     """FP16 weights and compute, float32 inputs/outputs kept: half the size, for edge targets."""
 
     name = "fp16"
+    reads_data = False
     input_format = "onnx"
     output_format = "onnx"
 
@@ -125,6 +129,7 @@ class OrtQuantizeDynamic(Pass):
     """Dynamic INT8: weights quantized ahead, activations at run time (good for Linear-heavy models)."""
 
     name = "ort-quantize-dynamic"
+    reads_data = False  # activation ranges are taken at run time
     input_format = "onnx"
     output_format = "onnx"
 

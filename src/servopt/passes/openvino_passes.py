@@ -28,6 +28,7 @@ def _save(model, out_dir: Path) -> PassOutput:
 @register_pass
 class OpenVinoConvert(Pass):
     name = "openvino-convert"
+    reads_data = False
     input_format = "onnx"
     output_format = "openvino"
 

@@ -14,6 +14,7 @@ class TorchQuantizeDynamic(Pass):
     """``torch.ao.quantization.quantize_dynamic`` of Linear layers; saved to measure its size on disk."""
 
     name = "torch-quantize-dynamic"
+    reads_data = False
     input_format = "torch"
     output_format = "torch"
 

@@ -5,9 +5,9 @@ build and would overwrite it, so this runtime declares its own environment
 (``environment``): the launcher creates it on first use and runs this runtime's
 jobs with its interpreter. The provider that actually ran is read back from the
 session (a device it cannot open falls back to ONNX Runtime's CPU provider, and
-the record says so). The EP does not report its options back
-(``get_provider_options`` is empty), so the precision recorded is the one asked
-for, and says so. Found by creating the env here (onnxruntime-openvino 1.24.1,
+the record says so, and verification fails). The EP does not report its options
+back (``get_provider_options`` is empty), so the float precision recorded is the
+one asked for, and says so; an INT8 graph's format is read from the graph. Found by creating the env here (onnxruntime-openvino 1.24.1,
 which bundles its own OpenVINO 2025.4 libraries): CPU accepts only FP32 and
 ACCURACY precision; performance hints go through ``load_config``.
 """
@@ -40,7 +40,7 @@ class OrtOpenVinoSession(Session):
     def __init__(self, path: str, options: OrtOpenVinoOptions) -> None:
         import onnxruntime as ort
 
-        self.options = options
+        self.options, self.path = options, path
         if PROVIDER not in ort.get_available_providers():
             raise UserError(f"this onnxruntime ({ort.__version__}) has no {PROVIDER}",
                             fix="run it in the onnxruntime-openvino environment servopt creates (see `servopt env list`)")
@@ -67,15 +67,21 @@ class OrtOpenVinoSession(Session):
     def info(self) -> SessionInfo:
         import onnxruntime as ort
 
+        from servopt.runtimes.onnxruntime_runtime import graph_precision
+
         actual = self.sess.get_providers()
+        # An INT8 (QDQ) graph runs in INT8 whatever the float precision pinned for the rest; that is read from the graph.
+        graph = graph_precision(self.path)
+        floating = "fp32" if self.options.precision == "FP32" else None
         return SessionInfo(
             runtime="onnxruntime-openvino", provider_requested=f"{PROVIDER}:{self.options.device_type}",
             provider_actual=actual[0] if actual[0] != PROVIDER else f"{PROVIDER}:{self.options.device_type}",
-            provider_fallback=actual[0] != PROVIDER, precision_requested="fp32",
-            precision_actual="fp32" if self.options.precision == "FP32" else "accuracy mode",
+            provider_fallback=actual[0] != PROVIDER, precision_requested="int8" if graph.startswith("int8") else floating,
+            precision_actual=graph if graph.startswith("int8") else floating or "accuracy mode",
             threads=self.options.num_of_threads or "default",
             details={"hint": self.options.hint, "onnxruntime": ort.__version__, "providers": actual,
-                     "precision_source": "requested (the OpenVINO EP does not report its options back)"})
+                     "precision_source": "INT8: the graph's operators; float: requested (the OpenVINO EP does not report "
+                                         "its options back)"})
 
 
 @lru_cache(maxsize=1)

@@ -29,6 +29,11 @@ class OrtOptions(RuntimeOptions):
     optimized_model_filepath: str | None = None  # write the optimized graph (the offline-optimization pass)
     # x86 without VNNI: U8U8 kernels instead of U8S8 ones, which saturate there (``CpuFeatures.int8_saturates``).
     x64_quant_precision: bool = False
+    # TensorRT's FP16 kernels (its provider option ``trt_fp16_enable``); read back from the session that ran.
+    trt_fp16: bool = False
+    # The precision the variant means to run (None: whatever the graph holds). Checked against what ran: an fp16 or
+    # INT8 variant whose graph or provider runs something else fails verification instead of being timed as one.
+    precision: Literal["fp32", "fp16", "bf16", "int8"] | None = None
 
 
 def session_options(options: OrtOptions, profile_prefix: str | None = None):
@@ -53,21 +58,42 @@ def session_options(options: OrtOptions, profile_prefix: str | None = None):
     return so
 
 
+TRT = "TensorrtExecutionProvider"
+_DYNAMIC_INT8 = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+                 "QAttention", "DynamicQuantizeLSTM"}
+
+
 def graph_precision(path: str) -> str:
-    """The precision the graph itself runs in, from its operators: ONNX Runtime has no other record of it."""
+    """The precision the graph itself runs in, from its operators: ONNX Runtime has no other record of it. INT8 says its
+    format: QOperator (QLinear* / QGemm kernels), dynamic (activations quantized at run time) or QDQ (Q/DQ pairs that
+    the CPU provider fuses into INT8 kernels)."""
     import onnx
 
     model = onnx.load(path, load_external_data=False)
     ops = {n.op_type for n in model.graph.node}
-    if ops & {"QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd"}:
-        return "int8 (QOperator)"
-    if ops & {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul"}:
+    if ops & _DYNAMIC_INT8:
         return "int8 (dynamic)"
+    if any(op.startswith("QLinear") for op in ops) or "QGemm" in ops:
+        return "int8 (QOperator)"
     if "QuantizeLinear" in ops and "DequantizeLinear" in ops:
         return "int8 (QDQ)"
-    if any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer):
+    float16 = onnx.TensorProto.FLOAT16
+    if any(i.data_type == float16 for i in model.graph.initializer) or any(
+            i.type.tensor_type.elem_type == float16 for i in model.graph.input):
         return "fp16"
     return "fp32"
+
+
+def provider_options(provider: str, options: OrtOptions) -> dict[str, str | int | bool]:
+    """The options a provider is opened with (ONNX Runtime takes them per provider)."""
+    return {"trt_fp16_enable": True} if provider == TRT and options.trt_fp16 else {}
+
+
+def precision_ran(graph: str, provider: str, ran_options: dict[str, str]) -> str:
+    """What a session computes in: the graph's precision, unless the provider that ran lowers it (TensorRT in FP16)."""
+    if provider == TRT and str(ran_options.get("trt_fp16_enable", "0")).lower() in ("1", "true") and graph == "fp32":
+        return "fp16 (TensorRT)"
+    return graph
 
 
 class OrtSession(Session):
@@ -76,8 +102,12 @@ class OrtSession(Session):
 
         self.path, self.options = path, options
         self.requested = list(options.providers or default_providers)
+        if options.trt_fp16 and TRT not in self.requested:
+            raise UserError(f"trt_fp16 asks TensorRT for FP16 kernels, but the providers are {self.requested}",
+                            fix=f"put {TRT} in the providers option")
         available = ort.get_available_providers()
-        providers = [p for p in self.requested if p in available] or ["CPUExecutionProvider"]
+        chosen = [p for p in self.requested if p in available] or ["CPUExecutionProvider"]
+        providers = [(p, provider_options(p, options)) if provider_options(p, options) else p for p in chosen]
         try:
             self.sess = ort.InferenceSession(path, sess_options=session_options(options, profile_prefix), providers=providers)
         except Exception as e:
@@ -90,15 +120,20 @@ class OrtSession(Session):
 
     def info(self) -> SessionInfo:
         actual = self.sess.get_providers()
+        ran_options = {p: dict(o) for p, o in self.sess.get_provider_options().items() if o and p in actual}
         so = self.sess.get_session_options()
-        precision = graph_precision(self.path)
+        graph = graph_precision(self.path)
         return SessionInfo(
             runtime="onnxruntime", provider_requested=self.requested[0], provider_actual=actual[0],
-            # ORT silently falls back to CPU when a provider cannot start: say so.
-            provider_fallback=actual[0] != self.requested[0], precision_actual=precision,
+            # ORT silently falls back to CPU when a provider cannot start (onnxruntime-gpu without a GPU): say so, and
+            # verification fails on it (bench.protocol.ran_as_asked).
+            provider_fallback=actual[0] != self.requested[0],
+            precision_requested=self.options.precision or ("fp16" if self.options.trt_fp16 else None),
+            precision_actual=precision_ran(graph, actual[0], ran_options.get(actual[0], {})),
             threads=so.intra_op_num_threads or "default",
             details={"graph_optimization_level": self.options.graph_optimization_level, "providers": actual,
-                     "precision_source": "the graph's operators"},
+                     "provider_options": ran_options, "graph_precision": graph,
+                     "precision_source": "the graph's operators and the options of the provider that ran"},
         )
 
     def profile(self, feeds: list[dict[str, np.ndarray]], runs: int, top: int) -> OpProfile:

@@ -94,13 +94,17 @@ class OpenVinoSession(Session):
     def info(self) -> SessionInfo:
         hint = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         actual, layers, kernels = compute_layers(self.compiled)
+        # A quantized model (FakeQuantize: NNCF's IR, or an ONNX QDQ model as OpenVINO reads it) asks for INT8 compute
+        # layers; the precision option then pins only what stays in float.
+        quantized = any(op.get_type_name() == "FakeQuantize" for op in self.model.get_ordered_ops())
         return SessionInfo(
             runtime="openvino", provider_requested="CPU", provider_actual="CPU",
-            precision_requested=None if self.options.precision == "default" else self.options.precision,
+            precision_requested="int8" if quantized else None if self.options.precision == "default" else self.options.precision,
             precision_actual=actual, threads=int(self.compiled.get_property("INFERENCE_NUM_THREADS")) or "default",
             details={"hint": self.options.hint, "streams": int(self.compiled.get_property("NUM_STREAMS")),
                      "parallel_requests": len(self.queue) if self.queue is not None else 1,
-                     "inference_precision_hint": hint, "compute_layer_precisions": layers, "kernels": kernels,
+                     "inference_precision_hint": hint, "float_precision": self.options.precision,
+                     "compute_layer_precisions": layers, "kernels": kernels,
                      "precision_source": "the compiled model's runtime precision of its compute layers"},
         )
 

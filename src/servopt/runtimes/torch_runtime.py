@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -74,6 +75,8 @@ class TorchSession(Session):
             module = torch.compile(module, mode=mode, dynamic=options.compile_dynamic)
         self.module = module
         self.recompiles = 0
+        self._probe: list | None = None  # the warm-up's inputs: what the precision read-back runs
+        self._ran: dict[str, int] | None = None
 
     def _context(self):
         torch = self.torch
@@ -117,27 +120,49 @@ class TorchSession(Session):
         """Run once; with torch.compile this compiles, and the seconds are reported (they count as cold start)."""
         start = time.perf_counter()
         self.run(feed)
-        return time.perf_counter() - start if self.options.compile else 0.0
+        took = time.perf_counter() - start
+        self._probe = self.prepare(feed)
+        return took if self.options.compile else 0.0
 
-    def _precision(self) -> str:
-        if self.options.quantize_dynamic:
-            return "int8 (dynamic, Linear)"
+    def compute_dtypes(self) -> dict[str, int] | None:
+        """What the module's convolutions and matrix products computed in, op by op, on the warm-up's inputs (None before
+        a warm-up): one eager call under the session's own context (grad mode, autocast), watched below autocast, so a
+        cast, an autocast that did not apply or a quantized kernel shows as what it is. A compiled module is watched
+        through its eager original (the compiled graph is the same computation; watching it would change it)."""
+        if self._ran is None and self._probe is not None:
+            watcher = _compute_watcher(self.torch)()
+            with self._context(), watcher:
+                getattr(self.module, "_orig_mod", self.module)(*self._probe)
+            self._ran = dict(watcher.counts)
+        return self._ran
+
+    def _weights(self) -> str:
         params = [p for p in self.module.parameters() if p.is_floating_point()]
-        dtype = str(params[0].dtype).removeprefix("torch.") if params else "float32"
-        name = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
-        if self.options.autocast and self.dtype is not None:
-            return f"{self.options.dtype} (autocast over {name} weights)"
-        return name
+        return _DTYPES.get(str(params[0].dtype).removeprefix("torch."), "?") if params else "none"
+
+    def _precision(self) -> tuple[str, str]:
+        """(what ran, where that was read from)."""
+        ran, weights = self.compute_dtypes(), self._weights()
+        if not ran:
+            return weights, "the module's parameters (not run yet, or no convolution or matrix product seen)"
+        source = "the dtypes its convolutions and matrix products produced on one input"
+        total, int8 = sum(ran.values()), ran.get("int8", 0)
+        if int8:
+            return f"int8 (dynamic, {int8} of {total} compute ops)", source
+        name = max(ran, key=lambda k: ran[k])
+        return (name if name == weights else f"{name} (computed over {weights} weights)"), source
 
     def info(self) -> SessionInfo:
         torch = self.torch
         mode = f"compile:{self.options.compile}" if self.options.compile else f"eager+{self.options.grad_mode}"
+        actual, source = self._precision()
         return SessionInfo(
             runtime="torch", provider_requested=self.options.device, provider_actual=self.device,
             precision_requested=self.options.dtype if not self.options.quantize_dynamic else "int8",
-            precision_actual=self._precision(), threads=torch.get_num_threads(),
-            details={"mode": mode, "channels_last": self.options.channels_last,
-                     "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision_source": "the module's parameters"},
+            precision_actual=actual, threads=torch.get_num_threads(),
+            details={"mode": mode, "channels_last": self.options.channels_last, "autocast": self.options.autocast,
+                     "cpu_capability": torch.backends.cpu.get_cpu_capability(), "compute_ops": self._ran or {},
+                     "precision_source": source},
         )
 
     def profile(self, feeds: list[dict[str, np.ndarray]], runs: int, top: int) -> OpProfile:
@@ -155,6 +180,39 @@ class TorchSession(Session):
                 times[ev.key] += ev.self_cpu_time_total
                 calls[ev.key] += ev.count
         return top_ops(times, calls, runs, top, "torch.profiler")
+
+
+_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+# Dispatcher-level names of the ops that carry a model's arithmetic (convolutions, matrix products, attention).
+_COMPUTE_OPS = {"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "mkldnn_convolution", "conv_transpose1d",
+                "conv_transpose2d", "conv_transpose3d", "linear", "addmm", "mm", "bmm", "baddbmm", "matmul", "einsum",
+                "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                "_scaled_dot_product_attention_math", "_scaled_dot_product_efficient_attention",
+                "_scaled_dot_product_flash_attention"}
+
+
+@lru_cache(maxsize=1)
+def _compute_watcher(torch):
+    """A dispatch mode that counts the compute ops it sees by the precision they produce (``quantized::`` ops: int8)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ComputeWatcher(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.counts: Counter[str] = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.namespace == "quantized":
+                self.counts["int8"] += 1
+            elif func.overloadpacket.__name__ in _COMPUTE_OPS:
+                first = out[0] if isinstance(out, (tuple, list)) else out
+                if isinstance(first, torch.Tensor):
+                    dtype = str(first.dtype).removeprefix("torch.")
+                    self.counts[_DTYPES.get(dtype, dtype)] += 1
+            return out
+
+    return ComputeWatcher
 
 
 @register_runtime
