@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,7 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from conftest import TinyNet, assert_runs_without, tiny_classifier_onnx
+from conftest import LiveServer, TinyNet, assert_runs_without, tiny_classifier_onnx
 from servopt.cli import app as cli_app
 from servopt.serve.model import from_file
 from servopt.serve.rest import create_app
@@ -37,35 +36,6 @@ def onnx_model(tmp_path_factory) -> Path:
 
 def direct(path: Path, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveServer:
-    def __init__(self, model_path: Path, settings: ServeSettings, name: str = "tiny") -> None:
-        import uvicorn
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.app = create_app({name: from_file(model_path, name)}, settings)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert self.server.started
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -199,27 +169,115 @@ def _metric(url: str, name: str) -> float:
     return float(samples.get(name, 0.0))
 
 
-def test_overload_answers_503_fast_and_recovers(onnx_model):
-    settings = ServeSettings(max_batch=1, max_delay_us=0, max_queue=2)
-    with LiveServer(onnx_model, settings) as s:
-        x = np.zeros((8, 3, 32, 32), np.float32)  # 8 samples > the queue's 2: every one of these is refused at once
-        body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1).tolist()}]}
-        start = time.perf_counter()
-        r = httpx.post(f"{s.url}/v2/models/tiny/infer", json=body, timeout=10)
-        assert r.status_code == 503 and r.headers["Retry-After"] and "overloaded" in r.json()["error"]
-        assert time.perf_counter() - start < 2
+def _samples(n: int = 1) -> dict:
+    return {"inputs": [{"name": "input", "shape": [n, 3, 32, 32], "datatype": "FP32", "data": [0.0] * (3072 * n)}]}
+
+
+def _infer(url: str, n: int = 1, timeout: float = 30) -> httpx.Response:
+    return httpx.post(f"{url}/v2/models/tiny/infer", json=_samples(n), timeout=timeout)
+
+
+def _refusals(s) -> float:
+    return sum(s.metric(f'servopt_refused_total{{reason="{r}"}}') for r in ("expected_wait", "queue_full")) + s.metric("servopt_dropped_total")
+
+
+def test_more_samples_than_the_queue_holds_is_413_and_a_full_queue_503(onnx_model):
+    """A request the queue could never hold is too large (413, no Retry-After: retrying cannot help); a flood of small
+    ones is served or refused at once (503), none hangs, and every refusal is counted."""
+    with LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0, max_queue=2)) as s:
+        r = _infer(s.url, 8, timeout=10)
+        assert r.status_code == 413 and "the queue holds at most 2" in r.json()["error"] and "Retry-After" not in r.headers
+        assert _infer(s.url, 2).status_code == 200
 
         async def flood() -> list[int]:
-            one = {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.0] * 3072}]}
             async with httpx.AsyncClient(timeout=20) as c:
-                rs = await asyncio.gather(*(c.post(f"{s.url}/v2/models/tiny/infer", json=one) for _ in range(64)))
+                rs = await asyncio.gather(*(c.post(f"{s.url}/v2/models/tiny/infer", json=_samples()) for _ in range(64)))
             return [r.status_code for r in rs]
 
         codes = asyncio.run(flood())  # none hangs: gather returns within the client timeout
         assert set(codes) <= {200, 503} and 503 in codes and 200 in codes
-        assert healthy(s.url)
-        ok = httpx.post(f"{s.url}/v2/models/tiny/infer", json={"inputs": [{**body["inputs"][0], "shape": [1, 3, 32, 32], "data": [0.0] * 3072}]})
-        assert ok.status_code == 200
+        assert _refusals(s) == codes.count(503)
+        assert healthy(s.url) and _infer(s.url).status_code == 200
+
+
+def test_a_request_expected_to_wait_past_the_budget_is_refused_at_once(onnx_model):
+    """The model is estimated at 60 s a call and one call is in flight: a new request would wait about a minute,
+    over the 1 s budget, so it is refused before it is read (503 + Retry-After) and never reaches the model."""
+    with LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0, latency_budget_ms=1000)) as s:
+        s.estimate(60.0)
+        held = s.hold()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            first = pool.submit(_infer, s.url)
+            held.wait_for_calls(1)
+            r = _infer(s.url, timeout=10)
+            assert r.status_code == 503, r.text
+            assert "overloaded" in r.json()["error"] and "the latency budget is 1000 ms" in r.json()["error"]
+            assert int(r.headers["Retry-After"]) >= 30  # about the minute the call in flight has left
+            assert s.metric("servopt_expected_wait_seconds") > 30
+            held.release()
+            assert first.result().status_code == 200
+        assert held.calls == [1]
+        assert s.metric('servopt_refused_total{reason="expected_wait"}') == 1
+
+
+def test_requests_expected_to_wait_within_the_budget_are_queued_and_served(onnx_model):
+    with LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0, latency_budget_ms=10_000)) as s:
+        s.estimate(0.001)  # a queue of a few samples is a few ms: well within the budget
+        held = s.hold()
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            first = pool.submit(_infer, s.url)
+            held.wait_for_calls(1)
+            queued = [pool.submit(_infer, s.url) for _ in range(3)]
+            deadline = time.time() + 10
+            while s.batcher().depth < 3 and time.time() < deadline:
+                time.sleep(0.01)
+            assert s.batcher().depth == 3
+            held.release()
+            assert [f.result().status_code for f in (first, *queued)] == [200] * 4
+        assert held.calls == [1, 1, 1, 1] and _refusals(s) == 0
+
+
+def test_a_queued_request_that_waited_past_the_budget_is_dropped_before_it_runs(onnx_model):
+    """Admitted (the estimate said no wait), then held behind a call that overran: once it has waited past the 200 ms
+    budget it is answered 503 instead of being run late."""
+    with LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0, latency_budget_ms=200)) as s:
+        s.estimate(0.001)
+        held = s.hold()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(_infer, s.url)
+            held.wait_for_calls(1)
+            late = pool.submit(_infer, s.url)
+            deadline = time.time() + 10
+            while s.batcher().depth < 1 and time.time() < deadline:
+                time.sleep(0.01)
+            assert s.batcher().depth == 1  # admitted and queued
+            time.sleep(0.3)  # past the budget while the model is still busy
+            held.release()
+            r = late.result()
+            assert r.status_code == 503 and "dropped after waiting" in r.json()["error"] and r.headers["Retry-After"], r.text
+            assert first.result().status_code == 200
+        assert held.calls == [1]  # the dropped request never ran
+        assert s.metric("servopt_dropped_total") == 1 and s.metric('servopt_refused_total{reason="expected_wait"}') == 0
+
+
+def test_a_chunked_multipart_upload_is_capped(server):
+    """No Content-Length to refuse up front: the body is counted as it arrives and refused past --max-body-mb (1 MB
+    here), instead of the multipart parser spooling any size of file part."""
+    boundary = "servopt-test-boundary"
+
+    def body():
+        yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x.png\"\r\n"
+               "Content-Type: image/png\r\n\r\n").encode()
+        for _ in range(24):
+            yield b"\0" * 65536  # 1.5 MB
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    r = httpx.post(f"{server.url}/v2/models/tiny/classify", content=body(),
+                   headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}, timeout=30)
+    assert r.status_code == 413 and "over the 1048576-byte limit" in r.json()["error"], r.text
+    small = httpx.post(f"{server.url}/v2/models/tiny/classify", content=iter([_png()]), headers={"Content-Type": "image/png"})
+    assert small.status_code == 200, small.text  # a chunked body under the limit is read as before
+    assert healthy(server.url)
 
 
 def test_bearer_token(onnx_model):

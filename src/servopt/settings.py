@@ -4,7 +4,9 @@ variables, overridden by the command line (which passes only what the user typed
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -18,7 +20,10 @@ class ServeSettings(BaseSettings):
     grpc_port: int | None = None  # the OIP v2 gRPC service, off unless asked
     max_batch: int = 32  # largest merged batch
     max_delay_us: int = 2000  # how long a request may wait to be batched
-    max_queue: int = 256  # samples allowed to wait; past it 503 / RESOURCE_EXHAUSTED
+    max_queue: int = 256  # samples allowed to wait (a memory bound); past it 503, a request larger than it 413
+    # The longest a request may wait for its model call: a request expected to wait longer is refused at once (503 +
+    # Retry-After), a queued one that waited longer is dropped (503). 0: no bound on the wait, only max_queue.
+    latency_budget_ms: float = Field(default=1000.0, ge=0)
     batching: bool = True
     instances: int | None = None  # model instances (default: from the target's objective)
     threads: int | None = None  # intra-op threads per instance

@@ -51,9 +51,14 @@ class ServedModel:
         from servopt.runtimes.base import open_session
 
         self.sessions = [open_session(self.artifact, self.runtime, options) for _ in range(max(1, self.instances))]
-        warm = {t.name: np.zeros(t.concrete_shape(1, {d: 8 for d in t.named_dims}), dtype=t.dtype) for t in self.spec.inputs}
+        warm = self.warm_feed(1)
         for s in self.sessions:
             s.run(warm)
+
+    def warm_feed(self, batch: int = 1) -> dict[str, np.ndarray]:
+        """Zeros shaped as the model's inputs (named dynamic axes 8 long): what loading runs once per session, and the
+        data plane times once to seed its service-time estimate."""
+        return {t.name: np.zeros(t.concrete_shape(batch, {d: 8 for d in t.named_dims}), dtype=t.dtype) for t in self.spec.inputs}
 
     @property
     def output_name(self) -> str:
