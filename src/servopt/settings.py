@@ -14,6 +14,8 @@ class ServeSettings(BaseSettings):
     """``servopt serve`` and what ``servopt package`` writes into a deployable (``SERVOPT_MAX_BATCH=64`` …)."""
 
     model_config = SettingsConfigDict(env_prefix="SERVOPT_", extra="ignore")
+    # Where and how this server is reached (and its secret): chosen where it is deployed, never written into a package.
+    DEPLOYMENT: ClassVar[frozenset[str]] = frozenset({"host", "port", "grpc_port", "api_key"})
 
     host: str = "127.0.0.1"  # bind address; 127.0.0.1 unless you mean to expose it
     port: int = 8000
@@ -35,6 +37,11 @@ class ServeSettings(BaseSettings):
     max_padding: float | None = 0.25  # text models: a merged batch is split into model calls padding at most this share
     api_key: str | None = None  # SERVOPT_API_KEY: require 'Authorization: Bearer KEY'
     limit_concurrency: int | None = None  # uvicorn's limit on connections + requests in progress
+
+    def packaged(self) -> dict[str, Any]:
+        """What ``servopt package`` records in a manifest: every setting but the deployment's own (``DEPLOYMENT``), so
+        a new setting travels with packages without a second list to keep."""
+        return self.model_dump(exclude=set(self.DEPLOYMENT))
 
 
 class OptimizeSettings(BaseSettings):
