@@ -468,3 +468,54 @@ def test_a_torch_variant_serves_only_sources_that_load_without_unpickling():
     assert "pickle" in torch_rt.serving_refusal(ref("state_dict", trust=True))
     assert {"transformers", "safetensors"} <= set(torch_rt.serving_requirements(ref("hf_encoder")))
     assert "transformers" not in torch_rt.serving_requirements(ref("state_dict"))
+
+
+def test_service_time_fits_the_cost_of_a_call():
+    """The estimate admission reads: a line through calls of different sizes (fixed + per unit), the origin line when
+    every call has one size, and a seed that real calls replace at once."""
+    from servopt.serve.batcher import ServiceTime
+
+    line = ServiceTime()
+    for n in (1, 4, 8, 16, 32, 32, 8, 1):
+        line.observe(n, 0.005 + 0.003 * n)
+    fixed, per_unit = line.line()
+    assert fixed == pytest.approx(0.005, rel=1e-6) and per_unit == pytest.approx(0.003, rel=1e-6)
+    assert line.seconds(64, calls=2) == pytest.approx(2 * 0.005 + 64 * 0.003, rel=1e-6)
+
+    full = ServiceTime()
+    for _ in range(5):
+        full.observe(32, 0.2)
+    assert full.line() == (0.0, pytest.approx(0.2 / 32)) and full.seconds(256, calls=8) == pytest.approx(1.6)
+
+    seeded = ServiceTime()
+    seeded.observe(1, 0.02)  # the seed: one sample alone, 20 ms (read as 20 ms a sample: 640 ms for 32)
+    assert seeded.seconds(32) == pytest.approx(0.64)
+    for _ in range(3):
+        seeded.observe(32, 0.32)  # then real batches: 10 ms a sample
+    assert seeded.seconds(32) == pytest.approx(0.32)
+    assert ServiceTime().seconds(100) == 0.0 and ServiceTime().line() is None
+
+
+def test_expected_wait_counts_the_call_in_flight_and_the_queued_calls():
+    """Without a server: one instance busy with a call estimated at 100 ms of which 40 ms have run, 40 samples queued at
+    10 ms each in batches of 32 (2 calls of 5 ms fixed): 60 + 400 + 10 ms."""
+    from servopt.serve.batcher import DynamicBatcher, Overloaded, ServiceTime, _Pending
+
+    service = ServiceTime()
+    for n in (1, 32):
+        service.observe(n, 0.005 + 0.010 * n)
+    b = DynamicBatcher([lambda feed: feed["x"]], max_batch=32, max_queue=256, latency_budget_s=1.0, service=service)
+    assert b.expected_wait(now=0.0) == 0.0  # an idle instance and nothing queued
+    b._running[0] = (9, 1, 0.0)  # a call of 9 units: 95 ms estimated, started at t=0
+    for _ in range(40):
+        b.queue.append(_Pending({"x": np.zeros((1, 1))}, 1, None))  # type: ignore[arg-type]
+        b.queued_samples += 1
+        b.queued_units += 1
+    assert b.expected_wait(now=0.040) == pytest.approx((0.095 - 0.040) + 2 * 0.005 + 40 * 0.010)
+    b._running[0] = (9, 1, time.perf_counter())  # the same call, starting now: 95 + 410 ms
+    b.budget = 0.5  # 80 % of it is 400 ms: a ~505 ms wait is refused, and says when to come back
+    with pytest.raises(Overloaded, match=r"would wait about 50\d ms; the latency budget is 500 ms") as e:
+        b.admit(1)
+    assert e.value.kind == "expected_wait" and e.value.retry_after == pytest.approx(0.105, abs=0.01)
+    b.budget = 1.0
+    b.admit(1)  # 505 ms is within 80 % of a second
