@@ -22,7 +22,6 @@ import asyncio
 import io
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,18 +36,16 @@ from PIL import Image
 from servopt.bench.protocol import Protocol, measure_batch
 from servopt.data.dataset import Dataset
 from servopt.optimize.rundir import load_run
+from servopt.serve.harness import ServerProcess, free_port
 from servopt.serve.loadtest import run_loadtest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
+    """Another app (the tutorial's) in its own process, ready when its /docs answers; `servopt serve` runs in the
+    package's own harness (``ServerProcess``)."""
+
     def __init__(self, cmd: list[str], port: int) -> None:
         self.port, self.url = port, f"http://127.0.0.1:{port}"
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -64,7 +61,7 @@ class Server:
             raise RuntimeError(f"server did not start: {self.proc.stderr.read().decode()[-2000:] if self.proc.stderr else ''}")
         self.ps = psutil.Process(self.proc.pid)
 
-    def cpu_s(self) -> float:
+    def cpu_seconds(self) -> float:
         t = self.ps.cpu_times()
         return t.user + t.system
 
@@ -76,9 +73,8 @@ class Server:
 SERVER_ARGS: list[str] = []
 
 
-def servopt_server(model: Path, port: int, *extra: str) -> Server:
-    return Server([sys.executable, "-m", "servopt", "serve", str(model), "--name", "demo", "--port", str(port), *extra, *SERVER_ARGS],
-                  port)
+def servopt_server(model: Path, *extra: str) -> ServerProcess:
+    return ServerProcess(model, "--name", "demo", *extra, *SERVER_ARGS)
 
 
 def load(url: str, model: str, seconds: float, **kw) -> tuple[dict, float]:
@@ -157,14 +153,13 @@ def main() -> None:
 
 
 def efficiency(model: Path, data: Dataset, args, out: dict) -> float:
-    port = free_port()
-    srv = servopt_server(model, port, "--max-batch", "32", "--max-delay-us", "2000", "--max-queue", "512")
+    srv = servopt_server(model, "--max-batch", "32", "--max-delay-us", "2000", "--max-queue", "512")
     ratios, rows = [], []
     for r in range(args.rounds):
         off = offline_throughput(model, data, args.seconds / 2)
-        c0 = srv.cpu_s()
+        c0 = srv.cpu_seconds()
         step, client_cpu = load(srv.url, "demo", args.seconds, concurrency=[32])
-        server_cpu = srv.cpu_s() - c0
+        server_cpu = srv.cpu_seconds() - c0
         served = step["throughput_rps"]
         ratios.append(served / off)
         rows.append({"offline_ips": off, "served_ips": served, "p99_ms": step["latency_ms"]["p99"],
@@ -186,7 +181,7 @@ def versus_tutorial(model: Path, data: Dataset, args, out: dict) -> None:
     config = json.loads((args.run / "config.json").read_text())
     baselines = {"tutorial app, PyTorch eager (as written)": [config["model"], "--arch", args.torch_arch],
                  "tutorial app, same ONNX model": [str(model)]}
-    ours = servopt_server(model, free_port(), "--max-batch", "32", "--max-delay-us", "2000", "--max-queue", "512")
+    ours = servopt_server(model, "--max-batch", "32", "--max-delay-us", "2000", "--max-queue", "512")
     out["vs_tutorial"] = {}
     for label, app_args in baselines.items():
         port = free_port()
@@ -208,7 +203,7 @@ def versus_tutorial(model: Path, data: Dataset, args, out: dict) -> None:
 
 
 def open_loop(model: Path, args, out: dict, max_rate: float) -> None:
-    srv = servopt_server(model, free_port(), "--max-batch", "32", "--max-delay-us", "2000", "--max-queue", "64")
+    srv = servopt_server(model, "--max-batch", "32", "--max-delay-us", "2000", "--max-queue", "64")
     out["open_loop"] = []
     for share in (0.5, 0.9, 2.0):
         step, _ = load(srv.url, "demo", args.seconds, rate=[max_rate * share], distribution="poisson")
@@ -225,8 +220,8 @@ def open_loop(model: Path, args, out: dict, max_rate: float) -> None:
 
 
 def batching_cost(model: Path, args, out: dict) -> None:
-    on = servopt_server(model, free_port(), "--max-batch", "32", "--max-delay-us", "2000")
-    off = servopt_server(model, free_port(), "--no-batching")
+    on = servopt_server(model, "--max-batch", "32", "--max-delay-us", "2000")
+    off = servopt_server(model, "--no-batching")
     pairs = []
     for r in range(args.rounds):
         a, _ = load(on.url, "demo", args.seconds / 2, concurrency=[1])

@@ -13,6 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from servopt.serve.harness import free_port
+
+__all__ = ["free_port"]  # re-exported: the tests' one free_port is the package's
+
 _SANDBOX = Path(tempfile.mkdtemp(prefix="servopt-tests-"))
 for var, sub in (("HOME", "home"), ("XDG_CACHE_HOME", "cache"), ("TMPDIR", "tmp"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
     (_SANDBOX / sub).mkdir(parents=True, exist_ok=True)
@@ -95,40 +99,126 @@ def rng_images(n: int = 4) -> np.ndarray:
     return np.random.default_rng(0).standard_normal((n, 3, 32, 32)).astype(np.float32)
 
 
-def free_port() -> int:
-    import socket
+class HeldModel:
+    """A session whose calls wait until ``release()`` (the batcher calls ``session.run`` at call time), counting the
+    samples of each call: a model whose call time the test controls, instead of a real model's speed."""
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    def __init__(self, session) -> None:
+        import threading
+
+        self.session, self.run, self.released = session, session.run, threading.Event()
+        self.calls: list[int] = []
+        session.run = self._held
+
+    def _held(self, feed):
+        self.calls.append(len(next(iter(feed.values()))))
+        self.released.wait(30)
+        return self.run(feed)
+
+    def wait_for_calls(self, n: int, timeout_s: float = 10.0) -> None:
+        import time
+
+        deadline = time.time() + timeout_s
+        while len(self.calls) < n and time.time() < deadline:
+            time.sleep(0.01)
+        assert len(self.calls) >= n, f"{len(self.calls)} model calls, {n} expected"
+
+    def release(self) -> None:
+        self.released.set()
 
 
-class Running:
-    """An ASGI app served by uvicorn in a thread on a free loopback port (``with Running(app) as url: …``)."""
+class LiveServer:
+    """The one live-server harness of the tests: the server in this process on free loopback ports, REST by uvicorn in
+    a thread, and with ``grpc=True`` the gRPC front end on the same data plane (its port chosen by the server).
 
-    def __init__(self, app) -> None:
+    ``model`` is a model file (served as ``name``, with ``parameters`` in its metadata) or a ready ``DataPlane``.
+    ``with LiveServer(...) as s:`` waits until uvicorn has started (the lifespan loads the model and starts the
+    batchers and gRPC first) and shuts down gracefully on the way out, as SIGTERM does."""
+
+    def __init__(self, model, settings=None, name: str = "tiny", grpc: bool = False, parameters: dict | None = None) -> None:
         import threading
 
         import uvicorn
 
+        from servopt.serve.dataplane import DataPlane
+        from servopt.serve.grpc_server import GrpcFrontend
+        from servopt.serve.model import from_file
+        from servopt.serve.rest import create_app
+        from servopt.settings import ServeSettings
+
+        if isinstance(model, DataPlane):
+            self.plane = model
+        else:
+            served = from_file(Path(model), name)
+            served.parameters = parameters or {}
+            self.plane = DataPlane({name: served}, settings or ServeSettings())
+        self.frontend = GrpcFrontend(self.plane, "127.0.0.1", 0) if grpc else None
+        self.app = create_app(self.plane, frontends=[self.frontend] if self.frontend else [])
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def __enter__(self) -> Running:
+    @property
+    def grpc_port(self) -> int | None:
+        return self.frontend.port if self.frontend else None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def __enter__(self) -> LiveServer:
         import time
 
         self.thread.start()
         deadline = time.time() + 60
-        while not self.server.started and time.time() < deadline:
+        while not self.server.started and time.time() < deadline and self.thread.is_alive():
             time.sleep(0.05)
         assert self.server.started, "the server did not start"
+        if self.frontend:
+            import grpc
+
+            from servopt.serve.proto import grpc_service_pb2_grpc as pb_grpc
+
+            self.channel = grpc.insecure_channel(self.grpc_url)
+            self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.frontend:
+            self.channel.close()
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+    def batcher(self, name: str = "tiny"):
+        return self.plane.batchers[name]
+
+    def estimate(self, seconds_per_unit: float, name: str = "tiny") -> None:
+        """Make the batcher's service-time estimate (what admission by expected wait reads) ``seconds_per_unit`` a
+        sample: tests decide the estimate instead of timing a real model."""
+        from servopt.serve.batcher import ServiceTime
+
+        service = ServiceTime()
+        service.observe(1, seconds_per_unit)
+        self.batcher(name).service = service
+
+    def hold(self, name: str = "tiny") -> HeldModel:
+        """Hold model ``name``'s first session inside each call until released (``HeldModel``)."""
+        return HeldModel(self.plane.models[name].sessions[0])
+
+    def triton(self):
+        """tritonclient's gRPC client on this server."""
+        import tritonclient.grpc as tc
+
+        return tc.InferenceServerClient(url=self.grpc_url)
+
+    def metric(self, name: str) -> float:
+        """One sample of the Prometheus exposition, by its full name (labels included); 0 when absent."""
+        import httpx
+
+        samples = dict(line.rsplit(" ", 1) for line in httpx.get(f"{self.url}/metrics").text.splitlines()
+                       if line and not line.startswith("#"))
+        return float(samples.get(name, 0.0))
 
 
 def assert_runs_without(module: str, code: str, cwd: Path | None = None) -> None:

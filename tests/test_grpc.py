@@ -5,8 +5,6 @@ the generated code against the .proto and against tritonclient's own field numbe
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,13 +16,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from conftest import assert_runs_without, tiny_classifier_onnx
-from servopt.serve.dataplane import DataPlane
-from servopt.serve.grpc_server import GrpcFrontend
-from servopt.serve.model import from_file
+from conftest import LiveServer, assert_runs_without, tiny_classifier_onnx
 from servopt.serve.proto import grpc_service_pb2 as pb
-from servopt.serve.proto import grpc_service_pb2_grpc as pb_grpc
-from servopt.serve.rest import create_app
 from servopt.settings import ServeSettings
 
 LABELS = ["cat", "dog", "fish"]
@@ -41,64 +34,10 @@ def direct(path: Path, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Stack:
-    """REST (uvicorn in a thread, as test_serve's LiveServer) and gRPC (port chosen by the server) on one data plane."""
-
-    def __init__(self, model_path: Path, settings: ServeSettings, parameters: dict | None = None) -> None:
-        import uvicorn
-
-        model = from_file(model_path, "tiny")
-        model.parameters = parameters or {}
-        self.plane = DataPlane({"tiny": model}, settings)
-        self.frontend = GrpcFrontend(self.plane, "127.0.0.1", 0)
-        self.app = create_app(self.plane, frontends=[self.frontend])
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.frontend.port}"
-
-    def __enter__(self) -> Stack:
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert self.server.started and self.frontend.port
-        self.channel = grpc.insecure_channel(self.grpc_url)
-        self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.channel.close()
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-    def triton(self):
-        import tritonclient.grpc as tc
-
-        return tc.InferenceServerClient(url=self.grpc_url)
-
-    def metric(self, name: str) -> float:
-        samples = dict(line.rsplit(" ", 1) for line in httpx.get(f"{self.url}/metrics").text.splitlines()
-                       if line and not line.startswith("#"))
-        return float(samples.get(name, 0.0))
-
-
 @pytest.fixture(scope="module")
 def stack(onnx_model):
     settings = ServeSettings(max_batch=16, max_delay_us=20_000, max_body_mb=1.0)
-    with Stack(onnx_model, settings, parameters={"variant": "ort-fp32", "rank": 1}) as s:
+    with LiveServer(onnx_model, settings, grpc=True, parameters={"variant": "ort-fp32", "rank": 1}) as s:
         yield s
 
 
@@ -246,19 +185,65 @@ def test_tritonclient_sees_invalid_argument_and_metrics_stay_bounded(stack):
     assert not {code for _, code in grpc_labels} & {"INTERNAL", "UNKNOWN"}, grpc_labels
 
 
-def test_full_queue_is_resource_exhausted_and_recovers(onnx_model):
-    with Stack(onnx_model, ServeSettings(max_batch=1, max_delay_us=0, max_queue=2)) as s:
+def test_too_many_samples_and_a_full_queue_are_resource_exhausted(onnx_model):
+    """More samples than the queue holds: RESOURCE_EXHAUSTED naming the limit, no retry-after (a smaller request is the
+    fix). A full queue: RESOURCE_EXHAUSTED saying so, with retry-after. Then it serves again."""
+    with LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0, max_queue=2), grpc=True) as s:
         with pytest.raises(grpc.RpcError) as e:
             s.stub.ModelInfer(request(np.zeros((8, 3, 32, 32), np.float32)), timeout=10)  # 8 samples > the queue's 2
-        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "overloaded" in e.value.details()
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "the queue holds at most 2" in e.value.details()
+        assert "retry-after" not in dict(e.value.trailing_metadata())
+        s.estimate(0.001)
+        held = s.hold()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(s.stub.ModelInfer, request(), timeout=30)
+            held.wait_for_calls(1)
+            queued = pool.submit(s.stub.ModelInfer, request(np.zeros((2, 3, 32, 32), np.float32)), timeout=30)
+            deadline = time.time() + 10
+            while s.batcher().depth < 2 and time.time() < deadline:
+                time.sleep(0.01)
+            with pytest.raises(grpc.RpcError) as e:
+                s.stub.ModelInfer(request(), timeout=10)
+            held.release()
+            assert len(first.result().raw_output_contents[0]) == 12 and len(queued.result().raw_output_contents[0]) == 24
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "the queue is full" in e.value.details()
         assert ("retry-after", "1") in tuple(e.value.trailing_metadata())
+        assert s.metric('servopt_refused_total{reason="queue_full"}') == 1
         assert len(s.stub.ModelInfer(request(), timeout=10).raw_output_contents[0]) == 12
+
+
+def test_over_the_latency_budget_is_resource_exhausted_with_retry_after(onnx_model):
+    """Admission by expected wait on gRPC: refused before the tensors are decoded when the wait would pass the budget;
+    dropped when a queued call has waited past it. Both RESOURCE_EXHAUSTED with a message saying why."""
+    with LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0, latency_budget_ms=200), grpc=True) as s:
+        s.estimate(0.001)
+        held = s.hold()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(s.stub.ModelInfer, request(), timeout=30)
+            held.wait_for_calls(1)
+            late = pool.submit(s.stub.ModelInfer, request(), timeout=30)
+            deadline = time.time() + 10
+            while s.batcher().depth < 1 and time.time() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)  # the queued call is past the 200 ms budget now
+            s.estimate(60.0)  # the model is now estimated at a minute a call
+            with pytest.raises(grpc.RpcError) as refused:
+                s.stub.ModelInfer(request(), timeout=10)
+            held.release()
+            assert len(first.result().raw_output_contents[0]) == 12
+            with pytest.raises(grpc.RpcError) as dropped:
+                late.result()
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "latency budget is 200 ms" in refused.value.details()
+        assert int(dict(refused.value.trailing_metadata())["retry-after"]) >= 30
+        assert dropped.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "dropped after waiting" in dropped.value.details()
+        assert held.calls == [1]
+        assert s.metric('servopt_refused_total{reason="expected_wait"}') == 1 and s.metric("servopt_dropped_total") == 1
 
 
 def test_bearer_token(onnx_model):
     from tritonclient.utils import InferenceServerException
 
-    with Stack(onnx_model, ServeSettings(api_key="s3cret")) as s:
+    with LiveServer(onnx_model, ServeSettings(api_key="s3cret"), grpc=True) as s:
         client = s.triton()
         assert client.is_server_live() and client.is_server_ready()  # health needs no token
         with pytest.raises(InferenceServerException) as e:
@@ -281,7 +266,7 @@ def test_bearer_token(onnx_model):
 
 def test_rest_and_grpc_requests_share_one_batcher(onnx_model):
     """While the model is busy, a REST and a gRPC request queue up; they are run as one batch of 2."""
-    with Stack(onnx_model, ServeSettings(max_batch=16, max_delay_us=50_000)) as s:
+    with LiveServer(onnx_model, ServeSettings(max_batch=16, max_delay_us=50_000), grpc=True) as s:
         session = s.plane.models["tiny"].sessions[0]
         fast_run, release, sizes = session.run, threading.Event(), []
 
@@ -344,7 +329,7 @@ def test_concurrent_rest_and_grpc_answers_go_to_the_right_caller(stack, onnx_mod
 
 
 def test_graceful_shutdown_finishes_in_flight_grpc_calls(onnx_model):
-    s = Stack(onnx_model, ServeSettings(max_batch=4, max_delay_us=0)).__enter__()
+    s = LiveServer(onnx_model, ServeSettings(max_batch=4, max_delay_us=0), grpc=True).__enter__()
     session = s.plane.models["tiny"].sessions[0]
     fast_run = session.run
     session.run = lambda feed: (time.sleep(1.0), fast_run(feed))[1]
@@ -367,31 +352,22 @@ def test_graceful_shutdown_finishes_in_flight_grpc_calls(onnx_model):
 def test_serve_cli_answers_tritonclient_grpc(onnx_model):
     import tritonclient.grpc as tc
 
-    port, grpc_port = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "servopt", "serve", str(onnx_model), "--port", str(port),
-                             "--grpc-port", str(grpc_port), "--max-delay-us", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    from servopt.serve.harness import ServerProcess
+
+    server = ServerProcess(onnx_model, "--max-delay-us", "0", grpc=True)
     try:
-        client = tc.InferenceServerClient(url=f"127.0.0.1:{grpc_port}")
-        deadline = time.time() + 60
-        while True:
-            try:
-                if client.is_server_ready():
-                    break
-            except Exception:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise
-            time.sleep(0.1)
+        client = tc.InferenceServerClient(url=server.grpc_url)
+        assert client.is_server_ready()
         x = np.random.default_rng(6).standard_normal((2, 3, 32, 32)).astype(np.float32)
         inp = tc.InferInput("input", list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
         np.testing.assert_allclose(client.infer("tiny", [inp]).as_numpy("logits"), direct(onnx_model, x), rtol=1e-4, atol=1e-5)
     finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        code = server.stop()
+        out = server.output()
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal: -SIGTERM is a clean exit here.
-    assert proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in out, out
-    assert f"gRPC on 127.0.0.1:{grpc_port}" in " ".join(out.split())  # rich may wrap the line
+    assert code in (0, -signal.SIGTERM) and "Traceback" not in out, out
+    assert f"gRPC on 127.0.0.1:{server.grpc_port}" in " ".join(out.split())  # rich may wrap the line
 
 
 def test_serving_with_grpc_never_imports_torch(onnx_model):
@@ -466,17 +442,21 @@ def test_field_numbers_match_tritonclient():
 
 # --- the codec and the status mapping, without a server -------------------------------------------------------------
 
-@pytest.mark.parametrize(("status", "message", "code"), [
-    (400, "bad", "INVALID_ARGUMENT"), (415, "not an image", "INVALID_ARGUMENT"), (418, "odd", "INVALID_ARGUMENT"),
-    (401, "token", "UNAUTHENTICATED"), (404, "unknown model", "NOT_FOUND"), (413, "too large", "RESOURCE_EXHAUSTED"),
-    (503, "overloaded: queue full", "RESOURCE_EXHAUSTED"), (503, "the server is not ready", "UNAVAILABLE"),
-    (504, "took longer", "DEADLINE_EXCEEDED"), (500, "bug", "INTERNAL"),
-])
-def test_status_codes(status, message, code):
-    from servopt.serve.grpc_server import status_code
-    from servopt.serve.protocol import BadRequest
+def test_every_reason_has_a_status_code():
+    """REST and gRPC map the same reasons, and gRPC never reads the message to choose a code."""
+    from servopt.serve.grpc_server import GRPC_CODE, status_code
+    from servopt.serve.protocol import HTTP_STATUS, BadRequest, Reason
 
-    assert status_code(BadRequest(message, status=status)).name == code
+    assert set(GRPC_CODE) == set(HTTP_STATUS) == set(Reason)
+    expected = {Reason.INVALID: (400, "INVALID_ARGUMENT"), Reason.UNAUTHENTICATED: (401, "UNAUTHENTICATED"),
+                Reason.NOT_FOUND: (404, "NOT_FOUND"), Reason.TOO_LARGE: (413, "RESOURCE_EXHAUSTED"),
+                Reason.UNSUPPORTED_MEDIA: (415, "INVALID_ARGUMENT"), Reason.OVERLOADED: (503, "RESOURCE_EXHAUSTED"),
+                Reason.UNAVAILABLE: (503, "UNAVAILABLE"), Reason.TIMEOUT: (504, "DEADLINE_EXCEEDED")}
+    for reason, (http, code) in expected.items():
+        error = BadRequest("overloaded: the words do not matter", reason)
+        assert (error.status, status_code(error).name) == (http, code), reason
+    assert BadRequest("x", Reason.OVERLOADED, retry_after=2.2).headers == {"Retry-After": "3"}
+    assert BadRequest("x", Reason.TOO_LARGE, close=True).headers == {"Connection": "close"}
 
 
 def test_decode_every_datatype_typed_and_raw():

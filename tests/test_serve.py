@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,7 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from conftest import TinyNet, assert_runs_without, tiny_classifier_onnx
+from conftest import LiveServer, TinyNet, assert_runs_without, tiny_classifier_onnx
 from servopt.cli import app as cli_app
 from servopt.serve.model import from_file
 from servopt.serve.rest import create_app
@@ -37,35 +36,6 @@ def onnx_model(tmp_path_factory) -> Path:
 
 def direct(path: Path, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveServer:
-    def __init__(self, model_path: Path, settings: ServeSettings, name: str = "tiny") -> None:
-        import uvicorn
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.app = create_app({name: from_file(model_path, name)}, settings)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert self.server.started
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -199,27 +169,115 @@ def _metric(url: str, name: str) -> float:
     return float(samples.get(name, 0.0))
 
 
-def test_overload_answers_503_fast_and_recovers(onnx_model):
-    settings = ServeSettings(max_batch=1, max_delay_us=0, max_queue=2)
-    with LiveServer(onnx_model, settings) as s:
-        x = np.zeros((8, 3, 32, 32), np.float32)  # 8 samples > the queue's 2: every one of these is refused at once
-        body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1).tolist()}]}
-        start = time.perf_counter()
-        r = httpx.post(f"{s.url}/v2/models/tiny/infer", json=body, timeout=10)
-        assert r.status_code == 503 and r.headers["Retry-After"] and "overloaded" in r.json()["error"]
-        assert time.perf_counter() - start < 2
+def _samples(n: int = 1) -> dict:
+    return {"inputs": [{"name": "input", "shape": [n, 3, 32, 32], "datatype": "FP32", "data": [0.0] * (3072 * n)}]}
+
+
+def _infer(url: str, n: int = 1, timeout: float = 30) -> httpx.Response:
+    return httpx.post(f"{url}/v2/models/tiny/infer", json=_samples(n), timeout=timeout)
+
+
+def _refusals(s) -> float:
+    return sum(s.metric(f'servopt_refused_total{{reason="{r}"}}') for r in ("expected_wait", "queue_full")) + s.metric("servopt_dropped_total")
+
+
+def test_more_samples_than_the_queue_holds_is_413_and_a_full_queue_503(onnx_model):
+    """A request the queue could never hold is too large (413, no Retry-After: retrying cannot help); a flood of small
+    ones is served or refused at once (503), none hangs, and every refusal is counted."""
+    with LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0, max_queue=2)) as s:
+        r = _infer(s.url, 8, timeout=10)
+        assert r.status_code == 413 and "the queue holds at most 2" in r.json()["error"] and "Retry-After" not in r.headers
+        assert _infer(s.url, 2).status_code == 200
 
         async def flood() -> list[int]:
-            one = {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.0] * 3072}]}
             async with httpx.AsyncClient(timeout=20) as c:
-                rs = await asyncio.gather(*(c.post(f"{s.url}/v2/models/tiny/infer", json=one) for _ in range(64)))
+                rs = await asyncio.gather(*(c.post(f"{s.url}/v2/models/tiny/infer", json=_samples()) for _ in range(64)))
             return [r.status_code for r in rs]
 
         codes = asyncio.run(flood())  # none hangs: gather returns within the client timeout
         assert set(codes) <= {200, 503} and 503 in codes and 200 in codes
-        assert healthy(s.url)
-        ok = httpx.post(f"{s.url}/v2/models/tiny/infer", json={"inputs": [{**body["inputs"][0], "shape": [1, 3, 32, 32], "data": [0.0] * 3072}]})
-        assert ok.status_code == 200
+        assert _refusals(s) == codes.count(503)
+        assert healthy(s.url) and _infer(s.url).status_code == 200
+
+
+def test_a_request_expected_to_wait_past_the_budget_is_refused_at_once(onnx_model):
+    """The model is estimated at 60 s a call and one call is in flight: a new request would wait about a minute,
+    over the 1 s budget, so it is refused before it is read (503 + Retry-After) and never reaches the model."""
+    with LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0, latency_budget_ms=1000)) as s:
+        s.estimate(60.0)
+        held = s.hold()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            first = pool.submit(_infer, s.url)
+            held.wait_for_calls(1)
+            r = _infer(s.url, timeout=10)
+            assert r.status_code == 503, r.text
+            assert "overloaded" in r.json()["error"] and "the latency budget is 1000 ms" in r.json()["error"]
+            assert int(r.headers["Retry-After"]) >= 30  # about the minute the call in flight has left
+            assert s.metric("servopt_expected_wait_seconds") > 30
+            held.release()
+            assert first.result().status_code == 200
+        assert held.calls == [1]
+        assert s.metric('servopt_refused_total{reason="expected_wait"}') == 1
+
+
+def test_requests_expected_to_wait_within_the_budget_are_queued_and_served(onnx_model):
+    with LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0, latency_budget_ms=10_000)) as s:
+        s.estimate(0.001)  # a queue of a few samples is a few ms: well within the budget
+        held = s.hold()
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            first = pool.submit(_infer, s.url)
+            held.wait_for_calls(1)
+            queued = [pool.submit(_infer, s.url) for _ in range(3)]
+            deadline = time.time() + 10
+            while s.batcher().depth < 3 and time.time() < deadline:
+                time.sleep(0.01)
+            assert s.batcher().depth == 3
+            held.release()
+            assert [f.result().status_code for f in (first, *queued)] == [200] * 4
+        assert held.calls == [1, 1, 1, 1] and _refusals(s) == 0
+
+
+def test_a_queued_request_that_waited_past_the_budget_is_dropped_before_it_runs(onnx_model):
+    """Admitted (the estimate said no wait), then held behind a call that overran: once it has waited past the 200 ms
+    budget it is answered 503 instead of being run late."""
+    with LiveServer(onnx_model, ServeSettings(max_batch=1, max_delay_us=0, latency_budget_ms=200)) as s:
+        s.estimate(0.001)
+        held = s.hold()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(_infer, s.url)
+            held.wait_for_calls(1)
+            late = pool.submit(_infer, s.url)
+            deadline = time.time() + 10
+            while s.batcher().depth < 1 and time.time() < deadline:
+                time.sleep(0.01)
+            assert s.batcher().depth == 1  # admitted and queued
+            time.sleep(0.3)  # past the budget while the model is still busy
+            held.release()
+            r = late.result()
+            assert r.status_code == 503 and "dropped after waiting" in r.json()["error"] and r.headers["Retry-After"], r.text
+            assert first.result().status_code == 200
+        assert held.calls == [1]  # the dropped request never ran
+        assert s.metric("servopt_dropped_total") == 1 and s.metric('servopt_refused_total{reason="expected_wait"}') == 0
+
+
+def test_a_chunked_multipart_upload_is_capped(server):
+    """No Content-Length to refuse up front: the body is counted as it arrives and refused past --max-body-mb (1 MB
+    here), instead of the multipart parser spooling any size of file part."""
+    boundary = "servopt-test-boundary"
+
+    def body():
+        yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x.png\"\r\n"
+               "Content-Type: image/png\r\n\r\n").encode()
+        for _ in range(24):
+            yield b"\0" * 65536  # 1.5 MB
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    r = httpx.post(f"{server.url}/v2/models/tiny/classify", content=body(),
+                   headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}, timeout=30)
+    assert r.status_code == 413 and "over the 1048576-byte limit" in r.json()["error"], r.text
+    small = httpx.post(f"{server.url}/v2/models/tiny/classify", content=iter([_png()]), headers={"Content-Type": "image/png"})
+    assert small.status_code == 200, small.text  # a chunked body under the limit is read as before
+    assert healthy(server.url)
 
 
 def test_bearer_token(onnx_model):
@@ -410,3 +468,54 @@ def test_a_torch_variant_serves_only_sources_that_load_without_unpickling():
     assert "pickle" in torch_rt.serving_refusal(ref("state_dict", trust=True))
     assert {"transformers", "safetensors"} <= set(torch_rt.serving_requirements(ref("hf_encoder")))
     assert "transformers" not in torch_rt.serving_requirements(ref("state_dict"))
+
+
+def test_service_time_fits_the_cost_of_a_call():
+    """The estimate admission reads: a line through calls of different sizes (fixed + per unit), the origin line when
+    every call has one size, and a seed that real calls replace at once."""
+    from servopt.serve.batcher import ServiceTime
+
+    line = ServiceTime()
+    for n in (1, 4, 8, 16, 32, 32, 8, 1):
+        line.observe(n, 0.005 + 0.003 * n)
+    fixed, per_unit = line.line()
+    assert fixed == pytest.approx(0.005, rel=1e-6) and per_unit == pytest.approx(0.003, rel=1e-6)
+    assert line.seconds(64, calls=2) == pytest.approx(2 * 0.005 + 64 * 0.003, rel=1e-6)
+
+    full = ServiceTime()
+    for _ in range(5):
+        full.observe(32, 0.2)
+    assert full.line() == (0.0, pytest.approx(0.2 / 32)) and full.seconds(256, calls=8) == pytest.approx(1.6)
+
+    seeded = ServiceTime()
+    seeded.observe(1, 0.02)  # the seed: one sample alone, 20 ms (read as 20 ms a sample: 640 ms for 32)
+    assert seeded.seconds(32) == pytest.approx(0.64)
+    for _ in range(3):
+        seeded.observe(32, 0.32)  # then real batches: 10 ms a sample
+    assert seeded.seconds(32) == pytest.approx(0.32)
+    assert ServiceTime().seconds(100) == 0.0 and ServiceTime().line() is None
+
+
+def test_expected_wait_counts_the_call_in_flight_and_the_queued_calls():
+    """Without a server: one instance busy with a call estimated at 100 ms of which 40 ms have run, 40 samples queued at
+    10 ms each in batches of 32 (2 calls of 5 ms fixed): 60 + 400 + 10 ms."""
+    from servopt.serve.batcher import DynamicBatcher, Overloaded, ServiceTime, _Pending
+
+    service = ServiceTime()
+    for n in (1, 32):
+        service.observe(n, 0.005 + 0.010 * n)
+    b = DynamicBatcher([lambda feed: feed["x"]], max_batch=32, max_queue=256, latency_budget_s=1.0, service=service)
+    assert b.expected_wait(now=0.0) == 0.0  # an idle instance and nothing queued
+    b._running[0] = (9, 1, 0.0)  # a call of 9 units: 95 ms estimated, started at t=0
+    for _ in range(40):
+        b.queue.append(_Pending({"x": np.zeros((1, 1))}, 1, None))  # type: ignore[arg-type]
+        b.queued_samples += 1
+        b.queued_units += 1
+    assert b.expected_wait(now=0.040) == pytest.approx((0.095 - 0.040) + 2 * 0.005 + 40 * 0.010)
+    b._running[0] = (9, 1, time.perf_counter())  # the same call, starting now: 95 + 410 ms
+    b.budget = 0.5  # 80 % of it is 400 ms: a ~505 ms wait is refused, and says when to come back
+    with pytest.raises(Overloaded, match=r"would wait about 50\d ms; the latency budget is 500 ms") as e:
+        b.admit(1)
+    assert e.value.kind == "expected_wait" and e.value.retry_after == pytest.approx(0.105, abs=0.01)
+    b.budget = 1.0
+    b.admit(1)  # 505 ms is within 80 % of a second

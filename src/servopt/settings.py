@@ -4,8 +4,9 @@ variables, overridden by the command line (which passes only what the user typed
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -13,13 +14,18 @@ class ServeSettings(BaseSettings):
     """``servopt serve`` and what ``servopt package`` writes into a deployable (``SERVOPT_MAX_BATCH=64`` …)."""
 
     model_config = SettingsConfigDict(env_prefix="SERVOPT_", extra="ignore")
+    # Where and how this server is reached (and its secret): chosen where it is deployed, never written into a package.
+    DEPLOYMENT: ClassVar[frozenset[str]] = frozenset({"host", "port", "grpc_port", "api_key"})
 
     host: str = "127.0.0.1"  # bind address; 127.0.0.1 unless you mean to expose it
     port: int = 8000
     grpc_port: int | None = None  # the OIP v2 gRPC service, off unless asked
     max_batch: int = 32  # largest merged batch
     max_delay_us: int = 2000  # how long a request may wait to be batched
-    max_queue: int = 256  # samples allowed to wait; past it 503 / RESOURCE_EXHAUSTED
+    max_queue: int = 256  # samples allowed to wait (a memory bound); past it 503, a request larger than it 413
+    # The longest a request may wait for its model call: a request expected to wait longer is refused at once (503 +
+    # Retry-After), a queued one that waited longer is dropped (503). 0: no bound on the wait, only max_queue.
+    latency_budget_ms: float = Field(default=1000.0, ge=0)
     batching: bool = True
     instances: int | None = None  # model instances (default: from the target's objective)
     threads: int | None = None  # intra-op threads per instance
@@ -31,6 +37,11 @@ class ServeSettings(BaseSettings):
     max_padding: float | None = 0.25  # text models: a merged batch is split into model calls padding at most this share
     api_key: str | None = None  # SERVOPT_API_KEY: require 'Authorization: Bearer KEY'
     limit_concurrency: int | None = None  # uvicorn's limit on connections + requests in progress
+
+    def packaged(self) -> dict[str, Any]:
+        """What ``servopt package`` records in a manifest: every setting but the deployment's own (``DEPLOYMENT``), so
+        a new setting travels with packages without a second list to keep."""
+        return self.model_dump(exclude=set(self.DEPLOYMENT))
 
 
 def parse_duration(text: str | None) -> float | None:

@@ -41,10 +41,18 @@ def _served(source: Path, target: str | None, variant: str | None, nearest: bool
 
 def serve_settings(packaged: dict, **given):
     """Command line over ``SERVOPT_*`` variables over a package's settings over the defaults."""
+    from pydantic import ValidationError
+
     from servopt.settings import ServeSettings
 
     from_package = {k: v for k, v in packaged.items() if f"SERVOPT_{k.upper()}" not in os.environ and v is not None}
-    return ServeSettings(**{**from_package, **{k: v for k, v in given.items() if v is not None}})
+    try:
+        return ServeSettings(**{**from_package, **{k: v for k, v in given.items() if v is not None}})
+    except ValidationError as e:
+        first = e.errors()[0]
+        name = ".".join(map(str, first["loc"]))
+        raise UserError(f"serving setting {name} = {first.get('input')!r}: {first['msg']}",
+                        fix=f"correct --{name.replace('_', '-')} (or SERVOPT_{name.upper()}, or the package's manifest)") from None
 
 
 @app.command()
@@ -59,7 +67,11 @@ def serve(
     grpc_port: Annotated[int | None, typer.Option(help="also serve the OIP v2 gRPC service on this port (off unless given)")] = None,
     max_batch: Annotated[int | None, typer.Option(help="largest merged batch [default: 32]")] = None,
     max_delay_us: Annotated[int | None, typer.Option(help="how long a request may wait to be batched, µs [default: 2000]")] = None,
-    max_queue: Annotated[int | None, typer.Option(help="samples allowed to wait; past it 503 + Retry-After [default: 256]")] = None,
+    max_queue: Annotated[int | None, typer.Option(help="samples allowed to wait; past it 503 + Retry-After, a request of more "
+                                                     "samples 413 [default: 256]")] = None,
+    latency_budget_ms: Annotated[float | None, typer.Option(
+        help="the longest a request may wait for its model call: one expected to wait longer is refused at once (503 + "
+             "Retry-After), a queued one past it dropped (503); 0: no bound but --max-queue [default: 1000]")] = None,
     no_batching: Annotated[bool, typer.Option("--no-batching", help="run each request alone")] = False,
     instances: Annotated[int | None, typer.Option(
         help="model instances (sessions) serving the queue (default: 2 single-thread instances for a throughput "
@@ -98,7 +110,8 @@ def serve(
             require_ray()
         model, packaged = _served(source, target, variant, nearest, name, runtime, parse_options(option))
         settings = serve_settings(packaged, host=host, port=port, grpc_port=grpc_port, max_batch=max_batch,
-                                  max_delay_us=max_delay_us, max_queue=max_queue, batching=False if no_batching else None,
+                                  max_delay_us=max_delay_us, max_queue=max_queue, latency_budget_ms=latency_budget_ms,
+                                  batching=False if no_batching else None,
                                   instances=instances, threads=threads, request_timeout_s=timeout, max_body_mb=max_body_mb,
                                   api_key=api_key, limit_concurrency=limit_concurrency)
         model.apply_instances(settings.instances, settings.threads)
@@ -121,6 +134,7 @@ def serve(
         console.print(f"serving [bold]{model.name}[/bold] ({model.artifact.format} on {model.runtime}, {model.instances} instance(s)"
                       f"{' per replica' if on_ray else ''}){scaling} at http://{settings.host}:{settings.port}/v2/models/{model.name}{grpc}; "
                       f"batching: {'off' if not settings.batching else f'max {settings.max_batch}, {settings.max_delay_us} µs'}; "
+                      f"latency budget: {f'{settings.latency_budget_ms:g} ms' if settings.latency_budget_ms else 'none'}; "
                       f"auth: {'bearer token' if settings.api_key else 'none'}")
         if on_ray:
             run_ray_server({model.name: model}, settings, replicas=replicas or 1, autoscale=scale, address=ray_address)
@@ -199,6 +213,7 @@ def package(
     max_batch: Annotated[int | None, typer.Option(help="batching setting recorded in the manifest [default: 32]")] = None,
     max_delay_us: Annotated[int | None, typer.Option(help="batching setting recorded in the manifest [default: 2000]")] = None,
     max_queue: Annotated[int | None, typer.Option(help="queue limit recorded in the manifest [default: 256]")] = None,
+    latency_budget_ms: Annotated[float | None, typer.Option(help="latency budget recorded in the manifest [default: 1000]")] = None,
     instances: Annotated[int | None, typer.Option(help="model instances recorded in the manifest")] = None,
 ) -> None:
     """A deployable folder: artifact, manifest, minimal requirements.txt, Dockerfile, footprint comparison."""
@@ -207,7 +222,8 @@ def package(
         from servopt.serve.package import package as make_package
 
         model, packaged = _served(source, target, variant, nearest, name, None, {})
-        settings = serve_settings(packaged, max_batch=max_batch, max_delay_us=max_delay_us, max_queue=max_queue, instances=instances)
+        settings = serve_settings(packaged, max_batch=max_batch, max_delay_us=max_delay_us, max_queue=max_queue,
+                                  latency_budget_ms=latency_budget_ms, instances=instances)
         model.apply_instances(settings.instances, settings.threads)
         result = make_package(model, out, settings)
         fp = result.footprint

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -292,6 +292,10 @@ class TextEmbedding(EmbeddingBase):
         return [TensorSpec(name="text", dtype="object", shape=["batch"])]
 
     def model_inputs(self, spec: ModelSpec, inputs: dict[str, np.ndarray], params: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict]:
+        """Strings (``text``) tokenized; or the model's own token inputs, checked (``check_token_inputs``)."""
+        if "text" not in inputs:
+            feed = check_token_inputs(spec, inputs)
+            return feed, {"tokens": int(feed["attention_mask"].sum()) if "attention_mask" in feed else int(feed["input_ids"].size)}
         raw = inputs["text"].reshape(-1)
         texts = [_decode(x, i) for i, x in enumerate(raw)]
         return self.tokenize(spec, texts, truncate=params.get("truncate", True) is not False)
@@ -319,6 +323,113 @@ class TextEmbedding(EmbeddingBase):
 
     def convenience_output(self, spec: ModelSpec, output: np.ndarray, params: dict[str, Any]) -> dict[str, Any]:
         return {"embeddings": output.astype(np.float32).tolist(), "dimensions": int(output.shape[1])}
+
+
+class TokenBounds(NamedTuple):
+    """What raw token inputs must stay within for this model: ids index its embedding tables, so an id past a table
+    is a runtime error inside the model (failing every request batched with it), not a wrong answer."""
+
+    vocab: int  # input_ids in [0, vocab)
+    types: int  # token_type_ids in [0, types)
+    max_length: int  # tokens per text
+    source: str  # where the sizes were read
+
+
+def _sizes_from_tokenizer(path: Path) -> tuple[int | None, int | None]:
+    """(vocabulary with added tokens, token types its post-processor writes) of a tokenizer.json."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    try:
+        vocab = Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except Exception:  # noqa: BLE001 - an unreadable tokenizer is reported where it tokenizes
+        return None, None
+
+    def type_ids(node: Any) -> list[int]:
+        if isinstance(node, dict):
+            found = [node["type_id"]] if isinstance(node.get("type_id"), int) else []
+            return found + [t for v in node.values() for t in type_ids(v)]
+        return [t for v in node for t in type_ids(v)] if isinstance(node, list) else []
+
+    post = doc.get("post_processor") if isinstance(doc, dict) else None
+    types = 2 if isinstance(post, dict) and post.get("type") == "BertProcessing" else max(type_ids(post), default=0) + 1
+    return vocab, types
+
+
+@lru_cache(maxsize=8)
+def _bounds(tokenizer: str, max_length: int, vocab: int | None, types: int | None) -> TokenBounds:
+    """The sizes from every record at hand, the smallest winning: the model's config (``spec.extra``, or config.json
+    beside the tokenizer, as a Hugging Face folder has it) and the tokenizer (its vocabulary; the token types its
+    template writes, which is all a package carries)."""
+    vocabs, type_sizes, sources = [v for v in (vocab,) if v], [t for t in (types,) if t], ["the model's config"] if vocab else []
+    path = Path(tokenizer) if tokenizer else None
+    if path is not None and path.is_file():
+        config = path.with_name("config.json")
+        if config.is_file():
+            import json
+
+            try:
+                doc = json.loads(config.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                doc = {}
+            vocabs += [doc["vocab_size"]] if isinstance(doc.get("vocab_size"), int) else []
+            type_sizes += [doc["type_vocab_size"]] if isinstance(doc.get("type_vocab_size"), int) else []
+            sources.append(str(config))
+        tok_vocab, tok_types = _sizes_from_tokenizer(path)
+        vocabs += [tok_vocab] if tok_vocab else []
+        type_sizes += [tok_types] if tok_types else []
+        sources.append(str(path))
+    if not vocabs:
+        raise UserError("this model records no vocabulary size to check raw token ids against",
+                        fix="send texts (the 'text' input), or serve a model with its tokenizer.json")
+    return TokenBounds(min(vocabs), max(1, min(type_sizes, default=1)), max_length, " and ".join(sources))
+
+
+def token_bounds(spec: ModelSpec) -> TokenBounds:
+    pp, extra = spec.preprocessing or {}, spec.extra or {}
+
+    def size(key: str) -> int | None:
+        v = extra.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    return _bounds(str(pp.get("tokenizer") or ""), int(pp.get("max_length") or 512), size("vocab_size"), size("type_vocab_size"))
+
+
+def check_token_inputs(spec: ModelSpec, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Raw token inputs checked against the model before it runs them: one shape for all, at least one and at most
+    ``max_length`` tokens per text, ids inside the vocabulary and token types inside the type vocabulary, a mask
+    of 0/1 — each refused with the bound named, never a runtime error. Token types the model takes but the request
+    left out (OpenAI's token arrays) are zeros, as the tokenizer writes for a single text."""
+    names = [t.name for t in spec.inputs]
+    feed = dict(inputs)
+    if "token_type_ids" in names and "token_type_ids" not in feed and "input_ids" in feed:
+        feed["token_type_ids"] = np.zeros_like(feed["input_ids"])
+    missing = [n for n in names if n not in feed]
+    if missing:
+        raise UserError(f"missing token input(s) {missing}", fix=f"send {names}, or texts as the 'text' input")
+    shapes = {n: tuple(feed[n].shape) for n in names}
+    if len(set(shapes.values())) != 1:
+        raise UserError(f"token inputs disagree on their shape: {shapes}", fix="send every token input as [texts, tokens]")
+    bounds = token_bounds(spec)
+    width = next(iter(shapes.values()))[1]
+    if width < 1:
+        raise UserError("token inputs hold no tokens", fix="send at least one token per text ([CLS] [SEP] for an empty text)")
+    if width > bounds.max_length:
+        raise UserError(f"{width} tokens per text; the model takes at most {bounds.max_length}",
+                        fix="truncate the token ids, or send texts (truncated by the server)")
+    for name, limit, what in (("input_ids", bounds.vocab, "vocabulary"), ("token_type_ids", bounds.types, "token types")):
+        if name not in names:
+            continue
+        low, high = int(feed[name].min()), int(feed[name].max())
+        if low < 0 or high >= limit:
+            bad = low if low < 0 else high
+            raise UserError(f"{name} holds {bad}, outside the model's {what} [0, {limit}) (from {bounds.source})",
+                            fix="send this model's own token ids (its tokenizer's), or texts as the 'text' input")
+    if "attention_mask" in names and not np.isin(feed["attention_mask"], (0, 1)).all():
+        raise UserError("attention_mask holds values other than 0 and 1", fix="1 for each real token, 0 for padding")
+    return {n: feed[n] for n in names}
 
 
 def _decode(item: Any, i: int) -> str:

@@ -7,20 +7,23 @@ Checking tensors against the model, batching, metadata, Triton's model config,
 readiness and the family's convenience endpoint live here once, so a second
 front end reuses them without copying (MLServer's ``handlers/dataplane.py``).
 Every problem with a request is a ``BadRequest`` that each front end maps to
-its own status (HTTP 4xx, gRPC ``INVALID_ARGUMENT`` …); never a 500.
+its own status through its ``Reason`` (HTTP 4xx/503, gRPC ``INVALID_ARGUMENT`` …);
+never a 500. Admission by expected wait (the latency budget) is the batcher's;
+the data plane turns its refusals into ``Reason.OVERLOADED`` with a Retry-After.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 from typing import Any
 
 import numpy as np
 
 from servopt import __version__
 from servopt.errors import UserError
-from servopt.serve.batcher import Arrival, BatchStats, DynamicBatcher, QueueFull
+from servopt.serve.batcher import Arrival, BatchStats, DynamicBatcher, Overloaded, ServiceTime, ShuttingDown, TooLarge
 from servopt.serve.metrics import Metrics
 from servopt.serve.model import ServedModel
 from servopt.serve.protocol import (
@@ -28,6 +31,7 @@ from servopt.serve.protocol import (
     InferRequest,
     InferResponse,
     ModelMetadata,
+    Reason,
     ServerMetadata,
     TensorMetadata,
     datatype_of,
@@ -51,6 +55,7 @@ class DataPlane:
         self.ready = False
         # Read when scraped, summed over models: nothing to update on the request path.
         self.metrics.depth.set_function(lambda: sum(b.depth for b in self.batchers.values()))
+        self.metrics.expected_wait.set_function(lambda: max((b.expected_wait() for b in self.batchers.values()), default=0.0))
 
     # lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -60,11 +65,14 @@ class DataPlane:
             if not m.sessions:
                 await loop.run_in_executor(None, m.load)
             stats = BatchStats(on_batch=lambda n, secs: (self.metrics.batch.observe(n), self.metrics.compute.observe(secs)),
-                               on_queue_wait=self.metrics.queue.observe)
+                               on_queue_wait=self.metrics.queue.observe,
+                               on_refused=lambda kind: self.metrics.refused.labels(kind).inc(), on_dropped=self.metrics.dropped.inc)
             fns = [self._runner(sess) for sess in m.sessions]
+            service = await loop.run_in_executor(None, self._seed_service_time, m)
             b = DynamicBatcher(fns, collate=m.family.collate, max_batch=s.max_batch if s.batching else 1,
                                max_delay_us=s.max_delay_us if s.batching else 0, max_queue=s.max_queue, stats=stats,
-                               length=m.family.sequence_length, max_batch_tokens=s.max_batch_tokens, max_padding=s.max_padding)
+                               length=m.family.sequence_length, max_batch_tokens=s.max_batch_tokens, max_padding=s.max_padding,
+                               latency_budget_s=s.latency_budget_ms / 1000 if s.latency_budget_ms else None, service=service)
             b.start()
             self.batchers[name] = b
         self.ready = True
@@ -73,6 +81,17 @@ class DataPlane:
         """Graceful shutdown: refuse new work, finish what is queued."""
         self.ready = False
         await asyncio.gather(*(b.stop() for b in self.batchers.values()))
+
+    @staticmethod
+    def _seed_service_time(m: ServedModel) -> ServiceTime:
+        """The service-time estimate before the first request: one timed call of a single sample (after the load's
+        warm-up call). Conservative: it assumes no gain from batching, which the first real batches then show."""
+        service = ServiceTime()
+        feed = m.warm_feed(1)
+        start = time.perf_counter()
+        m.sessions[0].run(feed)
+        service.observe(max(1, m.family.sequence_length(feed) or 1), time.perf_counter() - start)
+        return service
 
     def _runner(self, session):
         def run(feed: dict[str, np.ndarray]) -> np.ndarray:
@@ -89,13 +108,22 @@ class DataPlane:
             self.metrics.tokens.labels("real").inc(real)
             self.metrics.tokens.labels("padding").inc(mask.size - real)
 
-    def full(self) -> bool:
-        return any(b.depth >= b.max_queue for b in self.batchers.values())
+    def admit(self, name: str) -> None:
+        """Refuse a request for model ``name`` before reading its body when even one more sample would wait past the
+        latency budget or overflow the queue (503 + Retry-After; gRPC ``RESOURCE_EXHAUSTED``): under overload,
+        reading megabytes only to refuse them is what makes refusals slow. Unknown models pass (answered later)."""
+        b = self.batchers.get(name)
+        if b is None:
+            return
+        try:
+            b.admit(1)
+        except (Overloaded, ShuttingDown) as e:
+            raise _refusal(e) from e
 
     def require_ready(self) -> None:
         """Refuse work while starting or shutting down (503; gRPC ``UNAVAILABLE``)."""
         if not self.ready:
-            raise BadRequest("the server is not ready (starting or shutting down)", status=503, headers={"Retry-After": "1"})
+            raise BadRequest("the server is not ready (starting or shutting down)", Reason.UNAVAILABLE, retry_after=1)
 
     # auth -------------------------------------------------------------------------------------------------------
     def authorized(self, authorization: str | bytes | None) -> bool:
@@ -116,7 +144,7 @@ class DataPlane:
 
     def model(self, name: str) -> ServedModel:
         if name not in self.models:
-            raise BadRequest(f"unknown model {name!r}; this server has {sorted(self.models)}", status=404)
+            raise BadRequest(f"unknown model {name!r}; this server has {sorted(self.models)}", Reason.NOT_FOUND)
         return self.models[name]
 
     def model_ready(self, name: str) -> bool:
@@ -159,7 +187,8 @@ class DataPlane:
 
     def validate(self, m: ServedModel, request: InferRequest) -> tuple[dict[str, np.ndarray], bool]:
         """The request's tensors checked against what the model is served with (its family's served inputs, e.g. text
-        strings) or its own inputs: names, datatypes, shapes, finite values. True when they are the served inputs."""
+        strings) or its own inputs: names, datatypes, shapes, finite values, the number of samples. True when the
+        family prepares them (``model_inputs``: a text encoder tokenizes strings and checks raw token ids)."""
         served = {t.name: t for t in m.family.served_inputs(m.spec)}
         as_served = any(t.name in served for t in request.inputs) or served.keys() == {t.name for t in m.spec.inputs}
         expected = served if as_served else {t.name: t for t in m.spec.inputs}
@@ -196,19 +225,29 @@ class DataPlane:
             raise BadRequest(f"missing input(s) {missing}")
         if len({a.shape[0] for a in inputs.values()}) != 1:
             raise BadRequest(f"inputs disagree on the batch size: {sorted({a.shape[0] for a in inputs.values()})}")
-        batch = next(iter(inputs.values())).shape[0]
-        if batch > self.settings.max_request_samples:
-            raise BadRequest(f"{batch} samples in one request; this server takes at most {self.settings.max_request_samples}",
-                             status=413)
-        return inputs, as_served and served.keys() != {t.name for t in m.spec.inputs}
+        self.check_samples(next(iter(inputs.values())).shape[0])
+        return inputs, served.keys() != {t.name for t in m.spec.inputs}
+
+    def check_samples(self, samples: int, what: str = "samples") -> None:
+        """413 for more samples than one request may carry: ``max_request_samples``, and never more than the queue
+        holds (``max_queue``): such a request would be refused forever, so it is too large, not a case of overload."""
+        s = self.settings
+        if samples > s.max_request_samples:
+            raise BadRequest(f"{samples} {what} in one request; this server takes at most {s.max_request_samples} "
+                             "(SERVOPT_MAX_REQUEST_SAMPLES)", Reason.TOO_LARGE)
+        if samples > s.max_queue:
+            raise BadRequest(f"{samples} {what} in one request; the queue holds at most {s.max_queue} "
+                             "(send fewer per request, or raise --max-queue)", Reason.TOO_LARGE)
 
     async def _run(self, name: str, inputs: dict[str, np.ndarray], arrival: Arrival | None) -> np.ndarray:
         try:
             return await asyncio.wait_for(self.batchers[name].submit(inputs, arrival), self.settings.request_timeout_s)
-        except QueueFull as e:
-            raise BadRequest(f"overloaded: {e}; retry later", status=503, headers={"Retry-After": "1"}) from e
+        except (Overloaded, ShuttingDown) as e:
+            raise _refusal(e) from e
+        except TooLarge as e:
+            raise BadRequest(str(e), Reason.TOO_LARGE) from e
         except TimeoutError as e:
-            raise BadRequest(f"the request took longer than {self.settings.request_timeout_s} s", status=504) from e
+            raise BadRequest(f"the request took longer than {self.settings.request_timeout_s} s", Reason.TIMEOUT) from e
 
     async def prepare(self, m: ServedModel, inputs: dict[str, np.ndarray], params: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict]:
         """The family turns served inputs into the model's (a text encoder tokenizes): CPU work, off the event loop."""
@@ -223,29 +262,36 @@ class DataPlane:
     async def infer(self, name: str, request: InferRequest, arrival: Arrival | None = None) -> InferResponse:
         m = self.model(name)
         self.require_ready()
-        inputs, served = self.validate(m, request)
+        inputs, prepared = self.validate(m, request)
         if request.requested_outputs and any(o != m.output_name for o in request.requested_outputs):
             raise BadRequest(f"unknown output(s) {request.requested_outputs}; the model gives {[m.output_name]}")
         found: dict = {}
-        if served:
+        if prepared:
             inputs, found = await self.prepare(m, inputs, request.parameters)
         out = await self._run(name, inputs, arrival)
         return InferResponse(model_name=name, id=request.id, outputs={m.output_name: out}, parameters=found)
 
-    async def embed(self, name: str, texts: list[str], truncate: bool = True) -> tuple[np.ndarray, dict]:
-        """Sentence embeddings of ``texts`` (OpenAI's /v1/embeddings and the family's /embed), batched like any
-        request. Refuses models that do not take text."""
+    async def embed(self, name: str, texts: list[str] | list[list[int]], truncate: bool = True) -> tuple[np.ndarray, dict]:
+        """Sentence embeddings (OpenAI's /v1/embeddings and the family's /embed), batched like any request, of
+        ``texts``: strings, or token-id arrays taken as the model's own ids (right-padded, masked, and checked by the
+        family as raw ``input_ids`` are). Refuses models that do not take text."""
         m = self.model(name)
         self.require_ready()
         if m.family.served_inputs(m.spec) == m.spec.inputs or m.spec.task != "embedding":
             raise BadRequest(f"model {name!r} is not a text encoder")
-        if len(texts) > self.settings.max_request_samples:
-            raise BadRequest(f"{len(texts)} texts in one request; this server takes at most {self.settings.max_request_samples}",
-                             status=413)
-        arr = np.empty(len(texts), dtype=object)
-        arr[:] = texts
+        self.check_samples(len(texts), "texts")
+        if all(isinstance(t, str) for t in texts):
+            arr = np.empty(len(texts), dtype=object)
+            arr[:] = texts
+            inputs: dict[str, np.ndarray] = {"text": arr}
+        else:
+            width = max(len(t) for t in texts)
+            ids, mask = np.zeros((len(texts), width), np.int64), np.zeros((len(texts), width), np.int64)
+            for row, t in enumerate(texts):  # padding's value does not matter: the mask hides it
+                ids[row, :len(t)], mask[row, :len(t)] = t, 1
+            inputs = {"input_ids": ids, "attention_mask": mask}
         with self.arrival(name) as arrival:
-            feed, found = await self.prepare(m, {"text": arr}, {"truncate": truncate})
+            feed, found = await self.prepare(m, inputs, {"truncate": truncate})
             return await self._run(name, feed, arrival), found
 
     # the family's convenience endpoint --------------------------------------------------------------------------
@@ -258,7 +304,7 @@ class DataPlane:
 
     def check_media_type(self, m: ServedModel, content_type: str) -> None:
         if content_type.split(";")[0].strip() not in m.family.convenience_media_types:
-            raise BadRequest(f"content type {content_type!r} is not {m.family.convenience_accepts}", status=415)
+            raise BadRequest(f"content type {content_type!r} is not {m.family.convenience_accepts}", Reason.UNSUPPORTED_MEDIA)
 
     async def convenience(self, name: str, route: str, body: bytes, params: dict[str, str],
                           arrival: Arrival | None = None) -> dict[str, Any]:
@@ -273,3 +319,10 @@ class DataPlane:
             raise BadRequest(e.problem + (f" ({e.fix})" if e.fix else "")) from e
         out = await self._run(name, inputs, arrival)
         return {"model_name": name, **m.family.convenience_output(m.spec, out, parsed)}
+
+
+def _refusal(e: Overloaded | ShuttingDown) -> BadRequest:
+    """The batcher's refusal as the client's answer: overload says when to retry; shutting down is unavailability."""
+    if isinstance(e, ShuttingDown):
+        return BadRequest(f"{e}; retry on another replica", Reason.UNAVAILABLE, retry_after=1)
+    return BadRequest(f"overloaded: {e}; retry later", Reason.OVERLOADED, retry_after=e.retry_after)

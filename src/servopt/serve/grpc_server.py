@@ -7,7 +7,9 @@ answer. Checking tensors, batching, readiness, auth and metadata live in the dat
 - ``ModelInfer`` reads ``raw_input_contents`` (one per input, in order: what tritonclient.grpc sends) or else each
   input's typed ``contents``; BYTES in either as Triton's length-prefixed elements. Outputs go back as
   ``raw_output_contents``.
-- Every problem with a request is a ``BadRequest`` mapped to a status code (``status_code``); a request that is not
+- Every problem with a request is a ``BadRequest`` whose ``Reason`` maps to a status code (``GRPC_CODE``): over the
+  latency budget or the queue ``RESOURCE_EXHAUSTED`` with trailing metadata ``retry-after``, too large
+  ``RESOURCE_EXHAUSTED`` without it, not ready ``UNAVAILABLE``; a request that is not
   even a valid protobuf message is ``INVALID_ARGUMENT`` too (the handlers parse leniently: gRPC's own parser would
   answer ``INTERNAL``). ``INTERNAL`` is left for bugs, like REST's 500.
 - With an API key, every RPC but ServerLive/ServerReady needs metadata ``authorization: Bearer KEY``.
@@ -39,6 +41,7 @@ from servopt.serve.protocol import (
     InferRequest,
     InferResponse,
     InputTensor,
+    Reason,
     decode_raw_tensor,
     encode_raw_tensor,
     tensor_datatype,
@@ -49,19 +52,20 @@ OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # health: never behind 
 MODEL_VERSION = "1"  # one version per model, as the REST front end and the metadata say
 Code = grpc.StatusCode
 
-_HTTP_TO_GRPC = {400: Code.INVALID_ARGUMENT, 401: Code.UNAUTHENTICATED, 404: Code.NOT_FOUND, 415: Code.INVALID_ARGUMENT,
-                 # 413: gRPC's own answer to a message over the size limit, so a client sees one code for "too large"
-                 # whether gRPC or servopt noticed it.
-                 413: Code.RESOURCE_EXHAUSTED, 504: Code.DEADLINE_EXCEEDED}
+GRPC_CODE = {
+    Reason.INVALID: Code.INVALID_ARGUMENT, Reason.UNAUTHENTICATED: Code.UNAUTHENTICATED, Reason.NOT_FOUND: Code.NOT_FOUND,
+    # gRPC's own answer to a message over the size limit, so a client sees one code for "too large" whether gRPC or
+    # servopt noticed it; the message says which limit, and no retry-after comes with it.
+    Reason.TOO_LARGE: Code.RESOURCE_EXHAUSTED, Reason.UNSUPPORTED_MEDIA: Code.INVALID_ARGUMENT,
+    # Overload is the client's cue to back off (retry-after says how long): RESOURCE_EXHAUSTED, which gRPC clients do
+    # not retry at once as they do UNAVAILABLE; not ready is the server's state.
+    Reason.OVERLOADED: Code.RESOURCE_EXHAUSTED, Reason.UNAVAILABLE: Code.UNAVAILABLE, Reason.TIMEOUT: Code.DEADLINE_EXCEEDED,
+}
 
 
 def status_code(error: BadRequest) -> grpc.StatusCode:
-    """The gRPC code of a data plane error (``BadRequest.status`` is HTTP-style)."""
-    if error.status == 503:  # a full queue is the client's cue to back off; not ready is the server's state
-        return Code.RESOURCE_EXHAUSTED if str(error).startswith("overloaded") else Code.UNAVAILABLE
-    if error.status in _HTTP_TO_GRPC:
-        return _HTTP_TO_GRPC[error.status]
-    return Code.INVALID_ARGUMENT if 400 <= error.status < 500 else Code.INTERNAL
+    """The gRPC code of a data plane error, from its reason."""
+    return GRPC_CODE[error.reason]
 
 
 # --- protobuf → the data plane's types -------------------------------------------------------------------------------
@@ -157,7 +161,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _model(self, name: str, version: str) -> None:
         self.plane.model(name)
         if version not in ("", MODEL_VERSION):
-            raise BadRequest(f"model {name!r} has no version {version!r}; it has [{MODEL_VERSION!r}]", status=404)
+            raise BadRequest(f"model {name!r} has no version {version!r}; it has [{MODEL_VERSION!r}]", Reason.NOT_FOUND)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -205,6 +209,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         name = request.model_name
         self._model(name, request.model_version)
         self.plane.require_ready()
+        self.plane.admit(name)  # refuse overload before decoding the tensors
         with self.plane.arrival(name) as arrival:
             response = await self.plane.infer(name, decode_infer_request(request), arrival)
         return encode_infer_response(response)
@@ -243,13 +248,14 @@ def _handler(plane: DataPlane, method: str, behaviour: Callable[[Any, Any], Awai
         code = Code.OK
         try:
             if needs_token and not plane.authorized(_metadata(context, "authorization")):
-                raise BadRequest("missing or wrong bearer token (metadata 'authorization: Bearer KEY')", status=401)
+                raise BadRequest("missing or wrong bearer token (metadata 'authorization: Bearer KEY')", Reason.UNAUTHENTICATED)
             if isinstance(request, _Undecodable):
                 raise BadRequest(f"the request is not a valid {request_type.__name__}: {request.error}")
             return await behaviour(request, context)
         except BadRequest as e:
             code, details = status_code(e), str(e)
-            trailers = tuple((k.lower(), v) for k, v in (e.headers or {}).items())
+            retry = (e.headers or {}).get("Retry-After")
+            trailers = (("retry-after", retry),) if retry else ()
         except asyncio.CancelledError:  # the client went away or its deadline passed
             code = Code.CANCELLED
             raise

@@ -18,6 +18,12 @@ class Metrics:
         self.compute = Histogram("servopt_compute_seconds", "model execution time per batch", buckets=LATENCY_BUCKETS, registry=r)
         self.batch = Histogram("servopt_batch_size", "samples per model call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
         self.depth = Gauge("servopt_queue_depth", "samples waiting in the batching queues", registry=r)
+        # Overload: what admission by expected wait refused at once, and what was dropped after waiting past the budget.
+        self.refused = Counter("servopt_refused", "requests refused at admission (503) by reason: expected_wait (over the "
+                               "latency budget), queue_full (over max_queue samples)", ["reason"], registry=r)
+        self.dropped = Counter("servopt_dropped", "queued requests dropped (503) for waiting past the latency budget", registry=r)
+        self.expected_wait = Gauge("servopt_expected_wait_seconds", "how long a request arriving now would wait for its "
+                                   "model call (the longest over models): what admission compares with the budget", registry=r)
         # Text models: tokens per batch, real and padding (waste = padding / real; tokens/s = rate of real).
         self.tokens = Counter("servopt_tokens", "tokens run by text models, by kind (real, padding)", ["kind"], registry=r)
         self.truncated = Counter("servopt_truncated_texts", "texts cut to the model's maximum length", registry=r)

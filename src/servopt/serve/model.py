@@ -4,13 +4,17 @@ The serving path never imports torch and never unpickles: only runtimes that
 declare themselves ``servable`` open artifacts here (a test proves torch stays
 unimported). Three sources: an ONNX / OpenVINO file, a run directory's pick for
 a target (or its nearest miss, served deliberately), or a package folder that
-``servopt package`` wrote.
+``servopt package`` wrote. Every path a package or an ONNX file names (the
+artifact, a tokenizer, ONNX external data) must stay inside its folder: a
+manifest or model cannot make the server read, or a package copy, a file from
+elsewhere on the host.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,9 +55,14 @@ class ServedModel:
         from servopt.runtimes.base import open_session
 
         self.sessions = [open_session(self.artifact, self.runtime, options) for _ in range(max(1, self.instances))]
-        warm = {t.name: np.zeros(t.concrete_shape(1, {d: 8 for d in t.named_dims}), dtype=t.dtype) for t in self.spec.inputs}
+        warm = self.warm_feed(1)
         for s in self.sessions:
             s.run(warm)
+
+    def warm_feed(self, batch: int = 1) -> dict[str, np.ndarray]:
+        """Zeros shaped as the model's inputs (named dynamic axes 8 long): what loading runs once per session, and the
+        data plane times once to seed its service-time estimate."""
+        return {t.name: np.zeros(t.concrete_shape(batch, {d: 8 for d in t.named_dims}), dtype=t.dtype) for t in self.spec.inputs}
 
     @property
     def output_name(self) -> str:
@@ -85,6 +94,54 @@ def _servable(runtime: str, what: str, artifact: Artifact | None = None) -> None
     why = rt.serving_refusal(artifact) if artifact is not None else None
     if why:
         raise UserError(f"{what} cannot be served: {why}", fix="serve an ONNX or OpenVINO variant of it (see report.md)")
+    if artifact is not None and artifact.format == "onnx" and artifact.path:
+        check_external_data(Path(artifact.path))
+
+
+def inside(folder: Path, relative: str, what: str) -> Path:
+    """``folder / relative``, refused unless it stays inside ``folder``: a relative path without ``..`` whose target
+    (symbolic links followed) is in the folder. A package or model names its own files, nothing else on the host."""
+    parts = Path(relative.replace("\\", "/")).parts
+    if not relative or Path(relative).is_absolute() or relative.startswith(("/", "\\")) or ".." in parts:
+        raise UserError(f"{what} {relative!r} is not a path inside {folder} (absolute paths and '..' are refused)",
+                        fix=f"name it relative to {folder}, as `servopt package` writes it")
+    path = folder / relative
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise UserError(f"{what} {relative!r} leads outside {folder} (a symbolic link)",
+                        fix=f"put the file itself inside {folder}")
+    return path
+
+
+def _tensors(graph) -> Iterator[Any]:
+    """Every tensor of an ONNX graph that can hold external data: initializers and attribute tensors, subgraphs too."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _tensors(attr.g)
+            for g in attr.graphs:
+                yield from _tensors(g)
+
+
+def check_external_data(path: Path) -> None:
+    """An ONNX file's external data must lie in the file's folder (ONNX's own rule for the ``location`` field): a
+    model naming ``../../secret`` or ``/etc/…`` is refused before any runtime reads it, or a package copies it."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - an unreadable file is reported by the loader, with its own message
+        return
+    for tensor in _tensors(proto.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        inside(path.parent, location, f"{path.name}: external data of tensor {tensor.name!r} at")
 
 
 def from_file(path: Path, name: str | None, runtime: str | None = None, options: dict | None = None) -> ServedModel:
@@ -103,12 +160,13 @@ def from_file(path: Path, name: str | None, runtime: str | None = None, options:
     else:
         raise UserError(f"servopt serves ONNX or OpenVINO artifacts (no pickles, no torch), not {path.name}",
                         fix="export it first (`servopt export`) or serve a run directory (`servopt serve runs/NAME --target T`)")
-    _servable(runtime, str(path))
+    artifact = Artifact(format=fmt, path=str(path))  # type: ignore[arg-type]
+    _servable(runtime, str(path), artifact)
     rt = get_runtime(runtime)
     if fmt not in rt.artifact_formats:
         raise UserError(f"runtime {runtime} cannot open a {fmt} artifact", fix=f"drop --runtime, or use one that opens {fmt}")
     rt.parse_options(options or {})
-    return ServedModel(name or path.stem, Artifact(format=fmt, path=str(path)), runtime, options or {}, spec)  # type: ignore[arg-type]
+    return ServedModel(name or path.stem, artifact, runtime, options or {}, spec)
 
 
 def _openvino_spec(path: Path) -> ModelSpec:
@@ -183,7 +241,8 @@ class Manifest(Contract):
 
 
 def from_package(folder: Path) -> tuple[ServedModel, dict[str, Any]]:
-    """A folder written by ``servopt package``: the model, and the serving settings it was packaged with."""
+    """A folder written by ``servopt package``: the model, and the serving settings it was packaged with. Every path
+    the manifest names is relative to the folder and stays inside it."""
     path = folder / "manifest.json"
     try:
         manifest = Manifest.model_validate(json.loads(path.read_text()))
@@ -191,15 +250,17 @@ def from_package(folder: Path) -> tuple[ServedModel, dict[str, Any]]:
         raise UserError(f"{path} is not a servopt package manifest ({str(e).splitlines()[0]})",
                         fix="package with `servopt package`, or serve the run directory or model file") from e
     if manifest.artifact_ref is not None:
-        ref = manifest.artifact_ref.model_copy(update={"path": str(folder / manifest.artifact_ref.path)})
+        source = inside(folder, manifest.artifact_ref.path, f"{path}: artifact_ref.path")
+        ref = manifest.artifact_ref.model_copy(update={"path": str(source)})
         artifact = Artifact(format=manifest.artifact_format, ref=ref)  # type: ignore[arg-type]
     else:
-        artifact = Artifact(format=manifest.artifact_format, path=str(folder / manifest.artifact_file))  # type: ignore[arg-type]
+        source = inside(folder, manifest.artifact_file, f"{path}: artifact_file")
+        artifact = Artifact(format=manifest.artifact_format, path=str(source))  # type: ignore[arg-type]
     _servable(manifest.runtime, f"package {folder}", artifact)
     spec = manifest.spec
     for key in family_of(spec).serving_files:  # packaged beside the model, named relative to the package
-        if spec.preprocessing and spec.preprocessing.get(key) and not Path(str(spec.preprocessing[key])).is_absolute():
-            spec.preprocessing[key] = str(folder / str(spec.preprocessing[key]))
+        if spec.preprocessing and spec.preprocessing.get(key):
+            spec.preprocessing[key] = str(inside(folder, str(spec.preprocessing[key]), f"{path}: spec.preprocessing.{key}"))
     model = ServedModel(manifest.name, artifact, manifest.runtime, manifest.runtime_options, spec,
                         parameters=manifest.parameters)
     return model, manifest.serve

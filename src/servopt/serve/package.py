@@ -5,7 +5,10 @@ options, model spec, serving settings), so the container's command is one line
 and no runtime option is translated into command-line flags. The footprint
 comparison mirrors the tutorial's container sizes: the installed size of the
 serving environment against a PyTorch one, summed from the files each
-installed distribution (and its dependencies) owns.
+installed distribution (and its dependencies) owns. What serving needs is read
+from servopt's own declaration (pyproject's dependencies and ``serve`` extra),
+and the settings a package records from ``ServeSettings`` itself; a package
+copies the model's own files only, never one from outside its folder.
 """
 
 from __future__ import annotations
@@ -23,11 +26,35 @@ from servopt.results import write_json_atomic
 from servopt.serve.model import Manifest, ServedModel
 from servopt.settings import ServeSettings
 
-# servopt's lean core plus its `serve` extra: what every serving image needs, whatever the runtime.
-SERVE_REQUIREMENTS = ("numpy", "pillow", "onnx", "pydantic", "pydantic-settings", "typer", "rich", "pyyaml", "jinja2",
-                      "fastapi", "uvicorn", "python-multipart", "prometheus-client", "grpcio", "protobuf")
-PACKAGED_SETTINGS = ("max_batch", "max_delay_us", "max_queue", "batching", "instances", "threads", "request_timeout_s",
-                     "max_body_mb", "max_image_pixels")
+ROOT = Path(__file__).resolve().parents[3]  # the source tree's root when running from a checkout (pyproject.toml)
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?")
+
+
+def _name(requirement: str) -> str:
+    """``uvicorn[standard]>=0.29; …`` → ``uvicorn``."""
+    match = _REQUIREMENT.match(requirement)
+    return match.group(1).lower().replace("_", "-") if match else requirement
+
+
+def serve_requirements() -> list[str]:
+    """What every serving image needs, whatever the runtime: servopt's core dependencies plus its ``serve`` extra, as
+    names with their extras (``uvicorn[standard]``), read from the pyproject.toml the shipped wheel is built from, or
+    from the installed distribution's metadata when running from an install."""
+    pyproject = ROOT / "pyproject.toml"
+    if pyproject.is_file():
+        import tomllib
+
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+        declared = [*project["dependencies"], *project["optional-dependencies"]["serve"]]
+    else:
+        declared = [r.split(";")[0] for r in metadata.requires("servopt") or []
+                    if ";" not in r or re.search(r"""extra\s*==\s*["']serve["']""", r)]
+    out = []
+    for r in declared:
+        match = _REQUIREMENT.match(r)
+        if match and _name(r) != "servopt":
+            out.append(match.group(1) + (match.group(2) or "").replace(" ", ""))
+    return list(dict.fromkeys(out))
 
 
 class Footprint(Contract):
@@ -90,31 +117,45 @@ def footprint(packages: list[str]) -> Footprint:
 
 
 def compare_footprints(model: ServedModel) -> FootprintComparison:
-    serving = footprint([*SERVE_REQUIREMENTS, *model.family.serving_requirements, *model.backend.serving_requirements(model.artifact)])
+    serving = footprint([*serve_requirements(), *model.family.serving_requirements, *model.backend.serving_requirements(model.artifact)])
     pytorch = footprint([*model.family.torch_serving, "fastapi", "uvicorn"])
     ratio = pytorch.installed_mb / serving.installed_mb if serving.installed_mb else None
     return FootprintComparison(serving_env=serving, pytorch_env=pytorch, pytorch_over_serving=round(ratio, 1) if ratio else None,
                                note="installed sizes on this machine (CPU torch wheel); a CUDA torch build is several GB larger")
 
 
-def _pin(name: str) -> str:
+def _pin(requirement: str) -> str:
+    """``name[extras]==installed version`` (as given when not installed here)."""
     try:
-        return f"{name}=={metadata.version(name)}"
+        return f"{requirement}=={metadata.version(_name(requirement))}"
     except metadata.PackageNotFoundError:
-        return name
+        return requirement
 
 
 def requirements_of(model: ServedModel) -> list[str]:
     """What the deployable installs: for a runtime with an environment of its own, that environment's exact packages
     (it is what was measured), plus the serving packages pinned as installed here."""
     spec = model.backend.environment()
-    serving = (*SERVE_REQUIREMENTS, *model.family.serving_requirements)
+    serving = (*serve_requirements(), *model.family.serving_requirements)
     if spec is None:
-        return [_pin(n) for n in dict.fromkeys((*model.backend.serving_requirements(model.artifact), *serving))]
+        first: dict[str, str] = {}  # one per name: the runtime's own spelling wins
+        for r in (*model.backend.serving_requirements(model.artifact), *serving):
+            first.setdefault(_name(r), r)
+        return [_pin(r) for r in first.values()]
     from servopt.envs import ensure_env
 
     exact = {name: version for name, version in ensure_env(spec).packages.items() if name not in ("pip", "setuptools", "wheel")}
-    return [f"{n}=={v}" for n, v in sorted(exact.items())] + [_pin(n) for n in serving if n not in exact]
+    known = {_name(n) for n in exact}
+    return [f"{n}=={v}" for n, v in sorted(exact.items())] + [_pin(r) for r in dict.fromkeys(serving) if _name(r) not in known]
+
+
+def _own_file(path: Path, folder: Path, what: str) -> Path:
+    """``path``, refused unless it (symbolic links followed) lies inside ``folder``: a package copies the model's own
+    files, never one a model file or link points to elsewhere on the host."""
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise UserError(f"{what} {path} lies outside {folder}; a package copies only the model's own files",
+                        fix=f"put the file inside {folder} (no links or '..' out of it) and re-export")
+    return path
 
 
 def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
@@ -128,6 +169,8 @@ def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
     if ref is not None:  # a torch source: the folder or file it loads from, its path made relative
         src = Path(ref.path)
         if src.is_dir():  # a Hugging Face folder: everything but other formats' exports and pickles
+            for f in src.rglob("*"):
+                _own_file(f, src, "file")
             shutil.copytree(src, out / "model" / src.name, ignore=shutil.ignore_patterns("onnx", "openvino", "*.bin", ".git*"))
         else:
             shutil.copy2(src, out / "model" / src.name)
@@ -135,18 +178,18 @@ def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
     else:
         src = Path(str(model.artifact.path))
         for f in artifact_files(model.artifact):
-            shutil.copy2(f, out / "model" / f.name)
+            shutil.copy2(_own_file(f, src.parent, f"{src.name} refers to"), out / "model" / f.name)
     spec = model.spec.model_copy(deep=True)
     for key in model.family.serving_files:  # e.g. the tokenizer: copied in, named relative to the package
         path = Path(str((spec.preprocessing or {}).get(key) or ""))
-        if path.is_file():
+        if path.is_file():  # named by the model's own spec (its tokenizer), copied as a file of its own name
             shutil.copy2(path, out / "model" / path.name)
             spec.preprocessing[key] = f"model/{path.name}"
     requirements = requirements_of(model)
     manifest = Manifest(servopt=__version__, name=model.name, runtime=model.runtime, runtime_options=model.options,
                         artifact_file=f"model/{src.name}", artifact_format=model.artifact.format, artifact_ref=ref, spec=spec,
                         parameters=model.parameters, requirements=requirements,
-                        serve={k: getattr(settings, k) for k in PACKAGED_SETTINGS} | {"instances": model.instances})
+                        serve=settings.packaged() | {"instances": model.instances})
     write_json_atomic(out / "manifest.json", manifest)
     wheel = _build_servopt_wheel(out / "wheels")
     reqs = [f"./wheels/{wheel.name}" if wheel else f"servopt=={__version__}", *requirements]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -33,14 +34,47 @@ NP_TO_DATATYPE = {v.name: k for k, v in DATATYPES.items() if k != "BYTES"}
 HEADER = "inference-header-content-length"
 
 
-class BadRequest(Exception):
-    """A client error: answered with ``status`` (400 unless said) and the message; front ends map it (HTTP status,
-    gRPC code)."""
+class Reason(StrEnum):
+    """Why a request is refused: each front end maps it to its own status (``HTTP_STATUS``, gRPC's codes in
+    ``grpc_server``), so no front end reads the message to choose a code."""
 
-    def __init__(self, message: str, status: int = 400, headers: dict[str, str] | None = None) -> None:
+    INVALID = "invalid"  # anything wrong with the request itself
+    UNAUTHENTICATED = "unauthenticated"  # missing or wrong bearer token
+    NOT_FOUND = "not_found"  # unknown model, version or route
+    TOO_LARGE = "too_large"  # over a limit the request can never fit (body size, samples, tokens)
+    UNSUPPORTED_MEDIA = "unsupported_media"  # a content type the endpoint does not read
+    OVERLOADED = "overloaded"  # refused or dropped to keep the wait under the latency budget: back off, retry
+    UNAVAILABLE = "unavailable"  # not ready (starting or shutting down)
+    TIMEOUT = "timeout"  # took longer than the request timeout
+
+
+HTTP_STATUS = {Reason.INVALID: 400, Reason.UNAUTHENTICATED: 401, Reason.NOT_FOUND: 404, Reason.TOO_LARGE: 413,
+               Reason.UNSUPPORTED_MEDIA: 415, Reason.OVERLOADED: 503, Reason.UNAVAILABLE: 503, Reason.TIMEOUT: 504}
+
+
+class BadRequest(Exception):
+    """A request the server refuses, with the message naming the problem and the fix, and why (``reason``).
+    ``retry_after`` (seconds) tells the client when to try again (HTTP ``Retry-After``, gRPC trailing metadata)."""
+
+    def __init__(self, message: str, reason: Reason = Reason.INVALID, retry_after: float | None = None,
+                 close: bool = False) -> None:
         super().__init__(message)
-        self.status = status
-        self.headers = headers
+        self.reason = reason
+        self.retry_after = retry_after
+        self.close = close  # the body was not read to its end: the connection cannot be reused
+
+    @property
+    def status(self) -> int:
+        return HTTP_STATUS[self.reason]
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        headers = {}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))  # whole seconds, as HTTP says
+        if self.close:
+            headers["Connection"] = "close"
+        return headers or None
 
 
 def datatype_of(dtype: str) -> str:

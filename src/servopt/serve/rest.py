@@ -27,7 +27,7 @@ from servopt import __version__
 from servopt.serve.dataplane import DataPlane
 from servopt.serve.metrics import Metrics
 from servopt.serve.model import ServedModel
-from servopt.serve.protocol import HEADER, BadRequest, decode_json, decode_rest_request, encode_rest_response
+from servopt.serve.protocol import HEADER, BadRequest, Reason, decode_json, decode_rest_request, encode_rest_response
 from servopt.settings import ServeSettings
 
 
@@ -57,6 +57,12 @@ def _endpoint(path: str) -> str:
     return template if template in KNOWN_ENDPOINTS else "other"
 
 
+def _model_of(path: str) -> str | None:
+    """The model a ``/v2/models/{name}/…`` POST is for (None for other routes)."""
+    parts = path.strip("/").split("/")
+    return parts[2] if len(parts) >= 4 and parts[:2] == ["v2", "models"] else None
+
+
 async def _drain(receive) -> None:
     """Consume and discard a request body (cheap next to parsing it), so the connection stays usable."""
     while True:
@@ -66,7 +72,8 @@ async def _drain(receive) -> None:
 
 
 class GuardMiddleware:
-    """Auth, size limit, readiness and per-request metrics, as plain ASGI.
+    """Auth, size limit (declared, and counted as a chunked body arrives), readiness, overload and per-request
+    metrics, as plain ASGI.
 
     Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``) wraps every request in extra tasks and
     streams; at hundreds of requests per second on 2 cores that overhead is measurable, so this is written
@@ -90,6 +97,8 @@ class GuardMiddleware:
             await send(message)
 
         refusal = self._refusal(scope, path)
+        if refusal is None and dict(scope["headers"]).get(b"content-length") is None:
+            receive = self._capped(receive)  # chunked: no declared size to refuse up front, so count as it arrives
         try:
             if refusal is not None:
                 if refusal.status_code != 413:
@@ -97,6 +106,9 @@ class GuardMiddleware:
                 await refusal(scope, receive, send_and_record)
             else:
                 await self.app(scope, receive, send_and_record)
+        except BadRequest as e:  # raised outside a route's handlers (e.g. the body cap inside a parser)
+            if status["code"] == 500:
+                await _error(e.status, str(e), e.headers)(scope, receive, send_and_record)
         except Exception as e:  # noqa: BLE001 - the last line of defence: a JSON error, the server stays up
             if status["code"] == 500:
                 await _error(500, f"internal error: {type(e).__name__}")(scope, receive, send_and_record)
@@ -114,13 +126,53 @@ class GuardMiddleware:
             if int(length) > self.max_body:  # not drained: close the connection instead of reading gigabytes
                 return _error(413, f"request body of {int(length)} bytes is over the {self.max_body}-byte limit",
                               {"Connection": "close"})
-        if scope["method"] == "POST" and not self.plane.ready:
-            return _error(503, "the server is not ready (starting or shutting down)", {"Retry-After": "1"})
-        if scope["method"] == "POST" and self.plane.full():
-            # Refuse before reading the body: under overload, reading megabytes only to refuse them is what
-            # makes refusals slow. (The batcher still refuses exactly, after parsing, when a request would overflow.)
-            return _error(503, "overloaded: the queue is full; retry later", {"Retry-After": "1"})
+        if scope["method"] == "POST":
+            # Refuse before parsing the body: under overload, parsing megabytes only to refuse them is what makes
+            # refusals slow. (The batcher still decides exactly, with the request's real size, when it is submitted.)
+            try:
+                self.plane.require_ready()
+                if (model := _model_of(path)) is not None:
+                    self.plane.admit(model)
+            except BadRequest as e:
+                return _error(e.status, str(e), e.headers)
         return None
+
+    def _capped(self, receive):
+        """``receive`` that refuses (413, connection closed) a body growing past the limit: a chunked upload declares
+        no Content-Length, and a multipart parser would otherwise spool any size of file part to disk."""
+        seen = 0
+
+        async def capped():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise BadRequest(f"request body is over the {self.max_body}-byte limit (--max-body-mb)", Reason.TOO_LARGE,
+                                     close=True)
+            return message
+
+        return capped
+
+
+def _token_id(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and -(2**63) <= x < 2**63
+
+
+def embedding_input(value: object) -> list[str] | list[list[int]]:
+    """OpenAI's ``input``: a string, a list of strings, one token array (a list of integers) or a list of token
+    arrays. Token ids are the served model's own (checked against its vocabulary by its family), not OpenAI's."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(t, str) for t in value):
+            return value
+        if all(_token_id(t) for t in value):
+            return [value]
+        if all(isinstance(t, list) and t and all(_token_id(x) for x in t) for t in value):
+            return value
+    raise BadRequest("'input' must be a string, a non-empty list of strings, a token array (a non-empty list of "
+                     "integers: the model's own token ids) or a list of token arrays")
 
 
 class Frontend(Protocol):
@@ -156,15 +208,7 @@ def create_app(models: dict[str, ServedModel] | DataPlane, settings: ServeSettin
     app.add_middleware(GuardMiddleware, plane=plane, max_body=max_body)
 
     async def read_body(request: Request) -> bytes:
-        if request.headers.get("content-length") is not None:
-            return await request.body()  # size already checked by GuardMiddleware; one read, no chunk loop
-        chunks, size = [], 0
-        async for chunk in request.stream():  # chunked upload: enforce the limit as it arrives
-            size += len(chunk)
-            if size > max_body:
-                raise BadRequest(f"request body is over the {max_body}-byte limit", status=413)
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await request.body()  # the size limit is GuardMiddleware's, declared or chunked
 
     @app.exception_handler(BadRequest)
     async def bad_request(_r: Request, e: BadRequest):
@@ -225,6 +269,8 @@ def create_app(models: dict[str, ServedModel] | DataPlane, settings: ServeSettin
             if ctype.startswith("multipart/form-data"):
                 try:
                     form = await request.form(max_part_size=max_body)
+                except BadRequest:
+                    raise  # over the size limit
                 except Exception as e:
                     raise BadRequest(f"malformed multipart body: {e}") from e
                 upload = form.get("file")
@@ -239,22 +285,20 @@ def create_app(models: dict[str, ServedModel] | DataPlane, settings: ServeSettin
     @app.post("/v1/embeddings")
     async def openai_embeddings(request: Request):
         """OpenAI's embeddings API (what LangChain, LlamaIndex and the ``openai`` client speak), on a text encoder:
-        ``{"model", "input": str | [str], "encoding_format": "float" | "base64"}``."""
+        ``{"model", "input": str | [str] | [int] | [[int]], "encoding_format": "float" | "base64"}``; token arrays
+        are the model's own token ids."""
         try:
             doc = decode_json(await read_body(request))
             if not isinstance(doc, dict):
                 raise BadRequest("the body must be a JSON object with 'model' and 'input'")
-            texts = doc.get("input")
-            texts = [texts] if isinstance(texts, str) else texts
-            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-                raise BadRequest("'input' must be a string or a non-empty list of strings (token arrays are not accepted)")
+            texts = embedding_input(doc.get("input"))
             fmt = doc.get("encoding_format", "float")
             if fmt not in ("float", "base64"):
                 raise BadRequest(f"encoding_format {fmt!r} must be 'float' or 'base64'")
             name = doc.get("model")
             if not isinstance(name, str) or name not in plane.models:
                 texts_models = [n for n, m in plane.models.items() if m.spec.task == "embedding"]
-                raise BadRequest(f"unknown model {name!r}; this server embeds with {texts_models}", status=404)
+                raise BadRequest(f"unknown model {name!r}; this server embeds with {texts_models}", Reason.NOT_FOUND)
             dims = doc.get("dimensions")
             embeddings, found = await plane.embed(name, texts)
         except BadRequest as e:  # OpenAI's error shape, so its clients raise their usual exceptions
