@@ -629,7 +629,7 @@ def main() -> None:
     ap.add_argument("--servopt-variant", default="ort-int8-dynamic-per-channel", help="the variant built when no run is given")
     ap.add_argument("--servopt-args", default="--max-queue 1024",
                     help="extra `servopt serve` options (default --max-queue 1024: 32 clients × 16 texts keep 512 texts "
-                         "waiting, past servopt's default bound of 256, which answers 503; Infinity's queue has no bound)")
+                         "waiting, past servopt's default bound of 256, which answers 503; Infinity's default queue holds 32,000)")
     ap.add_argument("--cells", default="*", help="only the cells matching these comma-separated globs (e.g. 'c*-n1-*,poisson*')")
     ap.add_argument("--infinity-python", default=None, help="the python of an environment with infinity-emb (default: made)")
     ap.add_argument("--infinity-model", type=Path, default=None, help="a model folder with a *quantize*.onnx for Infinity")
