@@ -192,9 +192,10 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration: float, warmup: float,
-                      cpu: Callable[[], float] = lambda: 0.0) -> dict:
+                      probe: Callable[[], tuple[float, ...]] = lambda: (0.0,)) -> dict:
     """``concurrency`` clients, each sending the next body as soon as its answer is in; ``duration`` seconds after
-    ``warmup``. ``cpu()`` (the server's CPU seconds) is read when the timed part starts and ends."""
+    ``warmup``. ``probe()`` (CPU counters: the server's, the machine's, this process's) is read when the timed part
+    starts and ends."""
     import aiohttp
 
     headers = {"Content-Type": "application/json"}
@@ -223,16 +224,16 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration:
         if warmup > 0:
             end = time.perf_counter() + warmup
             await asyncio.gather(*(client(end, False) for _ in range(concurrency)))
-        c0 = cpu()
+        p0 = probe()
         start = time.perf_counter()
         await asyncio.gather(*(client(start + duration, True) for _ in range(concurrency)))
         wall = time.perf_counter() - start
-        cpu_s = cpu() - c0
-    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "server_cpu_s": cpu_s}
+        deltas = [b - a for a, b in zip(p0, probe(), strict=True)]
+    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "cpu_deltas": deltas}
 
 
 async def poisson_loop(url: str, bodies: list[bytes], rate: float, duration: float, warmup: float, seed: int,
-                       cpu: Callable[[], float] = lambda: 0.0, max_in_flight: int = 512) -> dict:
+                       probe: Callable[[], tuple[float, ...]] = lambda: (0.0,), max_in_flight: int = 512) -> dict:
     """Open loop: requests sent at Poisson arrivals of ``rate``/s whatever the answers do (MLPerf's server scenario);
     past ``max_in_flight`` outstanding requests an arrival is dropped and counted, never queued in the client."""
     import aiohttp
@@ -278,20 +279,26 @@ async def poisson_loop(url: str, bodies: list[bytes], rate: float, duration: flo
 
         if warmup > 0:
             await run(warmup, False)
-        c0 = cpu()
+        p0 = probe()
         wall = await run(duration, True)
-        cpu_s = cpu() - c0
-    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "dropped_by_client": dropped[0], "server_cpu_s": cpu_s}
+        deltas = [b - a for a, b in zip(p0, probe(), strict=True)]
+    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "dropped_by_client": dropped[0], "cpu_deltas": deltas}
 
 
-def step_figures(raw: dict, texts_per_request: int) -> dict:
-    server_cpu_s = raw["server_cpu_s"]
+def step_figures(raw: dict, texts_per_request: int, ncpu: int = 1) -> dict:
+    """One cell's figures. ``cpu_deltas``: the server's CPU seconds, then (when given) the machine's busy seconds and
+    the client's own: what is left is other processes' load, as a share of the machine (``others_share``)."""
+    server_cpu_s = raw["cpu_deltas"][0]
+    others = None
+    if len(raw["cpu_deltas"]) == 3 and raw["wall_s"] > 0:
+        others = round(max(0.0, raw["cpu_deltas"][1] - raw["cpu_deltas"][0] - raw["cpu_deltas"][2]) / (raw["wall_s"] * ncpu), 3)
     lat = np.asarray(raw["latencies_ms"]) if raw["latencies_ms"] else np.asarray([np.nan])
     ok, wall = raw["ok"], raw["wall_s"]
     return {"ok": ok, "errors": raw["errors"], "wall_s": round(wall, 3), "req_per_s": ok / wall if wall else 0.0,
             "texts_per_s": ok * texts_per_request / wall if wall else 0.0,
             "p50_ms": float(np.nanpercentile(lat, 50)), "p99_ms": float(np.nanpercentile(lat, 99)),
             "server_cpu_s": round(server_cpu_s, 3), "server_cpu_ms_per_request": server_cpu_s * 1000 / ok if ok else None,
+            "others_share": others,
             **({"dropped_by_client": raw["dropped_by_client"]} if "dropped_by_client" in raw else {})}
 
 
@@ -536,14 +543,18 @@ def measure_server(srv: Server, pools: dict, args, round_no: int) -> dict:
     out: dict = {}
     for cell in selected(cells(args.rate), args.cells):
         bodies = make_bodies(pools[cell["length"]], cell["texts"], 256, seed=round_no * 1000 + len(out))
+        def probe() -> tuple[float, float, float]:
+            return srv.cpu_s(), text_peers.machine_busy_s(), text_peers.own_cpu_s()
+
         if cell["mode"] == "closed":
-            raw = asyncio.run(closed_loop(srv.url, bodies, cell["concurrency"], args.seconds, args.warmup, srv.cpu_s))
+            raw = asyncio.run(closed_loop(srv.url, bodies, cell["concurrency"], args.seconds, args.warmup, probe))
         else:
-            raw = asyncio.run(poisson_loop(srv.url, bodies, cell["rate"], args.seconds, args.warmup, round_no, srv.cpu_s))
-        fig = step_figures(raw, cell["texts"])
+            raw = asyncio.run(poisson_loop(srv.url, bodies, cell["rate"], args.seconds, args.warmup, round_no, probe))
+        fig = step_figures(raw, cell["texts"], os.cpu_count() or 1)
         out[cell["name"]] = fig
         print(f"  {srv.label:9} {cell['name']:22} {fig['req_per_s']:8.1f} req/s {fig['texts_per_s']:8.1f} texts/s  p50 {fig['p50_ms']:7.1f} ms "
-              f"p99 {fig['p99_ms']:7.1f} ms  CPU {fig['server_cpu_ms_per_request'] or float('nan'):6.2f} ms/req  errors {fig['errors'] or 'none'}",
+              f"p99 {fig['p99_ms']:7.1f} ms  CPU {fig['server_cpu_ms_per_request'] or float('nan'):6.2f} ms/req  errors {fig['errors'] or 'none'}"
+              f"{'  NOISY: other processes used ' + format(fig['others_share'], '.0%') + ' of the machine' if (fig['others_share'] or 0) > 0.1 else ''}",
               flush=True)
     return out
 
@@ -568,6 +579,8 @@ def summarize(rounds: list[dict], names: list[str]) -> dict:
     out["per_server"] = {s: {"start_s": med([(r["servers"].get(s) or {}).get("start_s") for r in rounds]),
                              "peak_rss_mb": med([(r["servers"].get(s) or {}).get("peak_rss_mb") for r in rounds]),
                              "served_over_offline": med([(r["servers"].get(s) or {}).get("served_over_offline") for r in rounds]),
+                             "noisy_cells": sum(1 for r in rounds for f in ((r["servers"].get(s) or {}).get("cells") or {}).values()
+                                                if (f.get("others_share") or 0) > 0.1),
                              "cosine": next(((r["servers"].get(s) or {}).get("cosine") for r in rounds if (r["servers"].get(s) or {}).get("cosine")), None)}
                          for s in names}
     return out
@@ -583,7 +596,8 @@ def print_report(rep: dict) -> None:
         cos = per["cosine"] or {}
         print(f"{name:9} start {per['start_s'] or float('nan'):5.1f} s  peak RSS {per['peak_rss_mb'] or float('nan'):7.0f} MB  "
               f"cosine to the original: mean {cos.get('mean', float('nan')):.4f} min {cos.get('min', float('nan')):.4f}  "
-              f"served/offline (c=32, one shipped text per request) {per['served_over_offline'] or float('nan'):.0%}")
+              f"served/offline (c=32, one shipped text per request) {per['served_over_offline'] or float('nan'):.0%}  "
+              f"noisy cells {per['noisy_cells']} (other processes over 10 % of the machine)")
     print(f"\n{rep['rounds']} round(s), {rep['args']['seconds']} s per cell; medians over rounds "
           "(req/s, texts/s, p50/p99 ms, server CPU ms per request)")
     names = list(s["figures"])

@@ -113,3 +113,11 @@ def test_infinity_log_facts_read_through_rich_wrapping() -> None:
     assert facts["onnx_file_used"] == "model_quantized.onnx"
     assert facts["optimization"].startswith("failed: OptimizationConfig.__init__() got an unexpected keyword argument")
     assert text_servers.infinity_log_facts("nothing")["optimization"] == "not attempted"
+
+
+def test_step_figures_name_the_other_load() -> None:
+    """Machine busy minus the server's and the client's CPU is other processes' load (a shared 2-core machine)."""
+    raw = {"wall_s": 2.0, "ok": 100, "errors": {}, "latencies_ms": [5.0] * 100, "cpu_deltas": [1.0, 3.0, 0.5]}
+    fig = text_servers.step_figures(raw, 16, ncpu=2)
+    assert (fig["req_per_s"], fig["texts_per_s"], fig["server_cpu_ms_per_request"], fig["others_share"]) == (50.0, 800.0, 10.0, 0.375)
+    assert text_servers.step_figures({**raw, "cpu_deltas": [1.0]}, 1)["others_share"] is None
