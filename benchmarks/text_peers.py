@@ -9,7 +9,9 @@ folder (``<work>/st-model``), each step in a try so one failure leaves the other
 - ``st-onnx``: ``SentenceTransformer(path, backend="onnx")`` exports with Optimum's default export, then
   ``save_pretrained`` (``onnx/model.onnx``);
 - ``st-onnx-int8``: ``export_dynamic_quantized_onnx_model(model, CONFIG, path)`` with ``CONFIG`` = ``"avx512_vnni"``
-  when the CPU has AVX512-VNNI, else ``"avx2"`` (``onnx/model_qint8_<CONFIG>.onnx``);
+  when the CPU has AVX512-VNNI, else ``"avx2"``. ST names the file after the preset's weight type
+  (``onnx/model_<weights dtype>_<CONFIG>.onnx``: ``model_quint8_avx2.onnx``, ``model_qint8_avx512_vnni.onnx``), so the
+  file is read from the folder after the export (``st_int8_file``), never assumed;
 - ``st-openvino``: ``SentenceTransformer(path, backend="openvino")`` exports (Optimum Intel's default), then
   ``save_pretrained`` (``openvino/openvino_model.xml``);
 - ``st-openvino-int8``: ``export_static_quantized_openvino_model(model, None, path, dataset_name=<local folder>,
@@ -180,9 +182,25 @@ def int8_config_name() -> str:
     return "avx512_vnni" if "avx512_vnni" in cpu_flags() else "avx2"
 
 
-def st_files() -> dict[str, str]:
-    q = int8_config_name()
-    return {"st-onnx": "onnx/model.onnx", "st-onnx-int8": f"onnx/model_qint8_{q}.onnx",
+# The weight type of each of Optimum's AutoQuantizationConfig presets (is_static=False), which ST's
+# export_dynamic_quantized_onnx_model puts in the file name (file_suffix = f"{weights_dtype.name.lower()}_{preset}").
+# Only used to name a file that does not exist yet; an existing file is found in the folder (st_int8_file).
+ST_INT8_WEIGHTS = {"arm64": "qint8", "avx2": "quint8", "avx512": "qint8", "avx512_vnni": "qint8"}
+
+
+def st_int8_file(st_dir: Path, preset: str) -> str:
+    """The dynamic-INT8 file ST wrote for ``preset``: ``onnx/model_<weights dtype>_<preset>.onnx`` as found in the
+    folder (``model_*_avx512.onnx`` does not match ``…_avx512_vnni.onnx``); before the export, the name the preset's
+    weight type gives."""
+    found = sorted(p.relative_to(st_dir).as_posix() for p in (st_dir / "onnx").glob(f"model_*_{preset}.onnx"))
+    if len(found) > 1:
+        raise RuntimeError(f"several dynamic INT8 files for the {preset} preset in {st_dir / 'onnx'}: {found}; remove the stale ones")
+    return found[0] if found else f"onnx/model_{ST_INT8_WEIGHTS.get(preset, 'qint8')}_{preset}.onnx"
+
+
+def st_files(st_dir: Path, preset: str | None = None) -> dict[str, str]:
+    """Each ST backend's file in ``st_dir`` (relative); the INT8 one read from the folder (``st_int8_file``)."""
+    return {"st-onnx": "onnx/model.onnx", "st-onnx-int8": st_int8_file(st_dir, preset or int8_config_name()),
             "st-openvino": "openvino/openvino_model.xml", "st-openvino-int8": f"openvino/openvino_model_{OV_STATIC_SUFFIX}.xml"}
 
 
@@ -197,7 +215,7 @@ def build(args) -> None:
     st_dir = work / "st-model"
     if not (st_dir / "config.json").exists():
         shutil.copytree(args.model, st_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("onnx", "openvino", "*.onnx"))
-    files = st_files()
+    files = st_files(st_dir)
     wanted = [b for b in args.backends.split(",") if b and b != "st-torch"]
     result: dict[str, dict] = {}
 
@@ -210,6 +228,7 @@ def build(args) -> None:
         t0 = time.perf_counter()
         try:
             extra = fn() or {}
+            files.update(st_files(st_dir))  # the name the export actually wrote
             if not (st_dir / files[name]).exists():
                 raise RuntimeError(f"the export finished but {files[name]} is not there: {sorted(str(p.relative_to(st_dir)) for p in st_dir.rglob('*.onnx')) + sorted(str(p.relative_to(st_dir)) for p in st_dir.rglob('*.xml'))}")
             result[name] = {"status": "ok", "file": files[name], "build_s": round(time.perf_counter() - t0, 1), **extra}
@@ -230,6 +249,8 @@ def build(args) -> None:
         if not (st_dir / files["st-onnx"]).exists():
             raise RuntimeError("st-onnx was not built, and the dynamic INT8 export starts from it")
         model = SentenceTransformer(str(st_dir), backend="onnx", device="cpu", model_kwargs={"file_name": files["st-onnx"]})
+        for stale in (st_dir / "onnx").glob(f"model_*_{int8_config_name()}.onnx"):
+            stale.unlink()
         export_dynamic_quantized_onnx_model(model, int8_config_name(), str(st_dir))
         return {"call": f'export_dynamic_quantized_onnx_model(model, "{int8_config_name()}", path)', "config": int8_config_name()}
 
@@ -310,7 +331,7 @@ def worker(args) -> None:
     work = Path(args.work)
     st_dir = work / "st-model"
     inputs = json.loads(Path(args.inputs).read_text(encoding="utf-8"))
-    files = st_files()
+    files = st_files(st_dir)
     models, backends, failed, infos, load_s = {}, {}, {}, {}, {}
     for name in [b for b in args.backends.split(",") if b]:
         t0 = time.perf_counter()

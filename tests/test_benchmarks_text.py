@@ -1,0 +1,123 @@
+"""Pure parts of the text benchmarks (benchmarks/text_peers.py, benchmarks/text_servers.py): no peer environment,
+no server, no model."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import text_peers
+import text_servers
+
+
+@pytest.mark.parametrize(("preset", "written"), [("avx2", "onnx/model_quint8_avx2.onnx"), ("avx512_vnni", "onnx/model_qint8_avx512_vnni.onnx"),
+                                                 ("avx512", "onnx/model_qint8_avx512.onnx"), ("arm64", "onnx/model_qint8_arm64.onnx")])
+def test_st_int8_file_is_what_st_wrote(tmp_path: Path, preset: str, written: str) -> None:
+    """ST's avx2 preset writes model_quint8_avx2.onnx (unsigned weights): expecting qint8 never measured it."""
+    st_dir = tmp_path / "st-model"
+    (st_dir / "onnx").mkdir(parents=True)
+    (st_dir / "onnx" / "model.onnx").write_bytes(b"")
+    assert text_peers.st_files(st_dir, preset)["st-onnx-int8"] == written  # named before the export, from the preset
+    (st_dir / written).write_bytes(b"")
+    if preset == "avx512":  # the avx512 preset must not take avx512_vnni's file (or the reverse)
+        (st_dir / "onnx" / "model_qint8_avx512_vnni.onnx").write_bytes(b"")
+    assert text_peers.st_files(st_dir, preset)["st-onnx-int8"] == written
+    assert (st_dir / text_peers.st_files(st_dir, preset)["st-onnx-int8"]).exists()
+
+
+def test_st_int8_file_found_under_another_weight_type(tmp_path: Path) -> None:
+    """Whatever weight type a later Optimum gives the preset, the file ST wrote is the one used."""
+    (tmp_path / "onnx").mkdir()
+    (tmp_path / "onnx" / "model_qint8_avx2.onnx").write_bytes(b"")
+    assert text_peers.st_int8_file(tmp_path, "avx2") == "onnx/model_qint8_avx2.onnx"
+    (tmp_path / "onnx" / "model_quint8_avx2.onnx").write_bytes(b"")
+    with pytest.raises(RuntimeError, match="several dynamic INT8 files"):
+        text_peers.st_int8_file(tmp_path, "avx2")
+
+
+# ------------------------------------------------------------------------------------------ text_servers.py
+
+def test_proc_stat_fields_survive_odd_command_names() -> None:
+    """utime and stime are fields 14 and 15 of proc(5); a command name with spaces and ')' must not shift them."""
+    rest = "S 1 2 3 4 5 6 7 8 9 10 1234 56 0 0 20 0 8 0 100 0 0"
+    assert text_servers.proc_cpu_ticks(f"4242 (uvicorn) {rest}") == 1290
+    assert text_servers.proc_cpu_ticks(f"4242 (a b) c)) {rest}") == 1290
+    assert text_servers.proc_ppid(f"4242 (a b) c)) {rest}") == 1
+
+
+def test_tree_cpu_reads_this_process() -> None:
+    t = os.times()
+    own = t.user + t.system
+    assert abs(text_servers.tree_cpu_s(os.getpid()) - own) < 0.5
+    assert text_servers.tree_kb(os.getpid(), "VmHWM") >= text_servers.tree_kb(os.getpid(), "VmRSS") > 0
+    assert text_servers.status_kb("Name:\tx\nVmHWM:\t  239012 kB\nVmRSS:\t 1000 kB\n", "VmHWM") == 239012
+    assert text_servers.status_kb("Name:\tx\n", "VmHWM") == 0
+
+
+def test_embeddings_answers_decode_alike() -> None:
+    """OpenAI's answer in base64 (little-endian float32) and in floats, rows put back in index order."""
+    emb = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+    b64 = {"data": [{"index": 1, "embedding": base64.b64encode(emb[1].astype("<f4").tobytes()).decode()},
+                    {"index": 0, "embedding": base64.b64encode(emb[0].astype("<f4").tobytes()).decode()}]}
+    floats = {"data": [{"index": i, "embedding": row.tolist()} for i, row in enumerate(emb)]}
+    assert np.array_equal(text_servers.decode_embeddings(b64), emb)
+    assert np.allclose(text_servers.decode_embeddings(floats), emb)
+
+
+def test_request_bodies_are_the_same_for_both_servers() -> None:
+    bodies = text_servers.make_bodies(["a", "b", "c"], 2, 4, seed=0)
+    decoded = [json.loads(b) for b in bodies]
+    assert all(d["model"] == text_servers.MODEL_NAME and d["encoding_format"] == "base64" and len(d["input"]) == 2 for d in decoded)
+    assert sorted(t for d in decoded[:3] for t in d["input"]) == ["a", "a", "b", "b", "c", "c"]  # cycles through the pool
+    assert bodies == text_servers.make_bodies(["a", "b", "c"], 2, 4, seed=0)
+
+
+def test_cells_cover_the_matrix_and_filter() -> None:
+    cells = text_servers.cells(50)
+    closed = {(c["concurrency"], c["texts"], c["length"]) for c in cells if c["mode"] == "closed" and c["length"] != "shipped"}
+    assert closed == {(c, n, length) for c in (1, 8, 32) for n in (1, 16) for length in ("short", "128")}
+    assert [c["name"] for c in cells if c["mode"] == "poisson"] == ["poisson50-n1-short"]
+    assert "c32-n1-shipped" in [c["name"] for c in cells]  # served vs offline
+    assert not [c for c in text_servers.cells(0) if c["mode"] == "poisson"]
+    assert [c["name"] for c in text_servers.selected(cells, "c1-n1-*, poisson*")] == ["c1-n1-short", "c1-n1-128", "poisson50-n1-short"]
+
+
+def test_ratios_are_medians_of_per_round_ratios() -> None:
+    assert text_servers.median_ratio([200, 100, 300], [100, 100, 100]) == 2.0
+    assert text_servers.median_ratio([None, 100], [100, None]) is None
+    rounds = [{"servers": {"servopt": {"cells": {"c": {"req_per_s": 200.0, "texts_per_s": 200.0, "p50_ms": 5.0, "p99_ms": 9.0,
+                                                      "server_cpu_ms_per_request": 6.0}}, "start_s": 1.5, "peak_rss_mb": 240.0},
+                           "infinity": {"cells": {"c": {"req_per_s": 100.0, "texts_per_s": 100.0, "p50_ms": 10.0, "p99_ms": 9.0,
+                                                       "server_cpu_ms_per_request": 20.0}}, "start_s": 19.0, "peak_rss_mb": 2700.0}}}]
+    s = text_servers.summarize(rounds, ["servopt", "infinity"])
+    assert s["servopt_over_infinity"]["c"] == {"req_per_s": 2.0, "texts_per_s": 2.0, "p50_ms": 0.5, "p99_ms": 1.0, "server_cpu_ms_per_request": 0.3}
+    assert s["per_server"]["infinity"]["start_s"] == 19.0
+
+
+def test_infinity_log_facts_read_through_rich_wrapping() -> None:
+    log = ("INFO     2026-11-26 12:28:16,958 infinity_emb INFO: Using   utils_optimum.py:248\n"
+           "         model_quantized.onnx as the model                                      \n"
+           "         Optimizing model                                                       \n"
+           "         Optimization failed with                                               \n"
+           "         OptimizationConfig.__init__() got an unexpected                        \n"
+           "         keyword argument 'optimize_with_onnxruntime_only'.                     \n"
+           "         Going to use the unoptimized model.                                    \n")
+    facts = text_servers.infinity_log_facts(log)
+    assert facts["onnx_file_used"] == "model_quantized.onnx"
+    assert facts["optimization"].startswith("failed: OptimizationConfig.__init__() got an unexpected keyword argument")
+    assert text_servers.infinity_log_facts("nothing")["optimization"] == "not attempted"
+
+
+def test_step_figures_name_the_other_load() -> None:
+    """Machine busy minus the server's and the client's CPU is other processes' load (a shared 2-core machine)."""
+    raw = {"wall_s": 2.0, "ok": 100, "errors": {}, "latencies_ms": [5.0] * 100, "cpu_deltas": [1.0, 3.0, 0.5]}
+    fig = text_servers.step_figures(raw, 16, ncpu=2)
+    assert (fig["req_per_s"], fig["texts_per_s"], fig["server_cpu_ms_per_request"], fig["others_share"]) == (50.0, 800.0, 10.0, 0.375)
+    assert text_servers.step_figures({**raw, "cpu_deltas": [1.0]}, 1)["others_share"] is None
