@@ -45,15 +45,15 @@ def main() -> None:
     if launched.result is None:
         raise SystemExit(launched.error)
     result = launched.result
-    ref_acc = by[REFERENCE_ORT].accuracy.top1
+    ref_acc = by[REFERENCE_ORT].quality.accuracy.top1
     print(f"CPU: {result.environment.cpu if result.environment else '?'}")
     print(f"{'variant':32} {'p50 ms':>8} {'batch/s':>8} {'p50 ratio':>10} {'tput ratio':>10} {'top-1':>8}  per-round p50 ms")
     for n, v in result.variants.items():
-        acc = by[n].accuracy.top1
+        acc = by[n].quality.accuracy.top1
         print(f"{n:32} {v.p50_ms:8.2f} {v.throughput_ips:8.0f} {v.p50_ratio_vs_reference:9.2f}x {v.throughput_ratio_vs_reference:9.2f}x "
               f"{acc:8.2%}  {', '.join(f'{x:.2f}' for x in v.p50_ms_rounds)}")
     c = result.variants[chosen]
-    drop = (ref_acc - by[chosen].accuracy.top1) * 100
+    drop = (ref_acc - by[chosen].quality.accuracy.top1) * 100
     ok = c.throughput_ratio_vs_reference >= 1.7 and c.p50_ratio_vs_reference <= 0.7 and drop <= 1.0
     print(f"\ncpu-server pick {chosen}: throughput {c.throughput_ratio_vs_reference:.2f}x (need >= 1.7x, aim 2.0x), "
           f"p50 {c.p50_ratio_vs_reference:.2f}x (need <= 0.7x, aim 0.6x), accuracy {drop:+.2f} points vs fp32 (need <= 1) "

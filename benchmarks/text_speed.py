@@ -306,7 +306,7 @@ def servopt_worker(args) -> None:
             backends[name], toks[name] = encode, tok
             infos[name] = {"runtime": r.runtime, "options": r.options, "artifact": r.artifact.path, "description": r.description,
                            "load_s": round(time.perf_counter() - t0, 2), "session": session.info().model_dump(mode="json"),
-                           "run_cosine_mean": r.agreement.cosine_mean if r.agreement else None}
+                           "run_cosine_mean": r.quality.agreement.cosine_mean if r.quality and r.quality.agreement else None}
         except Exception as e:  # noqa: BLE001
             failed[name] = f"{type(e).__name__}: {str(e)[:600]}"
 
@@ -344,7 +344,8 @@ def picks(run: Path, latency_variant: str | None) -> tuple[dict, list]:
 
     def usable(r) -> bool:
         return (r.status == "ok" and r.artifact is not None and r.name != "torch-plain"
-                and (r.agreement is None or r.agreement.cosine_mean is None or r.agreement.cosine_mean >= MIN_COSINE))
+                and (r.quality is None or r.quality.agreement is None or r.quality.agreement.cosine_mean is None
+                     or r.quality.agreement.cosine_mean >= MIN_COSINE))
 
     if latency_variant:
         lat, source = latency_variant, "--latency-variant"
@@ -360,7 +361,8 @@ def picks(run: Path, latency_variant: str | None) -> tuple[dict, list]:
     return ({"cpu_server": cpu_pick, "cpu_server_target": {"hardware": target.hardware, "isa": target.isa, "objective": target.objective},
              "cpu_server_how": "recommended" if decision.recommended else
              f"nearest (no variant passes cpu-server: {decision.shortfall})", "latency": lat, "latency_how": source,
-             "cosine_in_run": {n: (by[n].agreement.cosine_mean if by[n].agreement else None) for n in {cpu_pick, lat}}},
+             "cosine_in_run": {n: (by[n].quality.agreement.cosine_mean if by[n].quality and by[n].quality.agreement else None)
+                               for n in {cpu_pick, lat}}},
             records)
 
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from servopt.bench.protocol import batch_consistency, predict_all
-from servopt.contracts import Agreement, Gate, SessionInfo
+from servopt.contracts import Agreement, EmbeddingQuality, Gate, SessionInfo
 from servopt.data.dataset import Dataset
-from servopt.families.base import Judgement
 from servopt.families.text import TextEmbedding
 from servopt.runtimes.base import Session
 
@@ -63,7 +62,7 @@ def test_the_gate_holds_means_alone_and_batched():
 
     def fails(**agr) -> str | None:
         base = {"cosine_mean": 0.995, "cosine_mean_alone": 0.996, "batch_consistency": 0.995, "batch_consistency_min": 0.985}
-        return family.gate_failure(Judgement(agreement=Agreement(**{**base, **agr})), gate)
+        return family.gate_failure(EmbeddingQuality(agreement=Agreement(**{**base, **agr})), gate)
 
     assert fails() is None, "a lowest single text under the mean bound does not fail a mean bound"
     assert "batched with" in (fails(batch_consistency=0.985) or "")

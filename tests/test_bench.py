@@ -120,7 +120,7 @@ def color_bench(tmp_path_factory):
 def test_accuracy_counted_on_known_answers(color_bench):
     report, output = color_bench
     r = report["results"][0]
-    assert r["accuracy"]["correct"] == 12 and r["accuracy"]["total"] == 14
+    assert r["quality"]["accuracy"]["correct"] == 12 and r["quality"]["accuracy"]["total"] == 14
     assert "85.71% (12/14 correct)" in output
 
 
@@ -167,6 +167,17 @@ def test_schema_file_is_generated_from_the_record_contract():
     assert json.loads(SCHEMA_FILE.read_text()) == result_schema()
 
 
+def test_schema_doc_is_generated_from_the_field_descriptions():
+    """docs/results-schema.md's field tables come from the contracts (`python -m servopt.results` rewrites them): a field
+    added without a description, or a description changed, shows here."""
+    from servopt.contracts import Record
+    from servopt.results import DOC_FILE, with_schema_doc
+
+    text = DOC_FILE.read_text()
+    assert with_schema_doc(text) == text, "stale: run python -m servopt.results"
+    assert all(f.description for f in Record.model_fields.values()), "every record field says what it is"
+
+
 def test_version_1_records_are_read():
     """servopt 0.1 records (dicts, `servopt.result/1`) still load as typed records."""
     from servopt.results import parse_record
@@ -195,7 +206,7 @@ def test_a_stored_replay_script_reproduces_the_job(tmp_path):
     from servopt.bench.jobs import MeasureJob, OpenSpec
     from servopt.bench.launcher import launch
     from servopt.bench.protocol import Protocol
-    from servopt.contracts import Artifact, Gate, Measured
+    from servopt.contracts import Accuracy, Artifact, ClassificationQuality, Gate, Measured
     from servopt.data.dataset import Dataset
 
     x = np.random.default_rng(0).standard_normal((12, 3, 8, 8)).astype(np.float32)
@@ -207,7 +218,7 @@ def test_a_stored_replay_script_reproduces_the_job(tmp_path):
     job = MeasureJob(session=OpenSpec(name="m", artifact=Artifact(format="onnx", path=str(model)), runtime="onnxruntime",
                                       options={"intra_op_threads": 1}),
                      data=str(tmp_path / "d.npz"), family="image-classification", reference=str(tmp_path / "ref.npy"),
-                     protocol=Protocol.quick(), gate=Gate(reference_top1=0.8), env={"SERVOPT_REPLAY_TEST": "1"})
+                     protocol=Protocol.quick(), gate=Gate(reference=ClassificationQuality(accuracy=Accuracy(top1=0.8, top5=1, correct=8, total=10))), env={"SERVOPT_REPLAY_TEST": "1"})
     original = launch(job, tmp_path / "job")
     assert original.result is not None, original.error
     replay = tmp_path / "job" / "replay.sh"
@@ -219,8 +230,8 @@ def test_a_stored_replay_script_reproduces_the_job(tmp_path):
     again = Measured.model_validate_json((tmp_path / "job" / "replay-out.json").read_text())
     first = original.result
     assert again.status == first.status == "ok"
-    assert again.accuracy == first.accuracy and again.accuracy.correct == 10 and again.accuracy.total == 12
-    assert again.agreement == first.agreement and again.agreement.max_abs_diff == pytest.approx(1e-3, rel=1e-3)
+    assert again.quality == first.quality and again.quality.accuracy.correct == 10 and again.quality.accuracy.total == 12
+    assert again.quality.agreement.max_abs_diff == pytest.approx(1e-3, rel=1e-3)
     assert again.environment.session == first.environment.session and again.environment.session.threads == 1
     assert [p.name for p in again.phases] == [p.name for p in first.phases] and again.stopped_by.keys() == first.stopped_by.keys()
     assert again.latency_ms.n >= Protocol.quick().min_runs and again.throughput_ips.batch > 0

@@ -58,8 +58,8 @@ def test_bench_torch_source_measures_both_runtimes(tmp_path, r18_state):
     report = bench_model(model, synthetic_inputs(model.spec, 8), ["torch", "onnxruntime"], Protocol.quick(), tmp_path)
     torch_r, ort_r = report.results
     assert torch_r.status == ort_r.status == "ok"
-    assert torch_r.agreement is None  # the reference itself
-    assert ort_r.agreement.top1_agreement == 1.0 and ort_r.agreement.max_abs_diff < 1e-3
+    assert torch_r.quality.agreement is None  # the reference itself
+    assert ort_r.quality.agreement.top1_agreement == 1.0 and ort_r.quality.agreement.max_abs_diff < 1e-3
     assert report.export["exporter"] == "dynamo"
     assert torch_r.environment.session.details["mode"] == "eager+inference_mode"
     assert torch_r.environment.session.precision_actual == "fp32"

@@ -131,12 +131,12 @@ def test_an_isa_capped_measurement_records_the_cap(onnx_model, tmp_path):
 
 def test_a_variant_that_cannot_run_on_the_target_isa_fails_that_bound():
     """OpenVINO bf16 under an AVX2 cap does not even compile: the target cannot run it, and the verdict says so."""
-    from servopt.contracts import Accuracy, Environment, Interleaved, Latency, Record, Throughput
+    from servopt.contracts import Accuracy, ClassificationQuality, Environment, Interleaved, Latency, Record, Throughput
     from servopt.optimize.decide import judge
     from servopt.optimize.targets import PRESETS
 
     rec = Record(name="ov-bf16-latency", runtime="openvino", status="ok", size_mb=9, latency_ms=Latency(p50=1), throughput_ips=Throughput(batch=2000),
-                 accuracy=Accuracy(top1=0.95, top5=1, correct=1, total=1), environment=Environment(cpu="EPYC", cpu_flags=["avx512_bf16"]))
+                 quality=ClassificationQuality(accuracy=Accuracy(top1=0.95, top5=1, correct=1, total=1)), environment=Environment(cpu="EPYC", cpu_flags=["avx512_bf16"]))
     capped = Interleaved(reference="ort-fp32", rounds=1, order=[], variants={}, failed={"ov-bf16-latency": "OpenVINO cannot load …"},
                          environment=Environment(cpu="EPYC", isa_cap="AVX2"))
     verdict = judge(PRESETS["cpu-server"], rec, rec, FAMILIES.get("image-classification"), capped)

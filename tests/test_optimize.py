@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from servopt.cli import app
-from servopt.contracts import Accuracy, Environment, Latency, Record, Throughput
+from servopt.contracts import Accuracy, ClassificationQuality, Environment, Latency, Record, Throughput
 from servopt.data.dataset import Dataset, load_image_folder
 from servopt.data.preprocess import Preprocess
 from servopt.errors import UserError
@@ -227,7 +227,7 @@ EPYC_AVX2 = Environment(cpu="AMD EPYC 7763", cpu_flags=["avx2", "fma"], cores=64
 
 def _rec(name, p50, tp, size, top1, gpu=False, status="ok", env=EPYC_AVX2):
     return Record(name=name, runtime="onnxruntime", status=status, needs_gpu=gpu, size_mb=size, latency_ms=Latency(p50=p50),
-                  throughput_ips=Throughput(batch=tp), accuracy=Accuracy(top1=top1, correct=1, total=1, top5=1), environment=env)
+                  throughput_ips=Throughput(batch=tp), quality=ClassificationQuality(accuracy=Accuracy(top1=top1, correct=1, total=1, top5=1)), environment=env)
 
 
 def test_decide_picks_best_passing_and_explains_misses():
@@ -306,7 +306,7 @@ def test_optimize_records_every_variant(quick_run):
     for name in ("ort-fp32", "ort-offline-all", "ov-fp32-latency"):
         r = by[name]
         assert r["status"] == "ok", r.get("error")
-        assert r["accuracy"]["total"] == 120 and Path(r["artifact"]["path"]).exists()
+        assert r["quality"]["accuracy"]["total"] == 120 and Path(r["artifact"]["path"]).exists()
         assert r["environment"]["session"]["precision_actual"] == "fp32"  # read back from the runtime, not assumed
         assert Path(quick_run / "work" / name / "measure" / "replay.sh").exists()  # each job replays alone
         assert r["latency_ms"]["p50"] > 0 and r["throughput_ips"]["batch"] > 0
@@ -314,7 +314,7 @@ def test_optimize_records_every_variant(quick_run):
     # The outlier channel wrecks full INT8: it fails verification, is shown with its figures, and is never timed.
     int8 = by["ort-int8-static-qop-u8s8"]
     assert int8["status"] == "failed" and int8["error"].startswith("verification failed: top-1 agreement")
-    assert int8["agreement"]["top1_agreement"] < 0.9 and int8["accuracy"]["total"] == 120 and int8["latency_ms"] is None
+    assert int8["quality"]["agreement"]["top1_agreement"] < 0.9 and int8["quality"]["accuracy"]["total"] == 120 and int8["latency_ms"] is None
 
 
 @pytest.mark.slow
@@ -451,7 +451,7 @@ def test_a_variant_that_cannot_be_built_is_recorded_and_the_sweep_goes_on(tmp_pa
     build = out / "work" / "nncf-int8-accuracy-control" / "build"
     assert (build / "job.log").exists() and (build / "replay.sh").exists(), "the failed build can be replayed alone"
     assert records["ort-offline-all"]["status"] == "ok" and records["ort-fp32"]["status"] == "ok"
-    assert records["ort-offline-all"]["accuracy"] is None and records["ort-offline-all"]["agreement"]["top1_agreement"] == 1.0
+    assert records["ort-offline-all"]["quality"]["accuracy"] is None and records["ort-offline-all"]["quality"]["agreement"]["top1_agreement"] == 1.0
     assert "failed" in (out / "report.md").read_text()
 
 

@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servopt.cli import app
-from servopt.contracts import Accuracy, Environment, Latency, Record, Throughput
+from servopt.contracts import Accuracy, ClassificationQuality, Environment, Latency, Record, Throughput
 from servopt.families import FAMILIES
 from servopt.optimize.decide import decide, for_target
 from servopt.optimize.targets import Target, load_targets, measurement_kind
@@ -103,7 +103,7 @@ def test_a_target_is_decided_only_on_its_kind_of_node():
 
     def rec(name: str, p50: float, kind: str | None) -> Record:
         return Record(name=name, runtime="onnxruntime", status="ok", size_mb=1, latency_ms=Latency(p50=p50),
-                      throughput_ips=Throughput(batch=1000 / p50), accuracy=Accuracy(top1=0.9, correct=9, total=10, top5=1),
+                      throughput_ips=Throughput(batch=1000 / p50), quality=ClassificationQuality(accuracy=Accuracy(top1=0.9, correct=9, total=10, top5=1)),
                       environment=Environment(cpu=kind or "here", node=f"node-{kind}"), measured_for=kind)
 
     epyc = Target(name="e", hardware="EPYC", device="cpu", objective="latency", ray_resources={"epyc-7763": 1})

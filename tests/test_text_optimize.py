@@ -34,15 +34,18 @@ def text_run(tmp_path_factory) -> Path:
 
 
 def _records(run: Path) -> dict[str, dict]:
-    return {r["name"]: r for r in map(json.loads, (run / "results.jsonl").read_text().splitlines())}
+    """Each variant's record with what the race added (cold starts: race.jsonl)."""
+    from servopt.optimize.rundir import RunDir
+
+    return {r["name"]: r for r in RunDir(run).read_results()}
 
 
 def test_variants_are_judged_by_their_embeddings(text_run):
     recs = _records(text_run)
     ort = recs["ort-fp32"]
-    assert ort["status"] == "ok" and ort["agreement"]["cosine_mean"] > 0.9999 and ort["agreement"]["retrieval_top10"] > 0.98
-    assert ort["pairs"]["pairs"] == 125 and ort["pairs"]["spearman"] > 0.8
-    assert recs["torch-eager"]["pairs"]["spearman"] == pytest.approx(ort["pairs"]["spearman"], abs=1e-3)
+    assert ort["status"] == "ok" and ort["quality"]["agreement"]["cosine_mean"] > 0.9999 and ort["quality"]["agreement"]["retrieval_top10"] > 0.98
+    assert ort["quality"]["pairs"]["pairs"] == 125 and ort["quality"]["pairs"]["spearman"] > 0.8
+    assert recs["torch-eager"]["quality"]["pairs"]["spearman"] == pytest.approx(ort["quality"]["pairs"]["spearman"], abs=1e-3)
     fused = recs["ort-transformers"]
     assert fused["status"] == "ok" and fused["artifact"]["report"]["fusions"].get("Attention", 0) == 6
     assert [g["sequence"] for g in ort["grid"]] == [16, 128] and ort["length_batching"]["sorted_waste"] < ort["length_batching"]["first_come_waste"]
@@ -55,7 +58,7 @@ def test_a_quality_breaking_variant_is_flagged_and_never_chosen(text_run):
     """Naive dynamic INT8 of MiniLM moves the embeddings (mean cosine ≈ 0.97, as published studies found)."""
     bad = _records(text_run)["ort-int8-dynamic"]
     assert bad["status"] == "failed" and "mean cosine similarity to the original" in bad["error"]
-    assert bad["agreement"]["cosine_mean"] < 0.99 and bad["latency_ms"] is None
+    assert bad["quality"]["agreement"]["cosine_mean"] < 0.99 and bad["latency_ms"] is None
     summary = json.loads((text_run / "summary.json").read_text())
     assert all(t.get("recommended") != "ort-int8-dynamic" for t in summary["targets"])
 
@@ -91,7 +94,7 @@ def test_a_second_architecture_benches(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     torch_r, ort_r = report["results"]
-    assert torch_r["status"] == ort_r["status"] == "ok" and ort_r["agreement"]["cosine_min"] > 0.9999
+    assert torch_r["status"] == ort_r["status"] == "ok" and ort_r["quality"]["agreement"]["cosine_min"] > 0.9999
     assert ort_r["grid"][0]["sequence"] == 8
 
 

@@ -56,7 +56,7 @@ def test_a_provider_that_fell_back_fails_verification(colour_onnx, data):
     measured = _measure(session, data)
     assert measured.status == "failed" and measured.latency_ms is None
     assert f"asked for {CUDA} but onnxruntime ran on {CPU}" in measured.error
-    assert measured.agreement is not None, "the figures it has are kept"
+    assert measured.quality is not None and measured.quality.agreement is not None, "the figures it has are kept"
     assert ran_as_asked(_open("onnxruntime", colour_onnx, {}).info()) is None
 
 

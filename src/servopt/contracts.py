@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
 
 from servopt.spec import ModelSpec
 
-RESULT_SCHEMA = "servopt.result/2"
+RESULT_SCHEMA = "servopt.result/3"
 BENCH_SCHEMA = "servopt.bench/2"
 SUMMARY_SCHEMA = "servopt.summary/2"
 
@@ -126,13 +126,72 @@ class PairsQuality(Contract):
     pairs: int
 
 
+class Quality(Contract):
+    """A model family's judgement of a variant: one kind per family (``Family.judge`` makes it), a discriminated union in
+    ``Record.quality``. A family with figures of its own declares a ``Quality`` subclass and registers it
+    (``register_quality``): nothing else changes."""
+
+    kind: str = Field(description="which family's judgement this is (the union's discriminator)")
+
+
+# A record's quality, serialized as what it is (its family's kind), not as the base class.
+AnyQuality = SerializeAsAny[Quality]
+QUALITY_KINDS: dict[str, type[Quality]] = {}
+
+
+def register_quality(cls: type[Quality]) -> type[Quality]:
+    kind = cls.model_fields["kind"].default
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"{cls.__name__} must give its kind a default (the discriminator)")
+    QUALITY_KINDS[kind] = cls
+    return cls
+
+
+@register_quality
+class ClassificationQuality(Quality):
+    """Classifiers: top-k against labels, and agreement with the original's answers."""
+
+    kind: Literal["classification"] = "classification"
+    accuracy: Accuracy | None = Field(None, description="top1, top5, correct, correct_top5, total, ties on the labelled split; "
+                                                        "null without labels")
+    agreement: Agreement | None = Field(None, description="against the original on the same inputs: max_abs_diff, "
+                                                          "mean_abs_diff, cosine_*, top1_agreement, agree")
+
+
+@register_quality
+class EmbeddingQuality(Quality):
+    """Embedding models: closeness to the original's vectors, and ranking of scored pairs."""
+
+    kind: Literal["embedding"] = "embedding"
+    agreement: Agreement | None = Field(None, description="against the original: cosine_min, cosine_mean, cosine_p1, "
+                                                          "retrieval_top10; inputs of varying length also batch_consistency "
+                                                          "(alone vs in a padded batch), its lowest, and cosine_mean_alone")
+    pairs: PairsQuality | None = Field(None, description="with scored pairs: Spearman correlation of cosine with the scores, "
+                                                         "and the number of pairs")
+
+
+class OtherQuality(Quality):
+    """The quality of a family not installed here: its fields kept as they were, so its records still read."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def parse_quality(value: Any) -> Any:
+    """A stored quality back as its family's class, chosen by ``kind``."""
+    if not isinstance(value, dict):
+        return value
+    return QUALITY_KINDS.get(value.get("kind"), OtherQuality).model_validate(value)
+
+
 class Gate(Contract):
     """Verification bounds: a variant outside them is recorded as failed with its figures and never timed."""
 
-    reference_top1: float | None = None
+    reference: AnyQuality | None = None  # the original's quality, to compare with
     max_drop_points: float = 5.0
     min_agreement: float = 0.9
     min_cosine: float | None = None
+
+    _quality = field_validator("reference", mode="before")(parse_quality)
 
 
 class Latency(Contract):
@@ -215,9 +274,7 @@ class Measured(Contract):
 
     status: Literal["ok", "failed"] = "ok"
     error: str | None = None
-    accuracy: Accuracy | None = None
-    agreement: Agreement | None = None
-    pairs: PairsQuality | None = None
+    quality: AnyQuality | None = None
     latency_ms: Latency | None = None
     batch_latency_ms: Latency | None = None
     latency_samples_ms: list[float] | None = None
@@ -231,6 +288,8 @@ class Measured(Contract):
     compile_s: float | None = None
     phases: list[Phase] = Field(default_factory=list)
 
+    _quality = field_validator("quality", mode="before")(parse_quality)
+
 
 class ChainStep(Contract):
     pass_name: str
@@ -240,47 +299,62 @@ class ChainStep(Contract):
 class Record(Contract):
     """One measured (or skipped, or failed) variant: a line of ``results.jsonl``, an entry of ``bench --json``."""
 
-    schema_: str = Field(RESULT_SCHEMA, alias="schema")
-    key: str | None = None
-    name: str
-    group: str | None = None
-    runtime: str
-    chain: list[ChainStep] = Field(default_factory=list)
-    options: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
-    description: str = ""
-    needs_gpu: bool = False
-    status: Literal["ok", "failed", "skipped"]
-    stage: Literal["build", "measure"] | None = None
-    error: str | None = None
-    artifact: Artifact | None = None
-    size_mb: float | None = None
-    batch_size: int | None = None
-    accuracy: Accuracy | None = None
-    agreement: Agreement | None = None
-    pairs: PairsQuality | None = None
-    latency_ms: Latency | None = None
-    batch_latency_ms: Latency | None = None
-    latency_samples_ms: list[float] | None = None
-    throughput_ips: Throughput | None = None
-    cold_start: ColdStart | None = None
-    interference: Interference | None = None
-    stopped_by: dict[str, str] | None = None  # per timed phase: "rule" (both minimums met) or "max_seconds"
-    grid: list[GridPoint] | None = None  # text encoders: batch × sequence length
-    length_batching: LengthBatching | None = None  # text encoders: real texts, first-come vs sorted by length
-    environment: Environment | None = None
-    load_s: float | None = None
-    compile_s: float | None = None
-    build_s: float | None = None
-    phases: list[Phase] = Field(default_factory=list)
-    # A distributed sweep: the kind of node it was measured for (a label of the targets' Ray resources, e.g. "epyc-7763");
-    # only the targets of that kind are decided on it. None: one machine measured it for every target.
-    measured_for: str | None = None
-    # A racing sweep: why this variant got no cold start nor side-by-side re-measure (what beat it beyond noise, for
-    # every target it could serve). None: a contender, or a full sweep.
-    screened_out: str | None = None
+    schema_: str = Field(RESULT_SCHEMA, alias="schema", description="the record's version; a change that breaks readers bumps it")
+    key: str | None = Field(None, description="identity of the measurement (variant, chain with defaults filled in, protocol, "
+                                              "data and calibration data; on a distributed sweep the kind of node): same key, "
+                                              "not measured again")
+    name: str = Field(description="the variant")
+    group: str | None = Field(None, description="its group in the catalogue (pytorch, onnxruntime, int8, openvino, fp16, gpu, lab)")
+    runtime: str = Field(description="the registered runtime that ran it")
+    chain: list[ChainStep] = Field(default_factory=list, description="the passes that built the artifact, parameters with "
+                                                                     "defaults filled in")
+    options: dict[str, Any] = Field(default_factory=dict, description="the runtime's options")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of its processes")
+    description: str = Field("", description="what the variant is, in words")
+    needs_gpu: bool = Field(False, description="its runtime computes on a GPU")
+    status: Literal["ok", "failed", "skipped"] = Field(description="ok; failed (with error, stage build or measure); skipped "
+                                                                   "(the reason in error)")
+    stage: Literal["build", "measure"] | None = Field(None, description="where a failed variant failed")
+    error: str | None = Field(None, description="why it failed or was skipped")
+    artifact: Artifact | None = Field(None, description="what was measured: format, path (or the torch source's ref), hash, "
+                                                        "the pass that built it and its report (e.g. the accuracy-aware search)")
+    size_mb: float | None = Field(None, description="size on disk of every file of the model, external data included (10⁶ bytes)")
+    batch_size: int | None = Field(None, description="the batch size of the throughput run")
+    quality: AnyQuality | None = Field(None, description="the model family's judgement against the original (and labels), one "
+                                                         "kind per family, told apart by `kind` (the tables below)")
+    latency_ms: Latency | None = Field(None, description="single-sample latency: p50, p90, p95, p99, mean, stdev, min, max, n, "
+                                                         "and p50_ci95, a distribution-free 95 % interval of the median")
+    batch_latency_ms: Latency | None = Field(None, description="the same statistics for one batch of batch_size")
+    latency_samples_ms: list[float] | None = Field(None, description="a few hundred raw single-sample latencies (distribution plots)")
+    throughput_ips: Throughput | None = Field(None, description="single (1 / mean latency), batch (samples/s at batch_size), "
+                                                               "sweep ({batch size: samples/s})")
+    cold_start: ColdStart | None = Field(None, description="a fresh process: total_s (start, imports, load, first answer, timed "
+                                                           "from outside), imports_s, load_s, first_inference_s, peak_rss_mb, "
+                                                           "compile_s; a racing sweep measures it for contenders only")
+    interference: Interference | None = Field(None, description="per timed phase: wall and CPU seconds of this process, of "
+                                                                "others and stolen; flagged when others used the CPU")
+    stopped_by: dict[str, str] | None = Field(None, description="per timed phase: rule (both minimums met) or max_seconds")
+    grid: list[GridPoint] | None = Field(None, description="inputs with a sequence axis: latency and throughput per batch × length")
+    length_batching: LengthBatching | None = Field(None, description="inputs of varying length: the real samples in arrival "
+                                                                     "order vs sorted by length, with the padding each wastes")
+    environment: Environment | None = Field(None, description="the machine (CPU model and flags, cores, GPU, node), the "
+                                                              "libraries, an ISA cap, the runtime's own environment, and the "
+                                                              "session: what ACTUALLY ran (provider, precision, threads)")
+    load_s: float | None = Field(None, description="session creation, seconds")
+    compile_s: float | None = Field(None, description="torch.compile, seconds")
+    build_s: float | None = Field(None, description="building its artifact, seconds")
+    phases: list[Phase] = Field(default_factory=list, description="every timed phase's name, start, stop and node: proof that no "
+                                                                  "two measurements overlapped on one machine")
+    measured_for: str | None = Field(None, description="a distributed sweep: the kind of node it was measured for (a label of "
+                                                       "its targets' Ray resources); only targets of that kind are decided on "
+                                                       "it. null: one machine measured it for every target")
+    screened_out: str | None = Field(None, description="a racing sweep: what beat it beyond noise for every target it could "
+                                                       "serve (it got no cold start nor side-by-side re-measure). null: a "
+                                                       "contender, or a full sweep")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    _quality = field_validator("quality", mode="before")(parse_quality)
 
     @property
     def cold_start_s(self) -> float | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+from importlib import metadata
 from typing import Generic, TypeVar
 
 from servopt.errors import UserError
@@ -26,6 +28,7 @@ class Registry(Generic[T]):
 
     def load(self) -> None:
         importlib.import_module(self.builtins)
+        load_plugins()
 
     def names(self) -> list[str]:
         self.load()
@@ -36,3 +39,22 @@ class Registry(Generic[T]):
         if name not in self.classes:
             raise UserError(f"unknown {self.kind} {name!r}", fix=f"use one of: {', '.join(sorted(self.classes))}")
         return self.classes[name]()
+
+
+_plugins_loaded: set[str] = set()
+
+
+def load_plugins() -> None:
+    """Import the plugins that register families, runtimes or passes from outside servopt: the modules named by the
+    ``servopt.plugins`` entry points of installed packages, and those listed in ``SERVOPT_PLUGINS`` (comma-separated
+    module names). Every process does it, so a job process knows the plugin its parent used."""
+    names = [ep.module for ep in metadata.entry_points(group="servopt.plugins")]
+    names += [n.strip() for n in os.environ.get("SERVOPT_PLUGINS", "").split(",") if n.strip()]
+    for name in names:
+        if name not in _plugins_loaded:
+            _plugins_loaded.add(name)
+            try:
+                importlib.import_module(name)
+            except ImportError as e:
+                raise UserError(f"plugin {name!r} could not be imported: {e}",
+                                fix="install it, or correct SERVOPT_PLUGINS / the package's servopt.plugins entry point") from e

@@ -103,22 +103,19 @@ def measure_session(session: Session, data: Dataset, reference: np.ndarray | Non
     outputs = predict_all(session, data, max(1, proto.batch_size))
     if outputs_path is not None:
         np.save(outputs_path, outputs)
-    judged = family.judge(outputs, data, reference)
-    if data.lengths is not None and judged.agreement is not None and judged.agreement.error is None:
-        mean, low, alone = batch_consistency(session, data, outputs, max(1, proto.batch_size), reference)
-        judged.agreement.batch_consistency, judged.agreement.batch_consistency_min = mean, low
-        judged.agreement.cosine_mean_alone = alone
-    failed = family.gate_failure(judged, gate) if gate else None
+    quality = family.judge(outputs, data, reference)
+    if data.lengths is not None:  # padded batches: does a sample's output depend on its batch companions?
+        quality = family.with_batch_consistency(quality, *batch_consistency(session, data, outputs, max(1, proto.batch_size), reference))
+    failed = family.gate_failure(quality, gate) if gate else None
     failed = "; ".join(f for f in (failed, ran_as_asked(session.info())) if f) or None
     if failed:
-        return Measured(status="failed", error=f"verification failed: {failed}", accuracy=judged.accuracy, agreement=judged.agreement,
-                        pairs=judged.pairs)
+        return Measured(status="failed", error=f"verification failed: {failed}", quality=quality)
     single = measure_latency(session, data, proto)
     batch = measure_batch(session, data, proto, proto.batch_size)
     sweep = {str(bs): measure_batch(session, data, proto, bs, name=f"batch-{bs}") for bs in proto.sweep}
     grid, batching, more = measure_text_axes(session, data, family, proto)
     return Measured(
-        accuracy=judged.accuracy, agreement=judged.agreement, pairs=judged.pairs, latency_ms=single.latency,
+        quality=quality, latency_ms=single.latency,
         throughput_ips=Throughput(single=single.throughput, batch=batch.throughput,
                                   sweep={k: v.throughput for k, v in sweep.items()} or None),
         batch_latency_ms=batch.latency, latency_samples_ms=single.samples_ms,

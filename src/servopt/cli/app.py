@@ -23,18 +23,8 @@ ArchOpt = Annotated[str | None, typer.Option("--arch", help="zoo architecture fo
 ClassesOpt = Annotated[int | None, typer.Option("--num-classes", help="classes of a state_dict model (default: from its head)")]
 TrustOpt = Annotated[bool, typer.Option("--trust-pickle", help="allow loading a pickled nn.Module (runs code from the file)")]
 ShapeOpt = Annotated[list[str] | None, typer.Option("--input-shape", help="NAME=1x3x224x224, for models that do not say")]
-# Data options: each model family takes its own (an option another family uses is refused with the family's list).
-DataOpt = Annotated[Path | None, typer.Option("--data", help="image folder: <class>/<img> or Food-11 <split>/<class>/<img>")]
-SplitOpt = Annotated[str | None, typer.Option("--split", help="split of a Food-11 layout (default: evaluation)")]
-LimitOpt = Annotated[int | None, typer.Option("--limit", help="evaluate on at most this many samples")]
-StrictOpt = Annotated[bool, typer.Option("--strict", help="fail on an unreadable sample instead of skipping it")]
-ResizeOpt = Annotated[int | None, typer.Option("--resize", help="shorter side after resize (default 224)")]
-CropOpt = Annotated[int | None, typer.Option("--crop", help="center-crop size (default 224)")]
-MeanOpt = Annotated[str | None, typer.Option("--mean", help="normalization mean, e.g. 0.485,0.456,0.406")]
-StdOpt = Annotated[str | None, typer.Option("--std", help="normalization std, e.g. 0.229,0.224,0.225")]
-TextsOpt = Annotated[Path | None, typer.Option("--texts", help="text encoders: texts, one per line (.txt), or .jsonl/.csv with --column")]
-ColumnOpt = Annotated[str | None, typer.Option("--column", help="the JSONL key / CSV column with the text (default: text)")]
-PairsOpt = Annotated[Path | None, typer.Option("--pairs", help="text encoders: scored pairs (text_a, text_b, score; STS-benchmark TSV too)")]
+# Data options are not declared here: each model family declares its own (``DataOptions``), and the commands that
+# read data offer every family's (``cli.common.with_data_flags``); one another family uses is refused with that family's list.
 
 
 def run_cli(fn):

@@ -8,48 +8,20 @@ from typing import Annotated
 
 import typer
 
-from servopt.cli.app import (
-    ArchOpt,
-    ClassesOpt,
-    ColumnOpt,
-    CropOpt,
-    DataOpt,
-    LimitOpt,
-    MeanOpt,
-    ModelArg,
-    PairsOpt,
-    ResizeOpt,
-    ShapeOpt,
-    SplitOpt,
-    StdOpt,
-    StrictOpt,
-    TextsOpt,
-    TrustOpt,
-    app,
-    console,
-    run_cli,
-)
+from servopt.cli.app import ArchOpt, ClassesOpt, ModelArg, ShapeOpt, TrustOpt, app, console, run_cli
+from servopt.cli.common import with_data_flags
 from servopt.errors import UserError
 
 
 @app.command()
+@with_data_flags
 def bench(
     model: ModelArg,
+    data: dict,
     arch: ArchOpt = None,
     num_classes: ClassesOpt = None,
     trust_pickle: TrustOpt = False,
     input_shape: ShapeOpt = None,
-    data: DataOpt = None,
-    split: SplitOpt = None,
-    limit: LimitOpt = None,
-    strict: StrictOpt = False,
-    resize: ResizeOpt = None,
-    crop: CropOpt = None,
-    mean: MeanOpt = None,
-    std: StdOpt = None,
-    texts: TextsOpt = None,
-    column: ColumnOpt = None,
-    pairs: PairsOpt = None,
     runtime: Annotated[list[str] | None, typer.Option(help="runtimes to measure (default: torch and onnxruntime for torch models)")] = None,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="runtime option KEY=VALUE, for every runtime that has it")] = None,
     graph_level: Annotated[str | None, typer.Option(help="shorthand for -o graph_optimization_level=… (disable, basic, extended, all)")] = None,
@@ -77,8 +49,7 @@ def bench(
         from servopt.runtimes import get_runtime
 
         loaded = open_model(model, arch, num_classes, trust_pickle, input_shape)
-        dataset, note = open_data(loaded, data=data, split=split, limit=limit, strict=strict, resize=resize, crop=crop,
-                                  mean=mean, std=std, texts=texts, column=column, pairs=pairs)
+        dataset, note = open_data(loaded, **data)
         if note:
             console.print(f"[yellow]{note}[/yellow]")
         runtimes = runtime or (["torch", "onnxruntime"] if loaded.is_torch else ["onnxruntime"])
@@ -124,15 +95,15 @@ def bench(
 
 
 @app.command()
+@with_data_flags
 def export(
     model: ModelArg,
     out: Annotated[Path, typer.Option(help="the .onnx file to write")],
+    data: dict,
     arch: ArchOpt = None,
     num_classes: ClassesOpt = None,
     trust_pickle: TrustOpt = False,
     input_shape: ShapeOpt = None,
-    data: DataOpt = None,
-    split: SplitOpt = None,
     opset: Annotated[int, typer.Option(help="ONNX opset")] = 18,
     exporter: Annotated[str, typer.Option(help="auto (dynamo, then TorchScript), dynamo or torchscript")] = "auto",
     tolerance: Annotated[float, typer.Option(help="max abs difference allowed, relative to the logit scale")] = 1e-3,
@@ -146,7 +117,7 @@ def export(
         loaded = open_model(model, arch, num_classes, trust_pickle, input_shape)
         if not loaded.is_torch:
             raise UserError(f"{model} is already ONNX", fix="pass a torch model")
-        dataset, note = open_data(loaded, data=data, split=split, limit=64)
+        dataset, note = open_data(loaded, **{"limit": 64, **{k: v for k, v in data.items() if v is not None}})
         report = export_onnx(loaded, out, opset=opset, exporter=exporter, verify_data=None if note else dataset, tolerance=tolerance)
         console.print_json(json.dumps(report))
 

@@ -28,7 +28,7 @@ def flags(r: Record) -> str:
 def results_table(results: list[Record], title: str = "servopt bench", family=None) -> Table:
     from servopt.families.image import format_accuracy
 
-    describe = family.describe_quality if family is not None else (lambda r: format_accuracy(r.accuracy))
+    describe = family.describe_quality if family is not None else (lambda r: format_accuracy(getattr(r.quality, "accuracy", None)))
     t = Table(title=title, title_style="bold")
     for col in ("model", "runtime", "size MB", "quality", "agree", "p50 ms", "p95 ms", "p99 ms",
                 "1-sample /s", "batch /s", "cold s", "RSS MB", "notes"):
@@ -38,7 +38,7 @@ def results_table(results: list[Record], title: str = "servopt bench", family=No
             t.add_row(escape(r.name), r.runtime, *["—"] * 10, f"[red]{r.status}: {escape(str(r.error))}[/red]")
             continue
         lat, tp = r.latency_ms, r.throughput_ips
-        agr = r.agreement
+        agr = getattr(r.quality, "agreement", None)
         agree = agr.top1_agreement if agr and agr.top1_agreement is not None else (agr.cosine_mean if agr else None)
         t.add_row(
             escape(r.name), r.runtime, _f(r.size_mb), describe(r), _f(agree * 100 if agree is not None else None, "{:.1f}%"),

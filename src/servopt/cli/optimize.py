@@ -22,24 +22,14 @@ from rich.table import Table
 from servopt.cli.app import (
     ArchOpt,
     ClassesOpt,
-    ColumnOpt,
-    CropOpt,
-    DataOpt,
-    LimitOpt,
-    MeanOpt,
     ModelArg,
-    PairsOpt,
-    ResizeOpt,
     ShapeOpt,
-    SplitOpt,
-    StdOpt,
-    StrictOpt,
-    TextsOpt,
     TrustOpt,
     app,
     console,
     run_cli,
 )
+from servopt.cli.common import with_data_flags
 from servopt.errors import UserError
 
 TargetsOpt = Annotated[str | None, typer.Option("--targets", help="presets (cpu-server, gpu-server, edge) and/or YAML files, "
@@ -55,7 +45,7 @@ BudgetOpt = Annotated[str | None, typer.Option("--budget", help="a time budget f
                                                                 "winners first; what it did not try is listed")]
 RayOpt = Annotated[str | None, typer.Option(
     "--ray", help="a distributed sweep on a Ray cluster: auto, ray://HOST:10001, HOST:6379, or local (Ray started here); "
-                  "the run directory must be visible from every node (docs/ray.md) [needs servopt[ray]]")]
+                  "the run directory must be visible from every node (docs/ray.md; needs the servopt\\[ray] extra)")]
 
 
 def print_summary(summary, records) -> None:
@@ -170,23 +160,14 @@ def optimize_settings(**given):
 
 
 @app.command()
+@with_data_flags
 def optimize(
     model: ModelArg,
+    data: dict,
     arch: ArchOpt = None,
     num_classes: ClassesOpt = None,
     trust_pickle: TrustOpt = False,
     input_shape: ShapeOpt = None,
-    data: DataOpt = None,
-    split: SplitOpt = None,
-    limit: LimitOpt = None,
-    strict: StrictOpt = False,
-    resize: ResizeOpt = None,
-    crop: CropOpt = None,
-    mean: MeanOpt = None,
-    std: StdOpt = None,
-    texts: TextsOpt = None,
-    column: ColumnOpt = None,
-    pairs: PairsOpt = None,
     targets: TargetsOpt = None,
     out: OutOpt = None,
     variants: VariantsOpt = None,
@@ -208,9 +189,7 @@ def optimize(
         settings = optimize_settings(targets=targets, out=out, variants=variants, include_all=include_all,
                                      calibration_samples=calibration_samples, quick=quick, ray=ray, full=full, lab=lab,
                                      budget=budget)
-        run_optimize(open_model(model, arch, num_classes, trust_pickle, input_shape),
-                     {"data": data, "split": split, "limit": limit, "strict": strict, "resize": resize, "crop": crop,
-                      "mean": mean, "std": std, "texts": texts, "column": column, "pairs": pairs}, settings, quiet, json_out)
+        run_optimize(open_model(model, arch, num_classes, trust_pickle, input_shape), data, settings, quiet, json_out)
 
     run_cli(go)
 

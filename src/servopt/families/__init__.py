@@ -1,6 +1,6 @@
 """Model families, registered by name. Importing this package registers the built-ins (no heavy imports)."""
 
 from servopt.families import embedding, image, text  # noqa: F401
-from servopt.families.base import FAMILIES, DataOptions, Family, Judgement, family_of, register_family
+from servopt.families.base import FAMILIES, BoundCheck, DataOptions, Family, family_of, register_family
 
-__all__ = ["FAMILIES", "DataOptions", "Family", "Judgement", "family_of", "register_family"]
+__all__ = ["FAMILIES", "BoundCheck", "DataOptions", "Family", "family_of", "register_family"]

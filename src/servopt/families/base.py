@@ -12,12 +12,13 @@ module level: the server uses families too.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from servopt.contracts import Accuracy, Agreement, Gate, PairsQuality, Record
+from servopt.contracts import EmbeddingQuality, Gate, Quality, Record
 from servopt.data.dataset import Dataset, synthetic_inputs
 from servopt.errors import UserError
 from servopt.families.catalogue import CatalogueContext, Variant, tensor_catalogue
@@ -31,8 +32,8 @@ class DataOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    limit: int | None = None  # evaluate on at most this many samples
-    strict: bool = False  # fail on an unreadable sample instead of skipping it
+    limit: int | None = Field(None, gt=0, description="evaluate on at most this many samples")
+    strict: bool = Field(False, description="fail on an unreadable sample instead of skipping it")
 
 
 class LengthBatches(BaseModel):
@@ -47,10 +48,16 @@ class LengthBatches(BaseModel):
     real_tokens: int
 
 
-class Judgement(BaseModel):
-    accuracy: Accuracy | None = None
-    agreement: Agreement | None = None
-    pairs: PairsQuality | None = None
+@dataclass(frozen=True)
+class BoundCheck:
+    """One quality bound of a target, as the family measures it: the limit, the variant's value (None: not measured),
+    and whether the value must stay under the limit (``upper``) or reach it."""
+
+    bound: str
+    limit: float
+    value: float | None
+    upper: bool
+    note: str
 
 
 class Family(ABC):
@@ -123,16 +130,29 @@ class Family(ABC):
         return None
 
     @abstractmethod
-    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> Judgement:
-        """Quality of a variant's outputs: against labels where the data has them, against the original always."""
+    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> Quality:
+        """Quality of a variant's outputs (the family's own ``Quality`` kind): against labels where the data has them,
+        against the original always."""
+
+    def with_batch_consistency(self, quality: Quality, mean: float, lowest: float, alone: float | None) -> Quality:
+        """The quality with how much a sample's output depends on what it is batched with (inputs of varying length
+        only: padded batches); families whose outputs cannot depend on it keep it unchanged."""
+        return quality
 
     @abstractmethod
-    def gate_failure(self, judgement: Judgement, gate: Gate) -> str | None:
-        """Why a variant is too far from the original to be worth timing, or None."""
+    def gate_failure(self, quality: Quality, gate: Gate) -> str | None:
+        """Why a variant is too far from the original to be worth timing, or None (``gate.reference``: the original's
+        quality)."""
 
     @abstractmethod
     def quality_drop(self, record: Record, reference: Record | None) -> float | None:
         """Points of quality lost against the original (what targets bound as ``max_accuracy_drop``)."""
+
+    def quality_bounds(self, target: Any, record: Record, reference: Record | None) -> list[BoundCheck]:
+        """The target's quality bounds as this family measures them (``target``: an ``optimize.targets.Target``). Every
+        family bounds the points lost; a family with other figures adds its own bounds here."""
+        return [BoundCheck("accuracy_drop_points", target.max_accuracy_drop, self.quality_drop(record, reference), True,
+                           "against the original model")]
 
     @abstractmethod
     def describe_quality(self, record: Record) -> str:
@@ -182,11 +202,27 @@ class EmbeddingBase(Family):
 
     task = "embedding"
 
-    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> Judgement:
-        return Judgement(agreement=agreement(outputs, reference, task="embedding") if reference is not None else None)
+    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> EmbeddingQuality:
+        return EmbeddingQuality(agreement=agreement(outputs, reference, task="embedding") if reference is not None else None)
 
-    def gate_failure(self, judgement: Judgement, gate: Gate) -> str | None:
-        agr = judgement.agreement
+    def with_batch_consistency(self, quality: Quality, mean: float, lowest: float, alone: float | None) -> Quality:
+        agr = getattr(quality, "agreement", None)
+        if agr is None or agr.error is not None:
+            return quality
+        agr = agr.model_copy(update={"batch_consistency": mean, "batch_consistency_min": lowest, "cosine_mean_alone": alone})
+        return quality.model_copy(update={"agreement": agr})
+
+    def quality_bounds(self, target: Any, record: Record, reference: Record | None) -> list[BoundCheck]:
+        checks = super().quality_bounds(target, record, reference)
+        if target.min_cosine is not None:
+            agr = getattr(record.quality, "agreement", None)
+            is_ref = reference is not None and record.name == reference.name
+            cos = 1.0 if is_ref else agr.cosine_mean if agr else None
+            checks.append(BoundCheck("cosine_mean", target.min_cosine, cos, False, "embeddings against the original's"))
+        return checks
+
+    def gate_failure(self, quality: Quality, gate: Gate) -> str | None:
+        agr = getattr(quality, "agreement", None)
         if agr and agr.error:
             return agr.error
         if agr and agr.cosine_min is not None and gate.min_cosine is not None and agr.cosine_min < gate.min_cosine:
@@ -195,7 +231,7 @@ class EmbeddingBase(Family):
 
     def quality_drop(self, record: Record, reference: Record | None) -> float | None:
         """(1 − mean cosine) in points: 0.99 mean cosine is a 1-point drop."""
-        agr = record.agreement
+        agr = getattr(record.quality, "agreement", None)
         if agr and agr.cosine_mean is not None:
             return (1 - agr.cosine_mean) * 100
         return 0.0 if reference is not None and record.name == reference.name else None
@@ -208,7 +244,7 @@ class EmbeddingBase(Family):
         return "mean cosine similarity to float"
 
     def describe_quality(self, record: Record) -> str:
-        agr, parts = record.agreement, []
+        agr, pairs, parts = getattr(record.quality, "agreement", None), getattr(record.quality, "pairs", None), []
         if agr and agr.cosine_mean is not None:
             parts.append(f"cos {agr.cosine_mean:.4f} (min {agr.cosine_min:.3f})")
         if agr and agr.retrieval_top10 is not None:
@@ -216,8 +252,8 @@ class EmbeddingBase(Family):
         if agr and agr.batch_consistency is not None and agr.batch_consistency < 0.9999:
             low = "" if agr.batch_consistency_min is None else f" (lowest {agr.batch_consistency_min:.4f})"
             parts.append(f"alone vs batched {agr.batch_consistency:.4f}{low}")
-        if record.pairs:
-            parts.append(f"ρ {record.pairs.spearman:.3f}")
+        if pairs:
+            parts.append(f"ρ {pairs.spearman:.3f}")
         return ", ".join(parts) or ("original" if agr is None and record.status == "ok" else "n/a")
 
 

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import Field, field_validator
 
-from servopt.contracts import Accuracy, Gate, Record
+from servopt.contracts import Accuracy, ClassificationQuality, Gate, Quality, Record
 from servopt.data.dataset import FOOD11_SPLITS, Dataset, load_image_folder
 from servopt.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, decode_image
 from servopt.errors import UserError
-from servopt.families.base import DataOptions, Family, Judgement, register_family
+from servopt.families.base import DataOptions, Family, register_family
 from servopt.families.metrics import agreement
 from servopt.spec import ModelSpec
 
@@ -26,12 +27,23 @@ TUNING_LIMIT = 500  # calibration/tuning images read from the validation split, 
 
 
 class ImageDataOptions(DataOptions):
-    data: Path | None = None  # <class>/<img> or Food-11 <split>/<class>/<img>
-    split: str | None = None
-    resize: int | None = None
-    crop: int | None = None
-    mean: tuple[float, float, float] | None = None
-    std: tuple[float, float, float] | None = None
+    data: Path | None = Field(None, description="image folder: <class>/<img> or Food-11 <split>/<class>/<img>")
+    split: str | None = Field(None, description="split of a Food-11 layout (default: evaluation)")
+    resize: int | None = Field(None, gt=0, description="shorter side after resize (default 224)")
+    crop: int | None = Field(None, gt=0, description="center-crop size (default 224)")
+    mean: tuple[float, float, float] | None = Field(None, description="normalization mean, e.g. 0.485,0.456,0.406")
+    std: tuple[float, float, float] | None = Field(None, description="normalization std, e.g. 0.229,0.224,0.225")
+
+    @field_validator("mean", "std", mode="before")
+    @classmethod
+    def _three_numbers(cls, value: Any) -> Any:
+        """``0.485,0.456,0.406`` as the command line gives it."""
+        if isinstance(value, str):
+            try:
+                value = tuple(float(v) for v in value.split(","))
+            except ValueError as e:
+                raise ValueError(f"three comma-separated numbers, e.g. 0.485,0.456,0.406 (got {value!r})") from e
+        return value
 
 
 def format_accuracy(acc: Accuracy | None) -> str:
@@ -105,28 +117,30 @@ class ImageClassification(Family):
         notes = ["no validation/ split: calibration and tuning use the same images as evaluation"]
         return self._read(spec, options, options.split if layout else None, TUNING_LIMIT), notes
 
-    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> Judgement:
-        return Judgement(accuracy=classification_accuracy(outputs, data.labels) if data.labels is not None else None,
+    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> ClassificationQuality:
+        return ClassificationQuality(accuracy=classification_accuracy(outputs, data.labels) if data.labels is not None else None,
                          agreement=agreement(outputs, reference, "classification") if reference is not None else None)
 
-    def gate_failure(self, judgement: Judgement, gate: Gate) -> str | None:
-        agr, acc = judgement.agreement, judgement.accuracy
+    def gate_failure(self, quality: Quality, gate: Gate) -> str | None:
+        agr, acc = getattr(quality, "agreement", None), getattr(quality, "accuracy", None)
+        ref_acc = getattr(gate.reference, "accuracy", None)
         if agr and agr.error:
             return agr.error
         if agr and agr.top1_agreement is not None and agr.top1_agreement < gate.min_agreement:
             return f"top-1 agreement with the original {agr.top1_agreement:.1%} < {gate.min_agreement:.0%}"
-        if acc and gate.reference_top1 is not None:
-            drop = (gate.reference_top1 - acc.top1) * 100
+        if acc and ref_acc is not None:
+            drop = (ref_acc.top1 - acc.top1) * 100
             if drop > gate.max_drop_points:
                 return f"accuracy drop {drop:.2f} points > {gate.max_drop_points} allowed"
         return None
 
     def quality_drop(self, record: Record, reference: Record | None) -> float | None:
         """Points of top-1 lost against the original; from agreement when there are no labels."""
-        acc, ref_acc = record.accuracy, reference.accuracy if reference else None
+        acc = getattr(record.quality, "accuracy", None)
+        ref_acc = getattr(reference.quality, "accuracy", None) if reference else None
         if acc and ref_acc:
             return (ref_acc.top1 - acc.top1) * 100
-        agr = record.agreement
+        agr = getattr(record.quality, "agreement", None)
         if agr and agr.top1_agreement is not None:
             return (1 - agr.top1_agreement) * 100
         return 0.0 if reference is not None and record.name == reference.name else None
@@ -137,7 +151,7 @@ class ImageClassification(Family):
         return float((outputs.argmax(1) == truth).mean())
 
     def describe_quality(self, record: Record) -> str:
-        return format_accuracy(record.accuracy)
+        return format_accuracy(getattr(record.quality, "accuracy", None))
 
     def tuning_metric(self, data: Dataset) -> str:
         return "top1" if data.labels is not None else "top1 agreement with float"

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from pydantic import Field
 
-from servopt.contracts import Agreement, Gate, PairsQuality, Record
+from servopt.contracts import Agreement, EmbeddingQuality, Gate, PairsQuality, Quality, Record
 from servopt.data.dataset import Dataset
 from servopt.data.text import DEMO_PAIRS, DEMO_SENTENCES, TextTokenizer, batching_waste, read_pairs, read_texts, spearman
 from servopt.data.text import token_length_stats as length_stats
 from servopt.errors import UserError
-from servopt.families.base import DataOptions, EmbeddingBase, Judgement, LengthBatches, register_family
+from servopt.families.base import BoundCheck, DataOptions, EmbeddingBase, LengthBatches, register_family
 from servopt.families.catalogue import (
     NO_BF16,
     NO_FP16,
@@ -55,9 +56,9 @@ CHARS_PER_TOKEN_CAP = 32
 
 
 class TextDataOptions(DataOptions):
-    texts: Path | None = None  # .txt (a text per line), .jsonl or .csv/.tsv
-    column: str | None = None  # the JSONL key / CSV column holding the text (default "text")
-    pairs: Path | None = None  # scored pairs: text_a, text_b, score (or the STS-benchmark TSV)
+    texts: Path | None = Field(None, description="text encoders: texts, one per line (.txt), or .jsonl/.csv with --column")
+    column: str | None = Field(None, description="the JSONL key / CSV column with the text (default: text)")
+    pairs: Path | None = Field(None, description="text encoders: scored pairs (text_a, text_b, score; STS-benchmark TSV too)")
 
 
 @lru_cache(maxsize=8)
@@ -249,7 +250,7 @@ class TextEmbedding(EmbeddingBase):
                              first_come_waste=padding_waste(fc, data.lengths), sorted_waste=padding_waste(st, data.lengths),
                              real_tokens=int(data.lengths.sum()))
 
-    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> Judgement:
+    def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> EmbeddingQuality:
         agr: Agreement | None = None
         if reference is not None:
             agr = agreement(outputs, reference, task="embedding")
@@ -259,10 +260,10 @@ class TextEmbedding(EmbeddingBase):
         if "pair_a" in data.extras:
             a, b, gold = data.extras["pair_a"], data.extras["pair_b"], data.extras["pair_score"]
             pairs = PairsQuality(spearman=spearman(cosine(outputs[a], outputs[b]), gold), pairs=len(gold))
-        return Judgement(agreement=agr, pairs=pairs)
+        return EmbeddingQuality(agreement=agr, pairs=pairs)
 
-    def gate_failure(self, judgement: Judgement, gate: Gate) -> str | None:
-        agr = judgement.agreement
+    def gate_failure(self, quality: Quality, gate: Gate) -> str | None:
+        agr = getattr(quality, "agreement", None)
         if agr and agr.error:
             return agr.error
         if agr and gate.min_cosine is not None and agr.cosine_mean is not None and agr.cosine_mean < gate.min_cosine:
@@ -280,9 +281,18 @@ class TextEmbedding(EmbeddingBase):
 
     def quality_drop(self, record: Record, reference: Record | None) -> float | None:
         """Points of Spearman lost on the pairs where there are pairs, else (1 − mean cosine) in points."""
-        if record.pairs and reference and reference.pairs:
-            return (reference.pairs.spearman - record.pairs.spearman) * 100
+        mine, theirs = getattr(record.quality, "pairs", None), getattr(reference.quality, "pairs", None) if reference else None
+        if mine and theirs:
+            return (theirs.spearman - mine.spearman) * 100
         return super().quality_drop(record, reference)
+
+    def quality_bounds(self, target: Any, record: Record, reference: Record | None) -> list[BoundCheck]:
+        checks = super().quality_bounds(target, record, reference)
+        if target.max_spearman_drop is not None:
+            mine, theirs = getattr(record.quality, "pairs", None), getattr(reference.quality, "pairs", None) if reference else None
+            drop = (theirs.spearman - mine.spearman) * 100 if mine and theirs else None
+            checks.append(BoundCheck("spearman_drop_points", target.max_spearman_drop, drop, True, "Spearman on the scored pairs"))
+        return checks
 
     def sequence_length(self, feed: dict[str, np.ndarray]) -> int | None:
         return int(feed["attention_mask"].shape[1]) if "attention_mask" in feed else None

@@ -14,17 +14,18 @@ own kind (``for_target``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from servopt.contracts import Contract, Interleaved, Record
 from servopt.families.base import Family
 from servopt.machine import CpuFeatures, Device, machine_label, richer
 from servopt.optimize.targets import Target
 
-QUALITY_BOUNDS = ("accuracy_drop_points", "cosine_mean", "spearman_drop_points")
-LOWER_BOUNDS = ("throughput_ips", "cosine_mean", "runs_on_target_isa")  # bounds a value must reach; the others it must stay under
+# How summaries written before bounds said their kind and direction read them (their bounds had these names).
+_V2_LOWER = ("throughput_ips", "cosine_mean", "runs_on_target_isa")
+_V2_QUALITY = ("accuracy_drop_points", "cosine_mean", "spearman_drop_points")
 
 
 class Bound(Contract):
@@ -34,6 +35,17 @@ class Bound(Contract):
     status: Literal["pass", "fail", "not measured"]
     miss: float | None = None  # over the bound / short of it, as a share of it
     note: str = ""
+    upper: bool = True  # the value must stay under the limit (False: reach it)
+    kind: Literal["quality", "size", "speed", "isa"] = "speed"  # quality bounds come from the model's family
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "kind" not in data and "bound" in data:
+            name = data["bound"]
+            data = {**data, "upper": name not in _V2_LOWER, "kind": "quality" if name in _V2_QUALITY else
+                    "size" if name == "size_mb" else "isa" if name == "runs_on_target_isa" else "speed"}
+        return data
 
 
 class Figures(Contract):
@@ -125,7 +137,7 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
     env = rec.environment
     bounds: list[Bound] = []
 
-    def add(bound: str, limit: float, value: float | None, upper: bool, measurable: bool, note: str) -> None:
+    def add(bound: str, limit: float, value: float | None, upper: bool, measurable: bool, note: str, kind: str) -> None:
         if not measurable or value is None:
             status: Literal["pass", "fail", "not measured"] = "not measured"
         else:
@@ -133,29 +145,22 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
         miss = None
         if status == "fail" and value is not None:
             miss = value / limit - 1 if upper else 1 - value / limit
-        bounds.append(Bound(bound=bound, limit=limit, value=value, status=status, miss=miss, note=note))
+        bounds.append(Bound(bound=bound, limit=limit, value=value, status=status, miss=miss, note=note, upper=upper, kind=kind))
 
-    drop = family.quality_drop(rec, ref)
-    add("accuracy_drop_points", target.max_accuracy_drop, drop, True, drop is not None, "against the original model")
-    is_ref = ref is not None and rec.name == ref.name
-    if target.min_cosine is not None:
-        cos = 1.0 if is_ref else rec.agreement.cosine_mean if rec.agreement else None
-        add("cosine_mean", target.min_cosine, cos, False, cos is not None, "embeddings against the original's")
-    if target.max_spearman_drop is not None:
-        sp = (ref.pairs.spearman - rec.pairs.spearman) * 100 if rec.pairs and ref and ref.pairs else None
-        add("spearman_drop_points", target.max_spearman_drop, sp, True, sp is not None, "Spearman on the scored pairs")
+    for check in family.quality_bounds(target, rec, ref):  # the family knows what its quality is
+        add(check.bound, check.limit, check.value, check.upper, check.value is not None, check.note, "quality")
     if target.max_size_mb is not None:
-        add("size_mb", target.max_size_mb, rec.size_mb, True, True, "size on disk holds everywhere")
+        add("size_mb", target.max_size_mb, rec.size_mb, True, True, "size on disk holds everywhere", "size")
     speed_here = target.device.measurable_on(env)
     speed_note = f"measured on {_where(rec)}, not on {target.hardware}" if speed_here else target.device.why_not_measurable()
     if target.max_p50_ms is not None:
-        add("p50_ms", target.max_p50_ms, fig.p50_ms, True, speed_here, speed_note)
+        add("p50_ms", target.max_p50_ms, fig.p50_ms, True, speed_here, speed_note, "speed")
     if target.min_throughput_ips is not None:
-        add("throughput_ips", target.min_throughput_ips, fig.throughput_ips, False, speed_here, speed_note)
+        add("throughput_ips", target.min_throughput_ips, fig.throughput_ips, False, speed_here, speed_note, "speed")
     if interleaved and rec.name in interleaved.failed:
         cap = interleaved.environment.isa_cap if interleaved.environment else None
         add("runs_on_target_isa", 1, 0, False, True,
-            f"cannot run{f' with the instruction set capped at {cap}' if cap else ''}: {interleaved.failed[rec.name][:160]}")
+            f"cannot run{f' with the instruction set capped at {cap}' if cap else ''}: {interleaved.failed[rec.name][:160]}", "isa")
     notes = [n for n in [isa_note(target, rec, fig)] if n]
     return Verdict(variant=rec.name, passes=all(b.status != "fail" for b in bounds), bounds=bounds, figures=fig,
                    total_miss=sum(b.miss or 0 for b in bounds if b.status == "fail"), notes=notes)
@@ -170,8 +175,8 @@ def _objective_key(target: Target, verdict: Verdict) -> float:
 
 def shortfall(verdict: Verdict) -> str:
     return ", ".join(
-        f"{b.bound} {b.value:.3g} vs {'≥' if b.bound in LOWER_BOUNDS else '≤'} {b.limit:g} "
-        f"({'short' if b.bound in LOWER_BOUNDS else 'over'} by {b.miss:.0%})"
+        f"{b.bound} {b.value:.3g} vs {'≤' if b.upper else '≥'} {b.limit:g} "
+        f"({'over' if b.upper else 'short'} by {b.miss:.0%})"
         for b in verdict.bounds if b.status == "fail" and b.value is not None and b.miss is not None)
 
 
@@ -238,7 +243,7 @@ def interleave_candidates(targets: list[Target], records: list[Record], ref: Rec
         if t.device is not Device.CPU:  # only a CPU target's figures are taken here, side by side
             continue
         verdicts = [judge(t, r, ref, family) for r in for_target(t, records) if eligible(t, r)]
-        acc_ok = [v for v in verdicts if all(b.status != "fail" for b in v.bounds if b.bound in QUALITY_BOUNDS)]
+        acc_ok = [v for v in verdicts if all(b.status != "fail" for b in v.bounds if b.kind == "quality")]
         ranked = sorted(acc_ok, key=lambda v: (not v.passes, _objective_key(t, v)))
         for v in ranked[:per_target]:
             if v.variant not in chosen:

@@ -23,7 +23,7 @@ from servopt.contracts import Record
 from servopt.families.base import Family
 from servopt.home import default_home
 from servopt.machine import CpuFeatures, Isa, cpu_features, richer
-from servopt.optimize.decide import QUALITY_BOUNDS, eligible, judge
+from servopt.optimize.decide import eligible, judge
 from servopt.optimize.targets import Target
 from servopt.results import append_jsonl, read_jsonl
 from servopt.runtimes.base import get_runtime
@@ -31,7 +31,7 @@ from servopt.runtimes.base import get_runtime
 # Two measurements of the same variant at two moments of this shared machine differed by up to this factor on top of
 # their confidence intervals (docs/protocol.md): a win smaller than that is not a win.
 DRIFT = 1.10
-DETERMINISTIC_BOUNDS = (*QUALITY_BOUNDS, "size_mb")
+DETERMINISTIC = ("quality", "size")  # bounds whose figures do not move between two measurements
 
 
 def history_path() -> Path:
@@ -100,7 +100,7 @@ def finish_estimate(rounds: int, targets: int) -> float:
 
 def misses_quality(target: Target, rec: Record, ref: Record | None, family: Family) -> bool:
     """Whether ``rec`` fails one of the target's quality bounds."""
-    return any(b.status == "fail" for b in judge(target, rec, ref, family).bounds if b.bound in QUALITY_BOUNDS)
+    return any(b.status == "fail" for b in judge(target, rec, ref, family).bounds if b.kind == "quality")
 
 
 def _interval(rec: Record, what: str) -> tuple[float, float] | None:
@@ -138,8 +138,8 @@ def beats(target: Target, a: Record, b: Record, ref: Record | None, family: Fami
     if target.isa is not None and richer(here_isa, target.isa) and get_runtime(a.runtime).isa_cap_env(target.isa) is not None:
         return None
     va, vb = judge(target, a, ref, family), judge(target, b, ref, family)
-    miss_a = {x.bound: x.miss or 0.0 for x in va.bounds if x.bound in DETERMINISTIC_BOUNDS}
-    miss_b = {x.bound: x.miss or 0.0 for x in vb.bounds if x.bound in DETERMINISTIC_BOUNDS}
+    miss_a = {x.bound: x.miss or 0.0 for x in va.bounds if x.kind in DETERMINISTIC}
+    miss_b = {x.bound: x.miss or 0.0 for x in vb.bounds if x.kind in DETERMINISTIC}
     if any(miss_a.get(k, 0.0) > miss_b.get(k, 0.0) for k in miss_a):
         return None
     why = []

@@ -108,9 +108,10 @@ def variant_rows(records: list[Record], reference: Record | None, pareto: set[tu
     rows = []
     for r in records:
         lat, tp = r.latency_ms, r.throughput_ips
-        agr = r.agreement.top1_agreement if r.agreement else None
+        agreement = getattr(r.quality, "agreement", None)  # every built-in kind compares with the original's answers
+        agr = agreement.top1_agreement if agreement else None
         ref = (references or {}).get(r.measured_for, reference)
-        drop = family.quality_drop(r, ref) if r.status == "ok" or r.accuracy else None
+        drop = family.quality_drop(r, ref) if r.status == "ok" or r.quality is not None else None
         notes = []
         if r.interference and r.interference.flagged:
             notes.append("noisy")

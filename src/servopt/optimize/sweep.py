@@ -387,7 +387,7 @@ class Sweep:
         """The measurement of a variant; the original's (``reference`` None) saves the outputs the others are verified against."""
         v, s = u.variant, self.settings
         gate = None if reference is None or not v.gate else Gate(
-            reference_top1=reference.accuracy.top1 if reference.accuracy else None, max_drop_points=s.verify_max_drop,
+            reference=reference.quality, max_drop_points=s.verify_max_drop,
             min_agreement=s.verify_min_agreement, min_cosine=s.verify_min_cosine)
         return MeasureJob(session=OpenSpec(name=v.name, artifact=artifact, runtime=v.runtime, options=v.options),
                           data=str(self.dir.eval_data), family=self.model.spec.family_name,
