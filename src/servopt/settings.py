@@ -60,6 +60,23 @@ def parse_duration(text: str | None) -> float | None:
     return seconds
 
 
+def parse_rate(text: str | None) -> float | None:
+    """``500``, ``500/s``, ``30000/min``, ``1.8M/h`` → inferences per second; None stays None."""
+    if text is None or str(text).strip() == "":
+        return None
+    raw = str(text).strip().lower().replace(" ", "")
+    number, _, per = raw.partition("/")
+    scale = {"": 1, "s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hour": 3600}.get(per)
+    mult = {"k": 1e3, "m": 1e6}.get(number[-1:], 1) if number else 1
+    try:
+        value = float(number[:-1] if mult != 1 else number) * mult
+    except ValueError as e:
+        raise ValueError(f"{text!r} is not a rate: use e.g. 500/s, 30000/min or 1.8M/h") from e
+    if scale is None or value <= 0:
+        raise ValueError(f"{text!r} is not a rate: use e.g. 500/s, 30000/min or 1.8M/h")
+    return value / scale
+
+
 class OptimizeSettings(BaseSettings):
     """``servopt optimize`` and ``servopt demo`` (``SERVOPT_OPTIMIZE_TARGETS=cpu-server`` …)."""
 
@@ -79,6 +96,7 @@ class OptimizeSettings(BaseSettings):
     full: bool = False  # no race: every variant built, measured and cold-started (slower; the same decisions)
     lab: bool = False  # also the lab's ladder (text: plain / eval / no_grad / compile)
     budget: str | None = None  # a time budget for the whole sweep: 300, 300s, 5m, 1h
+    load: str | None = None  # a load to price: 500, 500/s, 30000/min (instances and USD a month per target)
     ray: str | None = None  # a distributed sweep: the Ray cluster (auto, ray://HOST:10001, HOST:6379, local); None: this machine
 
     @field_validator("budget")
@@ -87,6 +105,16 @@ class OptimizeSettings(BaseSettings):
         parse_duration(value)
         return value
 
+    @field_validator("load")
+    @classmethod
+    def _rate(cls, value: str | None) -> str | None:
+        parse_rate(value)
+        return value
+
     @property
     def budget_seconds(self) -> float | None:
         return parse_duration(self.budget)
+
+    @property
+    def load_ips(self) -> float | None:
+        return parse_rate(self.load)

@@ -43,6 +43,8 @@ FullOpt = Annotated[bool, typer.Option("--full", help="no race: build, measure a
 LabOpt = Annotated[bool, typer.Option("--lab", help="also the lab's ladder (text: plain / eval / no_grad / torch.compile)")]
 BudgetOpt = Annotated[str | None, typer.Option("--budget", help="a time budget for the whole sweep (300, 5m, 1h): the likeliest "
                                                                 "winners first; what it did not try is listed")]
+LoadOpt = Annotated[str | None, typer.Option("--load", help="a load to price, e.g. 500/s or 30000/min: the instances and USD a "
+                                                            "month each target's pick needs (targets with price_per_hour)")]
 RayOpt = Annotated[str | None, typer.Option(
     "--ray", help="a distributed sweep on a Ray cluster: auto, ray://HOST:10001, HOST:6379, or local (Ray started here); "
                   "the run directory must be visible from every node (docs/ray.md; needs the servopt\\[ray] extra)")]
@@ -50,7 +52,15 @@ RayOpt = Annotated[str | None, typer.Option(
 
 def print_summary(summary, records) -> None:
     from servopt.families import family_of
-    from servopt.optimize.report import interleave_rows, pareto_marks, references_by_kind, variant_rows, verdict_rows
+    from servopt.optimize.report import (
+        interleave_rows,
+        pareto_marks,
+        price_section,
+        race_section,
+        references_by_kind,
+        variant_rows,
+        verdict_rows,
+    )
     from servopt.optimize.rundir import load_config
 
     ref = next((r for r in records if r.name == summary.reference), None)
@@ -82,6 +92,23 @@ def print_summary(summary, records) -> None:
         colour = "green" if row.status.startswith("pass") else "red" if row.status == "fail" else "yellow"
         v.add_row(row.name, row.hardware, f"[{colour}]{row.status}[/{colour}]", row.recommended, escape(row.reason))
     console.print(v)
+    prices = price_section(summary)
+    if prices:
+        p = Table(title=f"what it costs, USD per million inferences (load: {prices.load})", title_style="bold")
+        for col in ("target", "variant", "per million", "within latency bound", "instances", "USD/month"):
+            p.add_column(col, justify="left" if col in ("target", "variant") else "right")
+        for r in prices.rows:
+            p.add_row(r.target, f"[bold]{escape(r.variant)}[/bold]" if r.pick else escape(r.variant), r.per_million, r.at_bound,
+                      r.instances, r.monthly)
+        console.print(p)
+        for n in prices.notes:
+            console.print(f"[dim]{escape(n)}[/dim]")
+    race = race_section(summary, records)
+    if race:
+        console.print(f"[dim]{escape(race.summary)} Screened out: {', '.join(n for n, _ in race.screened) or 'none'}; not tried: "
+                      f"{', '.join(v.name for v in race.not_tried) or 'none'} (report.html says why).[/dim]")
+    for problem in summary.problems:
+        console.print(f"[yellow]{escape(problem)}[/yellow]")
 
 
 def _progress_ui(quiet: bool):
@@ -177,6 +204,7 @@ def optimize(
     full: FullOpt = False,
     lab: LabOpt = False,
     budget: BudgetOpt = None,
+    load: LoadOpt = None,
     ray: RayOpt = None,
     quiet: QuietOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="print summary.json to stdout")] = False,
@@ -188,7 +216,7 @@ def optimize(
 
         settings = optimize_settings(targets=targets, out=out, variants=variants, include_all=include_all,
                                      calibration_samples=calibration_samples, quick=quick, ray=ray, full=full, lab=lab,
-                                     budget=budget)
+                                     budget=budget, load=load)
         run_optimize(open_model(model, arch, num_classes, trust_pickle, input_shape), data, settings, quiet, json_out)
 
     run_cli(go)
@@ -257,6 +285,7 @@ def demo(
     full: FullOpt = False,
     lab: LabOpt = False,
     budget: BudgetOpt = None,
+    load: LoadOpt = None,
     ray: RayOpt = None,
     quiet: QuietOpt = False,
     text: Annotated[bool, typer.Option("--text", help="the sentence-encoder demo: all-MiniLM-L6-v2 on the shipped texts and pairs")] = False,
@@ -282,7 +311,7 @@ def demo(
         if not quiet:
             console.print(note)
         settings = optimize_settings(out=out or default_out, targets=targets, variants=variants, include_all=include_all, note=note,
-                                     ray=ray, full=full, lab=lab, budget=budget)
+                                     ray=ray, full=full, lab=lab, budget=budget, load=load)
         run_optimize(loaded, data_raw, settings, quiet, False)
 
     run_cli(go)

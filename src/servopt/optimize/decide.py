@@ -56,6 +56,20 @@ class Figures(Contract):
     capped_run: bool = False  # the figures come from a run that capped every runtime it could
 
 
+class Price(Contract):
+    """One variant's cost on one target's instance."""
+
+    per_million_usd: float  # at the measured batch throughput
+    per_million_range_usd: list[float] | None = None  # from the throughput's 95 % interval (low, high)
+    per_million_at_bound_usd: float | None = None  # serving within the target's latency bound
+    throughput_at_bound_ips: float | None = None  # per measured machine
+    instances: int | None = None  # for the stated load, at the latency bound
+    monthly_usd: float | None = None
+    scale: float  # instance capacity / this machine's (instance vCPUs / measured cores)
+    note: str
+
+
+
 class Verdict(Contract):
     variant: str
     passes: bool
@@ -63,6 +77,7 @@ class Verdict(Contract):
     figures: Figures
     total_miss: float
     notes: list[str] = Field(default_factory=list)
+    price: Price | None = None  # its cost on the target's instance (``optimize.pricing``), where the target has a price
 
 
 class Decision(Contract):

@@ -187,6 +187,73 @@ def verdict_rows(summary: Summary) -> list[VerdictRow]:
     return rows
 
 
+@dataclass
+class PriceRow:
+    target: str
+    variant: str
+    pick: bool
+    per_million: str  # at the measured throughput (and its interval)
+    at_bound: str  # serving within the latency bound
+    instances: str
+    monthly: str
+
+
+@dataclass
+class PriceSection:
+    rows: list[PriceRow]
+    notes: list[str]  # per target: where its price comes from and the scaling assumed
+    load: str
+
+
+def _usd(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.2f}" if v >= 1 else f"{v:.3f}" if v >= 0.01 else f"{v:.4f}"
+
+
+def price_section(summary: Summary, limit: int = 6) -> PriceSection | None:
+    """Per target with a price: the pick (or nearest) first, then the other candidates that pass (up to ``limit``)."""
+    rows, notes = [], []
+    for d in summary.targets:
+        priced = [v for v in d.verdicts if v.price is not None]
+        if not priced:
+            continue
+        pick = d.recommended or d.nearest
+        ordered = sorted(priced, key=lambda v: (v.variant != pick, not v.passes, v.price.per_million_usd))[:limit]
+        for v in ordered:
+            p = v.price
+            span = f" ({_usd(p.per_million_range_usd[0])}–{_usd(p.per_million_range_usd[1])})" if p.per_million_range_usd else ""
+            rows.append(PriceRow(target=d.target.name, variant=v.variant + ("" if v.passes else " (misses a bound)"), pick=v.variant == pick,
+                                 per_million=_usd(p.per_million_usd) + span, at_bound=_usd(p.per_million_at_bound_usd),
+                                 instances=str(p.instances) if p.instances else "—", monthly=_usd(p.monthly_usd)))
+        notes.append(f"{d.target.name}: {ordered[0].price.note}")
+    if not rows:
+        return None
+    load = f"{summary.load_ips:g}/s" if summary.load_ips else "no load given (--load 500/s)"
+    return PriceSection(rows=rows, notes=notes, load=load)
+
+
+@dataclass
+class RaceSection:
+    summary: str
+    screened: list[tuple[str, str]]
+    not_tried: list
+
+
+def race_section(summary: Summary, records: list[Record]) -> RaceSection | None:
+    """What a racing sweep did not measure in full, and why: the screened-out variants (what beat them), and what it
+    did not try (the budget, or a refinement not needed)."""
+    screened = [(label(r), r.screened_out) for r in records if r.screened_out]
+    if not summary.racing and not summary.not_tried:
+        return None
+    wall = f" in {summary.wall_s:.0f} s" if summary.wall_s else ""
+    budget = f" (budget {summary.budget_s:.0f} s)" if summary.budget_s else ""
+    text = (f"A racing sweep{wall}{budget}: every variant was verified and measured briefly; {len(screened)} beaten beyond "
+            "noise for every target they could serve got no cold start nor side-by-side re-measure. `--full` measures "
+            "everything in full (the same decisions, slower).") if summary.racing else f"A full sweep{wall}{budget}."
+    return RaceSection(summary=text, screened=screened, not_tried=summary.not_tried)
+
+
 def interleave_rows(il: Interleaved | None) -> list[RatioRow]:
     if il is None:
         return []
@@ -344,6 +411,17 @@ Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
 |---|---|---|---|---|
 {% for b in t.bounds %}| {{ b.bound }} | {{ b.limit }} | {{ b.value }} | {{ b.status }} | {{ b.note }} |
 {% endfor %}{% endif %}{% endfor %}
+{% if prices %}
+## What it costs (USD per million inferences; load: {{ prices.load }})
+| target | variant | per million at measured throughput (95 % interval) | per million within the latency bound | instances for the load | USD a month |
+|---|---|---|---|---|---|
+{% for r in prices.rows %}| {{ r.target }} | {{ "**" if r.pick }}{{ r.variant }}{{ "**" if r.pick }} | {{ r.per_million }} | {{ r.at_bound }} | {{ r.instances }} | {{ r.monthly }} |
+{% endfor %}
+{% for n in prices.notes %}- {{ n }}
+{% endfor %}{% endif %}{% if problems %}
+## Problems on the way (the decisions stand; see each)
+{% for p in problems %}- {{ p }}
+{% endfor %}{% endif %}
 {% if interleaved %}
 ## Same-run ratios (interleaved A B A B with the reference, {{ rounds }} rounds)
 | variant | p50 ms | batch/s | p50 vs ORT default | throughput vs ORT default | noisy rounds |
@@ -409,6 +487,13 @@ Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}
 {% endfor %}
 Chosen: step {{ search.chosen_step }} (the fastest within tolerance); layers kept in float: {{ search.float_layers|join(", ") or "none" }}
 {% endif %}
+{% if race %}
+## The race: what was screened out, and what was not tried
+{{ race.summary }}
+
+{% for name, why in race.screened %}- `{{ name }}`: {{ why }}
+{% endfor %}{% for v in race.not_tried %}- `{{ v.name }}` not tried: {{ v.why }}
+{% endfor %}{% endif %}
 {% if left_out %}
 ## Left out of this sweep
 {% for v in left_out %}- `{{ v.name }}`: {{ v.why }}
@@ -435,6 +520,11 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 {% for b in t.bounds %}<tr><td>{{ b.bound }}</td><td>{{ b.limit }}</td><td>{{ b.value }}</td>
 <td class="{{ 'pass' if b.status == 'pass' else 'fail' if b.status == 'fail' else 'nm' }}" title="{{ b.note }}">{{ b.status }}</td></tr>{% endfor %}
 </table><p class="muted">{{ t.bounds[-1].note }}</p>{% endif %}</div>{% endfor %}
+{% if prices %}<h2>What it costs <span class="muted">USD per million inferences; load {{ prices.load }}</span></h2>
+<table><tr><th>target</th><th>variant</th><th>per million, measured throughput (95 % interval)</th><th>per million within the latency bound</th><th>instances for the load</th><th>USD a month</th></tr>
+{% for r in prices.rows %}<tr><td class="l">{{ r.target }}</td><td class="l">{% if r.pick %}<b>{{ r.variant }}</b>{% else %}{{ r.variant }}{% endif %}</td><td>{{ r.per_million }}</td><td>{{ r.at_bound }}</td><td>{{ r.instances }}</td><td>{{ r.monthly }}</td></tr>{% endfor %}</table>
+<ul class="muted">{% for n in prices.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
+{% if problems %}<h2>Problems on the way</h2><ul>{% for p in problems %}<li>{{ p }}</li>{% endfor %}</ul>{% endif %}
 {% if interleaved %}<h2>Same-run ratios against ONNX Runtime defaults</h2>
 <p class="muted">Re-measured side by side in one process, {{ rounds }} interleaved rounds (A B … reference, A B … reference); medians of per-round ratios.</p>
 <table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>noisy rounds</th></tr>
@@ -476,6 +566,8 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 <table><tr><th>step</th><th>what</th><th>float layers</th><th>score</th><th>drop</th><th>within</th><th>p50 ms</th></tr>
 {% for s in search.steps %}<tr><td>{{ s.step }}</td><td class="l">{{ s.label }}</td><td>{{ s.float_layers }}</td><td>{{ "%.4f"|format(s.score) }}</td><td>{{ "%.2f"|format(s.drop_points) }}</td><td>{{ s.within_tolerance }}</td><td>{{ "%.2f"|format(s.p50_ms) if s.p50_ms is defined else "—" }}</td></tr>{% endfor %}</table>
 <p>Chosen: step {{ search.chosen_step }} (the fastest within tolerance). Layers kept in float: {{ search.float_layers|join(", ") or "none" }}</p>{% endif %}
+{% if race %}<h2>The race</h2><p>{{ race.summary }}</p><ul>{% for name, why in race.screened %}<li><code>{{ name }}</code>: {{ why }}</li>{% endfor %}
+{% for v in race.not_tried %}<li><code>{{ v.name }}</code> not tried: {{ v.why }}</li>{% endfor %}</ul>{% endif %}
 {% if left_out %}<h2>Left out of this sweep</h2><ul>{% for v in left_out %}<li><code>{{ v.name }}</code>: {{ v.why }}</li>{% endfor %}</ul>
 <p class="muted">Include them with <code>--variants NAME</code> (globs and group names work) or <code>--include-all</code>.</p>{% endif %}
 <h2>Environment</h2><pre>{{ environment }}</pre>
@@ -559,6 +651,7 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
         "profiles": profiles, "search": search, "left_out": config.left_out if config else [],
         "environment": env_json, "note": config.note if config else "",
         "data": data_lines(config.data) if config else [], "grid": grid_table(records),
+        "prices": price_section(summary), "problems": summary.problems, "race": race_section(summary, records),
     }
     write_text_atomic(out / "report.md", Environment(autoescape=False).from_string(MD).render(**ctx))
     svgs = {k: Markup(v) for k, v in charts(records, reference, marks, family, picks, references).items()}  # our own SVG

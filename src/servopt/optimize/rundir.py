@@ -161,6 +161,7 @@ class Summary(Contract):
     not_tried: list[LeftOut] = Field(default_factory=list)  # chosen but not measured: the time budget, or not needed
     budget_s: float | None = None
     wall_s: float | None = None
+    load_ips: float | None = None  # the load priced (instances and USD a month per target): --load
 
     def kind(self, kind: str | None) -> KindSummary | None:
         return next((k for k in self.kinds if k.kind == kind), None) if kind else None

@@ -41,7 +41,7 @@ from servopt.errors import UserError
 from servopt.families.base import Family, family_of
 from servopt.machine import CpuFeatures, Device, cpu_features, environment, gpu_present, richer
 from servopt.models.sources import LoadedModel
-from servopt.optimize import racing
+from servopt.optimize import pricing, racing
 from servopt.optimize.decide import Decision, decide, interleave_candidates, pareto_front
 from servopt.optimize.executor import LOST, Executor, LocalExecutor, Lost
 from servopt.optimize.rundir import KindSummary, LeftOut, RunConfig, RunDir, Summary, load_profile
@@ -621,7 +621,8 @@ class Sweep:
             except UserError as e:
                 self.problems.append(f"{e.problem} — decided on the sweep's figures")
         capped = self.run_capped(contenders, reference, kind, targets)
-        decisions = {t.name: decide(t, records, reference, self.family, capped.get(t.isa or "") or interleaved) for t in targets}
+        decisions = {t.name: pricing.priced(decide(t, records, reference, self.family, capped.get(t.isa or "") or interleaved), records,
+                                            self.settings.load_ips) for t in targets}
         return KindOutcome(decisions, interleaved, capped, pareto_front(records, reference, self.family))
 
     def _per_kind(self, work: Callable, kinds: Iterable) -> list:
@@ -655,7 +656,8 @@ class Sweep:
             interleaved=here.interleaved if here else None, capped=here.capped if here else {},
             counts={s: sum(r.status == s for r in records) for s in ("ok", "failed", "skipped")},
             environment=environment(libraries=all_libraries()), kinds=by_kind, problems=self.problems,
-            not_tried=self.not_tried, racing=self.racing, budget_s=self.settings.budget_seconds, wall_s=round(self.elapsed(), 1))
+            not_tried=self.not_tried, racing=self.racing, budget_s=self.settings.budget_seconds, wall_s=round(self.elapsed(), 1),
+            load_ips=self.settings.load_ips)
         write_json_atomic(self.dir.summary, summary)
 
         def profile(kind: str | None) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
 from servopt.errors import UserError
 from servopt.machine import Device, Isa
@@ -34,6 +34,12 @@ class Target(BaseModel):
         None, description="embeddings with scored pairs: Spearman points lost against the original, at most")
     isa: Isa | None = Field(
         None, description="the target CPU's instruction set: its candidates are measured capped to it where a runtime allows")
+    price_per_hour: PositiveFloat | None = Field(
+        None, description="the hourly price of the instance this target stands for (USD): prices each variant per million "
+                          "inferences and the instances a load needs")
+    price_source: str | None = Field(None, description="where price_per_hour comes from, and when (shown beside every price)")
+    instance_vcpus: PositiveInt | None = Field(
+        None, description="that instance's vCPUs: the throughput measured here is scaled by vCPUs / the cores measured on")
     ray_resources: dict[str, PositiveFloat] | None = Field(
         None, description="a distributed sweep (--ray): the Ray resources of the nodes this target's candidates are "
                           "measured on, e.g. {'epyc-7763': 1} or {'GPU': 1}; ignored on one machine")
@@ -57,11 +63,18 @@ def kind_slug(kind: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=+-]", "_", kind)
 
 
+# Prices are list prices a user can check, with their source and date; no price list is fetched (servopt runs offline),
+# so put your own (negotiated, reserved, spot) in a target YAML.
+CPU_SERVER_PRICE = ("AWS EC2 c6a.2xlarge on-demand, us-east-1, Linux: 8 vCPUs of AMD EPYC 7R13, the 7763's Zen 3 generation; "
+                    "AWS's published rate, 2024 (check the current one)")
+GPU_SERVER_PRICE = ("AWS EC2 p4d.24xlarge on-demand, us-east-1: 32.77 USD/h for 8 × A100 40 GB, per GPU; AWS's published "
+                    "rate, 2024 (check the current one)")
 PRESETS: dict[str, Target] = {
     "cpu-server": Target(name="cpu-server", hardware="AMD EPYC 7763", device="cpu", objective="throughput",
-                         max_p50_ms=3.0, min_throughput_ips=1000, isa="avx2"),
+                         max_p50_ms=3.0, min_throughput_ips=1000, isa="avx2", price_per_hour=0.306, instance_vcpus=8,
+                         price_source=CPU_SERVER_PRICE),
     "gpu-server": Target(name="gpu-server", hardware="NVIDIA A100", device="gpu", objective="throughput",
-                         max_p50_ms=1.0, min_throughput_ips=5000),
+                         max_p50_ms=1.0, min_throughput_ips=5000, price_per_hour=4.10, price_source=GPU_SERVER_PRICE),
     "edge": Target(name="edge", hardware="ARM Cortex-A76", device="edge", objective="latency",
                    max_size_mb=5.0, max_p50_ms=15.0),
 }

@@ -1,0 +1,138 @@
+"""The race: what is screened out never changes a decision; the order, the budget, the refinements; pricing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servopt.contracts import Accuracy, ClassificationQuality, Environment, Latency, Record, Throughput
+from servopt.families import FAMILIES
+from servopt.machine import CpuFeatures
+from servopt.optimize import pricing, racing
+from servopt.optimize.decide import decide
+from servopt.optimize.targets import PRESETS, Target
+from servopt.settings import OptimizeSettings, parse_duration, parse_rate
+
+IMAGES = FAMILIES.get("image-classification")
+HERE = Environment(cpu="AMD EPYC", cpu_flags=["avx2", "fma"], cores=2, cores_usable=2)
+
+
+def rec(name: str, p50: float, tp: float, size: float = 5.0, top1: float = 0.95, spread: float = 0.02,
+        runtime: str = "onnxruntime") -> Record:
+    """A record whose medians have ±``spread`` 95 % intervals."""
+    batch_p50 = 32_000 / tp
+    return Record(name=name, runtime=runtime, status="ok", size_mb=size,
+                  latency_ms=Latency(p50=p50, p50_ci95=[p50 * (1 - spread), p50 * (1 + spread)]),
+                  batch_latency_ms=Latency(p50=batch_p50, p50_ci95=[batch_p50 * (1 - spread), batch_p50 * (1 + spread)]),
+                  throughput_ips=Throughput(batch=tp), environment=HERE, batch_size=32,
+                  quality=ClassificationQuality(accuracy=Accuracy(top1=top1, top5=1, correct=1, total=1)))
+
+
+TARGETS = [Target(name="cpu", hardware="h", device="cpu", objective="throughput", max_p50_ms=5, min_throughput_ips=400,
+                  max_accuracy_drop=1.0),
+           Target(name="edge", hardware="a76", device="edge", objective="latency", max_size_mb=3, max_p50_ms=15)]
+
+
+def test_a_variant_beaten_beyond_noise_on_everything_is_screened_out_with_its_reason():
+    ref = rec("ort-fp32", 6.0, 200)
+    fast = rec("int8", 3.0, 420, size=2.4, top1=0.945)
+    slow_int8 = rec("int8-slow", 5.5, 230, size=2.4, top1=0.945)
+    close = rec("int8-close", 3.05, 415, size=2.4, top1=0.945)  # within noise of the fast one: a contender
+    out = racing.screened_out(TARGETS, [ref, fast, slow_int8, close], ref, IMAGES, keep={"ort-fp32"})
+    assert set(out) == {"int8-slow"} and "int8 is ahead beyond noise" in out["int8-slow"]
+    # more accurate and slower: beaten while both meet the quality bound, kept where only it does
+    accurate = rec("float-ish", 4.0, 300, size=2.5, top1=0.95)
+    assert "float-ish" in racing.screened_out(TARGETS, [ref, fast, accurate], ref, IMAGES, keep={"ort-fp32"})
+    tight = [t.model_copy(update={"max_accuracy_drop": 0.3}) for t in TARGETS]
+    assert "float-ish" not in racing.screened_out(tight, [ref, fast, accurate], ref, IMAGES, keep={"ort-fp32"})
+
+
+def test_a_runtime_that_will_be_capped_cannot_screen_out_for_a_poorer_isa():
+    """On a machine richer than the target's instruction set, OpenVINO's figures move under the cap: only figures that
+    stand uncapped (ONNX Runtime's) may beat another variant for that target."""
+    vnni = Environment(cpu="Xeon", cpu_flags=["avx2", "avx512f", "avx512_vnni"], cores=2)
+    ref = rec("ort-fp32", 6.0, 200).model_copy(update={"environment": vnni})
+    ov = rec("ov-int8", 2.0, 600, runtime="openvino").model_copy(update={"environment": vnni})
+    ort = rec("ort-int8", 4.0, 300).model_copy(update={"environment": vnni})
+    avx2 = [PRESETS["cpu-server"]]
+    assert "ort-int8" not in racing.screened_out(avx2, [ref, ov, ort], ref, IMAGES, keep={"ort-fp32"}, here_isa="avx512_vnni")
+    assert "ort-int8" in racing.screened_out(avx2, [ref, ov, ort], ref, IMAGES, keep={"ort-fp32"}, here_isa="avx2")
+
+
+speed = st.floats(min_value=0.5, max_value=20)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(speed, st.floats(min_value=50, max_value=900), st.floats(min_value=1, max_value=10),
+                          st.floats(min_value=0.90, max_value=0.96), st.floats(min_value=0.0, max_value=0.3)),
+                min_size=2, max_size=8))
+def test_screening_out_never_changes_a_decision(rows):
+    """Whatever the figures: each target's pick (or nearest miss) is the same with and without the screened-out ones."""
+    ref = rec("ort-fp32", 6.0, 200, top1=0.95)
+    records = [ref, *(rec(f"v{i}", p50, tp, size, top1, spread) for i, (p50, tp, size, top1, spread) in enumerate(rows))]
+    out = racing.screened_out(TARGETS, records, ref, IMAGES, keep={"ort-fp32"})
+    kept = [r for r in records if r.name not in out]
+    for t in TARGETS:
+        full, raced = decide(t, records, ref, IMAGES), decide(t, kept, ref, IMAGES)
+        assert (full.recommended, full.nearest) == (raced.recommended, raced.nearest), (t.name, out)
+
+
+class _U:
+    def __init__(self, v):
+        self.variant = v
+
+
+def test_order_puts_the_baseline_first_then_what_history_or_the_cpu_predicts(tmp_path, monkeypatch):
+    from servopt.families.catalogue import Variant
+
+    monkeypatch.setenv("SERVOPT_HOME", str(tmp_path))
+    avx2 = CpuFeatures(frozenset({"avx2", "fma"}))
+    vs = [Variant("torch-eager", "pytorch", "torch"), Variant("ov-bf16-latency", "openvino", "openvino"),
+          Variant("ort-int8-x", "int8", "onnxruntime"), Variant("ort-fp32", "onnxruntime", "onnxruntime", role="baseline")]
+    assert [u.variant.name for u in racing.order([_U(v) for v in vs], "image-classification", avx2)] == [
+        "ort-fp32", "ort-int8-x", "torch-eager", "ov-bf16-latency"], "no bf16 arithmetic: bf16 goes last"
+    base = rec("ort-fp32", 6, 200)
+    racing.remember("image-classification", avx2, [base, rec("torch-eager", 3, 900, )], "ort-fp32")
+    assert [u.variant.name for u in racing.order([_U(v) for v in vs], "image-classification", avx2)][:2] == ["ort-fp32", "torch-eager"]
+    other = CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    assert [u.variant.name for u in racing.order([_U(v) for v in vs], "image-classification", other)][1] == "ort-int8-x", \
+        "history of another CPU does not count"
+
+
+def test_durations_and_rates():
+    assert parse_duration("5m") == 300 and parse_duration("300") == 300 and parse_duration("1.5h") == 5400
+    assert parse_rate("500/s") == 500 and parse_rate("30000/min") == 500 and parse_rate("1.8M/h") == 500 and parse_rate("2k") == 2000
+    for bad in ("soon", "-5m", "0"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    with pytest.raises(ValueError):
+        parse_rate("fast/s")
+    assert OptimizeSettings(budget="3m").budget_seconds == 180
+    with pytest.raises(ValueError, match="duration"):
+        OptimizeSettings(budget="three minutes")
+
+
+def test_prices_per_million_scaled_to_the_instance_and_the_load():
+    t = Target(name="c", hardware="EPYC", device="cpu", max_p50_ms=3, price_per_hour=0.306, instance_vcpus=8, price_source="list")
+    r = rec("int8", 2.5, 400)  # batch of 32 in 80 ms: over the 3 ms bound, so one sample at a time within it
+    d = pricing.priced(decide(t, [r], r, IMAGES), [r], load_ips=1000)
+    p = d.verdict.price
+    # 400/s on 2 cores → 1600/s on 8 vCPUs: 0.306 USD/h / (1600 × 3600) per inference
+    assert p.scale == 4 and p.per_million_usd == pytest.approx(0.306 / (1600 * 3600) * 1e6)
+    low, high = p.per_million_range_usd
+    assert low < p.per_million_usd < high
+    assert p.throughput_at_bound_ips == pytest.approx(400.0)  # 1000 / 2.5 ms
+    assert p.instances == math.ceil(1000 / (400 * 4)) == 1 and p.monthly_usd == pytest.approx(0.306 * 730)
+    assert "0.306 USD/h (list)" in p.note and "assumed" in p.note
+    edge = decide(PRESETS["edge"], [r], r, IMAGES)
+    assert pricing.priced(edge, [r], 1000).verdict.price is None, "an edge device has no hourly price"
+
+
+def test_presets_say_where_their_prices_come_from():
+    for t in PRESETS.values():
+        assert (t.price_per_hour is None) == (t.price_source is None), t.name
+        if t.price_source:
+            assert "20" in t.price_source and "check" in t.price_source
