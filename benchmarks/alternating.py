@@ -16,26 +16,14 @@ import json
 import statistics
 from pathlib import Path
 
+from servopt.bench.alternate import AlternationFailed, alternate
 from servopt.bench.jobs import MeasureJob, OpenSpec
-from servopt.bench.launcher import launch
 from servopt.bench.protocol import Protocol
-from servopt.contracts import Measured, Record
+from servopt.contracts import Record
 from servopt.machine import cpu_features, cpu_model
 from servopt.optimize.rundir import load_run
 
 EP_COMPARISON = ["ort-fp32", "ortep-openvino-fp32", "ov-fp32-latency", "ort-int8-static-qdq", "ortep-openvino-int8-qdq", "ov-int8-qdq"]
-
-
-def alternate(run: Path, jobs: dict[str, MeasureJob], rounds: int, label: str) -> dict[str, list[Measured]]:
-    """Every job once per round, in turn, each in a fresh process; failures stop the script with the reason."""
-    out: dict[str, list[Measured]] = {name: [] for name in jobs}
-    for i in range(rounds):
-        for name, job in jobs.items():
-            m = launch(job, run / "work" / label / name / f"round-{i}").result
-            if m is None or m.status != "ok":
-                raise SystemExit(f"{name} round {i}: {m.error if m else 'failed (see its job.log)'}")
-            out[name].append(m)
-    return out
 
 
 def measure_job(run: Path, rec: Record, proto: Protocol, env: dict[str, str] | None = None) -> MeasureJob:
@@ -58,7 +46,11 @@ def main() -> None:
     if missing:
         raise SystemExit(f"not measured in {args.run}: {missing} (run the sweep with --variants for them first)")
     proto = Protocol(min_runs=50, min_seconds=args.seconds, batch_size=32, batch_min_runs=8, batch_min_seconds=args.seconds, cold_start=False)
-    results = alternate(args.run, {v: measure_job(args.run, by[v], proto) for v in args.variants}, args.rounds, "alternating")
+    try:
+        results = alternate({v: measure_job(args.run, by[v], proto) for v in args.variants}, args.rounds,
+                            args.run / "work" / "alternating")
+    except AlternationFailed as e:
+        raise SystemExit(str(e)) from e
     base = args.variants[0]
     print(f"CPU: {cpu_model()} ({cpu_features().describe()}); {args.rounds} rounds, each variant in a fresh process, in turn")
     print(f"{'variant':28} {'runtime':22} {'provider that ran':34} {'p50 ms':>7} {'batch/s':>8} {'p50 vs ' + base:>18} {'tput vs ' + base:>18}")

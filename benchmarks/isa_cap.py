@@ -16,7 +16,8 @@ import json
 import statistics
 from pathlib import Path
 
-from alternating import alternate, measure_job
+from alternating import measure_job
+from servopt.bench.alternate import alternate
 from servopt.bench.protocol import Protocol
 from servopt.machine import cpu_features, cpu_model
 from servopt.optimize.rundir import load_run
@@ -46,8 +47,8 @@ def main() -> None:
             print(f"{name}: not in {args.run} (or did not run): skipped")
             continue
         cap = get_runtime(rec.runtime).isa_cap_env(args.isa) or {}
-        runs = alternate(args.run, {"uncapped": measure_job(args.run, rec, proto), "capped": measure_job(args.run, rec, proto, cap)},
-                         args.rounds, f"isa-cap/{name}")
+        runs = alternate({"uncapped": measure_job(args.run, rec, proto), "capped": measure_job(args.run, rec, proto, cap)},
+                         args.rounds, args.run / "work" / "isa-cap" / name)
 
         def row(m):
             details = m.environment.session.details if m.environment and m.environment.session else {}

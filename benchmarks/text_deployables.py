@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,14 +29,11 @@ import httpx
 
 from servopt.data.text import DEMO_SENTENCES, read_texts
 from servopt.machine import cpu_features, cpu_model
+from servopt.serve.harness import free_port
 
 NAME = "minilm"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def package(run: Path, out: Path, *args: str) -> dict:

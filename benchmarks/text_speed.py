@@ -72,7 +72,6 @@ import json
 import os
 import queue
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -483,10 +482,6 @@ def cosines(emb_dir: Path, names: list[str], reference: str) -> dict:
 # ------------------------------------------------------------------------------------------------ serving
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -629,6 +624,7 @@ def check_served(server: Server, texts: list[str], offline: np.ndarray) -> dict:
 def run_serve(so: Worker, pick: str, run: Path, inputs: dict, env: dict, work: Path, args, ncpu: int) -> dict:
     """Served (closed loop, raw text) vs offline throughput of the same variant, and length-aware vs first-come
     batching, alternating round by round."""
+    from servopt.serve.harness import free_port
     texts = inputs["texts"]
     bodies = [infer_body([t]) for t in texts]
     order = list(range(len(texts)))

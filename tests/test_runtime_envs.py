@@ -83,3 +83,38 @@ def test_the_openvino_execution_provider_runs_in_its_own_environment(model_and_d
     listing = CliRunner().invoke(app, ["env", "list"])
     assert "ready" in listing.output and "onnxruntime-openvino" in listing.output
     assert json.loads((tmp_path / "job" / "job.json").read_text())["session"]["runtime"] == "onnxruntime-openvino"
+
+
+def test_alternating_ratios_are_medians_of_per_round_ratios_scaled_to_the_anchor():
+    from servopt.bench.alternate import ratios
+    from servopt.contracts import Latency, Measured, SideBySide, Throughput
+
+    def m(p50: float, tp: float) -> Measured:
+        return Measured(latency_ms=Latency(p50=p50), throughput_ips=Throughput(batch=tp))
+
+    results = {"ref": [m(10, 100), m(20, 50), m(10, 100)], "ep": [m(5, 300), m(10, 100), m(10, 120)]}
+    anchor = SideBySide(p50_ms=8, throughput_ips=125, p50_ms_rounds=[8], throughput_rounds=[125], p50_ratio_vs_reference=1,
+                        throughput_ratio_vs_reference=1, flagged_rounds=0)
+    out = ratios(results, "ref", anchor)
+    assert out["ep"].p50_ratio_vs_reference == 0.5 and out["ep"].throughput_ratio_vs_reference == 2.0  # medians of (.5,.5,1), (3,2,1.2)
+    assert out["ep"].p50_ms == 4.0 and out["ep"].throughput_ips == 250.0 and out["ep"].method == "alternating"
+
+
+@pytest.mark.slow
+def test_a_variant_in_its_own_environment_is_compared_process_by_process(tmp_path):
+    """The sweep cannot run the OpenVINO EP in its interleaved process: it is re-measured alternately with the baseline
+    and decided on like any other candidate."""
+    from conftest import channel_mean_onnx
+
+    model = channel_mean_onnx(tmp_path / "m.onnx", size=8)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["optimize", str(model), "--input-shape", "input=1x3x8x8", "--out", str(out), "--quick",
+                                      "--quiet", "--targets", "cpu-server", "--variants", "ort-fp32",
+                                      "--variants", "ortep-openvino-fp32", "--full"])  # no race: it would be screened out
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    ep = summary["interleaved"]["variants"]["ortep-openvino-fp32"]
+    assert ep["method"] == "alternating" and len(ep["p50_ms_rounds"]) == 2, ep
+    verdict = next(v for v in summary["targets"][0]["verdicts"] if v["variant"] == "ortep-openvino-fp32")
+    assert verdict["figures"]["source"] == "interleaved"
+    assert "process by process" in (out / "report.md").read_text()

@@ -388,6 +388,9 @@ class SideBySide(Contract):
     throughput_ratio_vs_reference: float
     flagged_rounds: int
     isa_cap: str | None = None  # the instruction set this variant's runtime was held to in this run (None: not capped)
+    # interleaved: in one process with the reference; alternating: a fresh process per round, taking turns with the
+    # reference (a runtime in an environment of its own), its figures scaled to the interleaved reference's
+    method: Literal["interleaved", "alternating"] = "interleaved"
 
 
 class Interleaved(Contract):

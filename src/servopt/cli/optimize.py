@@ -67,7 +67,8 @@ def print_summary(summary, records) -> None:
     config = load_config(Path(summary.run_dir))
     family = family_of(config.spec) if config else None
     t = Table(title="every variant", title_style="bold")
-    for col in ("variant", "status", "size MB", "quality", "Δ pts", "precision", "p50 ms", "p99 ms", "batch/s", "cold s", "notes"):
+    batch = f"batch-{next((r.batch_size for r in records if r.batch_size), '?')}/s"  # the batch the run measured at
+    for col in ("variant", "status", "size MB", "quality", "Δ pts", "precision", "p50 ms", "p99 ms", batch, "cold s", "notes"):
         t.add_column(col, justify="left" if col in ("variant", "status", "quality", "precision", "notes") else "right")
     rows = variant_rows(records, ref, pareto_marks(summary), family, references_by_kind(records, summary.reference)) if family else []
     for r in rows:
@@ -80,7 +81,7 @@ def print_summary(summary, records) -> None:
             continue
         where = f", measured for {kind}" if kind else ""
         il = Table(title=f"same-run ratios vs ONNX Runtime defaults (interleaved{where})", title_style="bold")
-        for col in ("variant", "p50 ms", "batch/s", "p50 ratio", "throughput ratio"):
+        for col in ("variant", "p50 ms", batch, "p50 ratio", "throughput ratio"):
             il.add_column(col, justify="left" if col == "variant" else "right")
         for row in interleave_rows(interleaved):
             il.add_row(row.name, row.p50, row.tp, row.p50_ratio, row.tp_ratio)

@@ -257,7 +257,7 @@ def race_section(summary: Summary, records: list[Record]) -> RaceSection | None:
 def interleave_rows(il: Interleaved | None) -> list[RatioRow]:
     if il is None:
         return []
-    return [RatioRow(name=n, p50=_n(v.p50_ms), tp=_n(v.throughput_ips, "{:.0f}"), p50_ratio=_n(v.p50_ratio_vs_reference, "{:.2f}×"),
+    return [RatioRow(name=n + (" (process by process)" if v.method == "alternating" else ""), p50=_n(v.p50_ms), tp=_n(v.throughput_ips, "{:.0f}"), p50_ratio=_n(v.p50_ratio_vs_reference, "{:.2f}×"),
                      tp_ratio=_n(v.throughput_ratio_vs_reference, "{:.2f}×"), flagged=v.flagged_rounds,
                      capped=v.isa_cap or ("not cappable" if il.environment and il.environment.isa_cap else ""))
             for n, v in il.variants.items()]
@@ -424,12 +424,12 @@ Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
 {% endfor %}{% endif %}
 {% if interleaved %}
 ## Same-run ratios (interleaved A B A B with the reference, {{ rounds }} rounds)
-| variant | p50 ms | batch/s | p50 vs ORT default | throughput vs ORT default | noisy rounds |
+| variant | p50 ms | batch-{{ batch }}/s | p50 vs ORT default | throughput vs ORT default | noisy rounds |
 |---|---|---|---|---|---|
 {% for r in interleaved %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.flagged }} |
 {% endfor %}{% endif %}{% for c in capped %}
 ## Same-run ratios with the instruction set capped at {{ c.isa }} ({{ c.rounds }} rounds)
-| variant | p50 ms | batch/s | p50 vs ORT default | throughput vs ORT default | held to {{ c.isa }} |
+| variant | p50 ms | batch-{{ batch }}/s | p50 vs ORT default | throughput vs ORT default | held to {{ c.isa }} |
 |---|---|---|---|---|---|
 {% for r in c.rows %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.capped }} |
 {% endfor %}{% endfor %}{% for k in kinds %}
@@ -437,12 +437,12 @@ Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
 Targets {{ k.targets }}, decided on these records only; measured on {{ k.machine }}, nodes {{ k.nodes }}.
 {% if k.interleaved %}
 Same-run ratios ({{ k.rounds }} rounds):
-| variant | p50 ms | batch/s | p50 vs ORT default | throughput vs ORT default | noisy rounds |
+| variant | p50 ms | batch-{{ batch }}/s | p50 vs ORT default | throughput vs ORT default | noisy rounds |
 |---|---|---|---|---|---|
 {% for r in k.interleaved %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.flagged }} |
 {% endfor %}{% endif %}{% for c in k.capped %}
 Same-run ratios with the instruction set capped at {{ c.isa }} ({{ c.rounds }} rounds):
-| variant | p50 ms | batch/s | p50 vs ORT default | throughput vs ORT default | held to {{ c.isa }} |
+| variant | p50 ms | batch-{{ batch }}/s | p50 vs ORT default | throughput vs ORT default | held to {{ c.isa }} |
 |---|---|---|---|---|---|
 {% for r in c.rows %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.capped }} |
 {% endfor %}{% endfor %}
@@ -456,13 +456,13 @@ Pareto frontier: {{ k.pareto|join(", ") }}
 |---|{% for p in grid.points %}---|{% endfor %}
 {% for name, values in grid.rows %}| {{ name }} |{% for v in values %} {{ v }} |{% endfor %}
 {% endfor %}{% if grid.batching %}
-Real texts, batch {{ 32 }}: arrival order vs sorted by length
+Real texts, batch {{ batch }}: arrival order vs sorted by length
 | variant | first-come/s | sorted/s | padding waste first-come | padding waste sorted |
 |---|---|---|---|---|
 {% for b in grid.batching %}| {{ b[0] }} | {{ b[1] }} | {{ b[2] }} | {{ b[3] }} | {{ b[4] }} |
 {% endfor %}{% endif %}{% endif %}
 ## Every variant
-| variant | status | size MB | quality | Δ points | agree | precision ran | p50 | p95 | p99 | batch/s | cold s | RSS MB | notes |
+| variant | status | size MB | quality | Δ points | agree | precision ran | p50 | p95 | p99 | batch-{{ batch }}/s | cold s | RSS MB | notes |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {% for r in rows %}| {{ r.name }} | {{ r.status }}{% if r.error %}: {{ r.error }}{% endif %} | {{ r.size }} | {{ r.accuracy }} | {{ r.drop }} | {{ r.agree }} | {{ r.precision }} | {{ r.p50 }} | {{ r.p95 }} | {{ r.p99 }} | {{ r.batch }} | {{ r.cold }} | {{ r.rss }} | {{ r.notes }} |
 {% endfor %}{% if pareto or not kinds %}
@@ -475,7 +475,7 @@ Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}
 {% endfor %}{% endfor %}
 {% if int8 %}
 ## INT8: points lost and what recovered them
-| variant | status | Δ points | p50 | batch/s | what it did to keep accuracy |
+| variant | status | Δ points | p50 | batch-{{ batch }}/s | what it did to keep accuracy |
 |---|---|---|---|---|---|
 {% for row, how in int8 %}| {{ row.name }} | {{ row.status }} | {{ row.drop }} | {{ row.p50 }} | {{ row.batch }} | {{ how }} |
 {% endfor %}{% endif %}
@@ -527,17 +527,17 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 {% if problems %}<h2>Problems on the way</h2><ul>{% for p in problems %}<li>{{ p }}</li>{% endfor %}</ul>{% endif %}
 {% if interleaved %}<h2>Same-run ratios against ONNX Runtime defaults</h2>
 <p class="muted">Re-measured side by side in one process, {{ rounds }} interleaved rounds (A B … reference, A B … reference); medians of per-round ratios.</p>
-<table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>noisy rounds</th></tr>
+<table><tr><th>variant</th><th>p50 ms</th><th>batch-{{ batch }}/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>noisy rounds</th></tr>
 {% for r in interleaved %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.flagged }}</td></tr>{% endfor %}</table>{% endif %}
 {% for c in capped %}<h2>Same-run ratios with the instruction set capped at {{ c.isa }}</h2>
 <p class="muted">The target names a poorer CPU than this one: its candidates re-measured with each runtime held to {{ c.isa }} where it can be (oneDNN's ONEDNN_MAX_CPU_ISA, ATen's ATEN_CPU_CAPABILITY); ONNX Runtime cannot be held and says so.</p>
-<table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>held to {{ c.isa }}</th></tr>
+<table><tr><th>variant</th><th>p50 ms</th><th>batch-{{ batch }}/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>held to {{ c.isa }}</th></tr>
 {% for r in c.rows %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.capped }}</td></tr>{% endfor %}</table>{% endfor %}
 {% for k in kinds %}<h2>Measured for {{ k.kind }}</h2>
 <p class="muted">Ray resources {{ k.resources }}; targets {{ k.targets }}, decided on these records only; measured on {{ k.machine }}, nodes {{ k.nodes }}. Pareto frontier: {{ k.pareto|join(", ") }}</p>
-{% if k.interleaved %}<table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>noisy rounds</th></tr>
+{% if k.interleaved %}<table><tr><th>variant</th><th>p50 ms</th><th>batch-{{ batch }}/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>noisy rounds</th></tr>
 {% for r in k.interleaved %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.flagged }}</td></tr>{% endfor %}</table>{% endif %}
-{% for c in k.capped %}<h3>capped at {{ c.isa }}</h3><table><tr><th>variant</th><th>p50 ms</th><th>batch/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>held to {{ c.isa }}</th></tr>
+{% for c in k.capped %}<h3>capped at {{ c.isa }}</h3><table><tr><th>variant</th><th>p50 ms</th><th>batch-{{ batch }}/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>held to {{ c.isa }}</th></tr>
 {% for r in c.rows %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.capped }}</td></tr>{% endfor %}</table>{% endfor %}{% endfor %}
 <h2>Latency against accuracy</h2>{% if charts.scatter %}{{ charts.scatter }}{% else %}<p class="muted">charts need matplotlib (pip install servopt[report])</p>{% endif %}
 <h2>Data</h2><ul>{% for line in data %}<li>{{ line }}</li>{% endfor %}</ul>
@@ -547,7 +547,7 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 {% if grid.batching %}<h3>Real texts: arrival order vs sorted by length</h3><table><tr><th>variant</th><th>first-come/s</th><th>sorted/s</th><th>padding waste first-come</th><th>padding waste sorted</th></tr>
 {% for b in grid.batching %}<tr><td>{{ b[0] }}</td><td>{{ b[1] }}</td><td>{{ b[2] }}</td><td>{{ b[3] }}</td><td>{{ b[4] }}</td></tr>{% endfor %}</table>{% endif %}{% endif %}
 <h2>Every variant</h2>
-<table><tr><th>variant</th><th>status</th><th>size MB</th><th>quality</th><th>Δ pts</th><th>agree</th><th>precision ran</th><th>p50</th><th>p95</th><th>p99</th><th>batch/s</th><th>cold s</th><th>RSS MB</th><th>notes</th></tr>
+<table><tr><th>variant</th><th>status</th><th>size MB</th><th>quality</th><th>Δ pts</th><th>agree</th><th>precision ran</th><th>p50</th><th>p95</th><th>p99</th><th>batch-{{ batch }}/s</th><th>cold s</th><th>RSS MB</th><th>notes</th></tr>
 {% for r in rows %}<tr><td title="{{ r.description }}">{{ r.name }}</td><td class="l {{ 'pass' if r.status == 'ok' else 'fail' if r.status == 'failed' else 'nm' }}" title="{{ r.error }}">{{ r.status }}{% if r.error %}<br><span class="muted">{{ r.error[:140] }}</span>{% endif %}</td>
 <td>{{ r.size }}</td><td class="l">{{ r.accuracy }}</td><td>{{ r.drop }}</td><td>{{ r.agree }}</td><td class="l">{{ r.precision }}</td><td>{{ r.p50 }}</td><td>{{ r.p95 }}</td><td>{{ r.p99 }}</td><td>{{ r.batch }}</td><td>{{ r.cold }}</td><td>{{ r.rss }}</td><td class="l">{{ r.notes }}</td></tr>{% endfor %}</table>
 {% if pareto or not kinds %}<p class="muted">Pareto frontier (p50, throughput, size, accuracy): {{ pareto|join(", ") }}</p>{% endif %}
@@ -559,7 +559,7 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 <table><tr><th>op</th><th>ms/sample</th><th>share</th><th></th></tr>{% for o in p.ops %}<tr><td>{{ o.op }}</td><td>{{ "%.3f"|format(o.ms_per_run) }}</td><td>{{ "%.1f"|format(o.share * 100) }}%</td>
 <td class="l"><div style="background:#1f77b4;height:9px;width:{{ (o.share * 300)|int }}px"></div></td></tr>{% endfor %}</table>{% else %}<p class="muted">no recommended variant to profile</p>{% endfor %}
 {% if int8 %}<h2>INT8: points lost and what recovered them</h2>
-<table><tr><th>variant</th><th>status</th><th>Δ points</th><th>p50</th><th>batch/s</th><th>what it did to keep accuracy</th></tr>
+<table><tr><th>variant</th><th>status</th><th>Δ points</th><th>p50</th><th>batch-{{ batch }}/s</th><th>what it did to keep accuracy</th></tr>
 {% for row, how in int8 %}<tr><td class="l">{{ row.name }}</td><td>{{ row.status }}</td><td>{{ row.drop }}</td><td>{{ row.p50 }}</td><td>{{ row.batch }}</td><td class="l">{{ how }}</td></tr>{% endfor %}</table>{% endif %}
 {% if search %}<h2>Accuracy-aware INT8 search</h2>
 <p class="muted">{{ search.metric }} on {{ search.tuning_samples }} tuning samples (validation split), float reference {{ "%.4f"|format(search.reference_score) }}, tolerance {{ search.tolerance.max_drop }} ({{ search.tolerance.drop_type }}).</p>
@@ -652,6 +652,7 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
         "environment": env_json, "note": config.note if config else "",
         "data": data_lines(config.data) if config else [], "grid": grid_table(records),
         "prices": price_section(summary), "problems": summary.problems, "race": race_section(summary, records),
+        "batch": (config.protocol.get("batch_size") if config else None) or next((r.batch_size for r in records if r.batch_size), "?"),
     }
     write_text_atomic(out / "report.md", Environment(autoescape=False).from_string(MD).render(**ctx))
     svgs = {k: Markup(v) for k, v in charts(records, reference, marks, family, picks, references).items()}  # our own SVG

@@ -31,11 +31,12 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servopt.bench.alternate import AlternationFailed, alternate, ratios
 from servopt.bench.jobs import ColdStartJob, InterleaveJob, MeasureJob, OpenSpec, ProfileJob
 from servopt.bench.launcher import launch
 from servopt.bench.protocol import Protocol
 from servopt.bench.run import measure
-from servopt.contracts import ChainStep, ColdStart, Gate, Interleaved, OpProfile, Record
+from servopt.contracts import ChainStep, ColdStart, Gate, Interleaved, OpProfile, Record, SideBySide
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
@@ -562,6 +563,40 @@ class Sweep:
         write_json_atomic(path, result)
         return result
 
+    def run_alternating(self, names: list[str], records: list[Record], interleaved: Interleaved, kind: str | None) -> Interleaved:
+        """Candidates whose runtime lives in an environment of its own cannot join the interleaved process: each is
+        measured alternately with the baseline, a fresh process per round (``bench.alternate``), its figures scaled to
+        the baseline's in the interleaved run, so it can win a CPU target like any other (cached by the set measured)."""
+        by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
+        own = [n for n in names if n in by_name and get_runtime(by_name[n].runtime).environment() is not None]
+        anchor = interleaved.variants.get(self.baseline.name)
+        if not own or anchor is None:
+            return interleaved
+        path = self.dir.interleave(kind).with_name(self.dir.interleave_label(kind) + "-alternating.json")
+        cache_key = json.dumps([sorted(str(by_name[n].key) for n in [*own, self.baseline.name]), self.interleave_rounds,
+                                self.interleave_protocol.model_dump(), interleaved.cache_key])
+        cached = json.loads(path.read_text()) if path.exists() else None
+        if cached and cached.get("cache_key") == cache_key:
+            alternated = {n: SideBySide.model_validate(v) for n, v in cached["variants"].items()}
+        else:
+            jobs = {n: MeasureJob(session=OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime,
+                                                   options=by_name[n].options), data=str(self.dir.eval_data),
+                                  family=self.model.spec.family_name, protocol=self.interleave_protocol.model_copy(
+                                      update={"cold_start": False, "grid": [], "length_batching": False}), env=by_name[n].env)
+                    for n in [self.baseline.name, *own]}
+            self.progress.step(f"re-measuring {', '.join(own)} process by process with the baseline")
+            try:
+                future = self.executor.submit(alternate, jobs, self.interleave_rounds, self.dir.work_root / "alternating",
+                                              resources=self.kinds.get(kind), what="alternating re-measure")
+                alternated = ratios(future.result(), self.baseline.name, anchor)
+            except (AlternationFailed, Lost) as e:
+                self.problems.append(f"alternating re-measure of {', '.join(own)} failed: {e} — their sweep figures are not compared")
+                return interleaved
+            write_json_atomic(path, {"cache_key": cache_key, "variants": {n: v.model_dump() for n, v in alternated.items()}})
+        alternated.pop(self.baseline.name, None)
+        return interleaved.model_copy(update={"variants": {**interleaved.variants, **alternated},
+                                              "order": [*interleaved.order, *alternated]})
+
     def run_capped(self, records: list[Record], reference: Record | None, kind: str | None, targets: list[Target]) -> dict[str, Interleaved]:
         """For each CPU target that names a poorer instruction set than the measuring machine's, its candidates
         re-measured with the runtimes held to that instruction set where they can be (oneDNN / ATen caps)."""
@@ -620,6 +655,8 @@ class Sweep:
                 interleaved = self.run_interleave(names, records, kind=kind)
             except UserError as e:
                 self.problems.append(f"{e.problem} — decided on the sweep's figures")
+        if interleaved is not None:
+            interleaved = self.run_alternating(names, records, interleaved, kind)
         capped = self.run_capped(contenders, reference, kind, targets)
         decisions = {t.name: pricing.priced(decide(t, records, reference, self.family, capped.get(t.isa or "") or interleaved), records,
                                             self.settings.load_ips) for t in targets}

@@ -1,0 +1,118 @@
+"""Racing sweep vs full sweep: wall time to an answer, and whether the picks agree (issue 18).
+
+    PYTHONPATH=src python benchmarks/racing.py --races 3              # the image demo
+    PYTHONPATH=src python benchmarks/racing.py --text --races 3       # the sentence-encoder demo
+    PYTHONPATH=src python benchmarks/racing.py --races 1 --budget 3m  # + a budgeted run: is the budget honoured?
+
+Every run is `servopt demo` in a fresh run directory (builds included: a user's first run), in its own process, one
+after another on this machine: the full sweep (`--full`) first, then the races (and the budgeted run). The one-time
+model preparation (training the demo model, or finding the MiniLM weights) is done before the first timed run.
+A race "agrees" with the full sweep on a target when it picks the same variant, or one whose figure on the target's
+objective — in the full sweep's own records, so both are compared on the same measurements — is within 3 % of the
+full sweep's pick. Prints a table and writes ``racing.json`` beside the runs, with the CPU and its flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from servopt.machine import cpu_features, cpu_model
+from servopt.optimize.rundir import load_run
+from servopt.settings import parse_duration
+
+TOLERANCE = 0.03
+
+
+def run_demo(out: Path, text: bool, extra: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "servopt", "demo", "--out", str(out), "--quiet", *(["--text"] if text else []), *extra]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    summary, records = load_run(out)
+    picks = {d.target.name: d.recommended or d.nearest for d in summary.targets}
+    return {"out": str(out), "wall_s": round(wall, 1), "picks": picks, "screened_out": sum(bool(r.screened_out) for r in records),
+            "not_tried": [v.name for v in summary.not_tried], "measured": sum(r.status == "ok" for r in records)}
+
+
+def objective_figure(out: Path, target: str, variant: str | None) -> float | None:
+    """The target's objective figure of ``variant`` in a run (interleaved where re-measured, else the sweep's)."""
+    summary, _ = load_run(out)
+    decision = next(d for d in summary.targets if d.target.name == target)
+    verdict = next((v for v in decision.verdicts if v.variant == variant), None)
+    if verdict is None:
+        return None
+    f = verdict.figures
+    return f.throughput_ips if decision.target.objective == "throughput" else f.p50_ms
+
+
+def agreement(full: dict, race: dict) -> dict[str, str]:
+    """Per target: 'same', 'within 3 %' (with the gap) or 'differs' (with the gap), judged on the full sweep's figures."""
+    out = {}
+    for target, pick in full["picks"].items():
+        mine = race["picks"].get(target)
+        if mine == pick:
+            out[target] = "same"
+            continue
+        theirs_fig = objective_figure(Path(full["out"]), target, pick)
+        mine_fig = objective_figure(Path(full["out"]), target, mine)
+        if theirs_fig is None or mine_fig is None:
+            out[target] = f"differs ({mine} vs {pick}; not comparable)"
+            continue
+        gap = abs(mine_fig - theirs_fig) / theirs_fig
+        out[target] = f"{'within 3 %' if gap <= TOLERANCE else 'differs'} ({mine} vs {pick}: {gap:.1%})"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--text", action="store_true", help="the sentence-encoder demo")
+    ap.add_argument("--races", type=int, default=3)
+    ap.add_argument("--budget", default=None, help="also one race with this --budget (e.g. 3m)")
+    ap.add_argument("--no-full", action="store_true", help="skip the full sweep (races only)")
+    ap.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temporary folder)")
+    args = ap.parse_args()
+    root = args.out or Path(tempfile.mkdtemp(prefix="servopt-racing-"))
+    root.mkdir(parents=True, exist_ok=True)
+    flags = cpu_features()
+    print(f"CPU: {cpu_model()} — {flags.describe()} (flags: {' '.join(sorted(flags.flags))}); {os.cpu_count()} cores")
+    # the one-time model preparation, untimed: a --variants run of the original only
+    subprocess.run([sys.executable, "-m", "servopt", "demo", "--out", str(root / "prepare"), "--quiet", *(["--text"] if args.text else []),
+                    "--variants", "ort-fp32"], check=True, capture_output=True)
+    report: dict = {"cpu": cpu_model(), "flags": sorted(flags.flags), "text": args.text, "runs": {}}
+    full = None
+    if not args.no_full:
+        full = run_demo(root / "full", args.text, ["--full"])
+        report["runs"]["full"] = full
+        print(f"full sweep: {full['wall_s']:.0f} s, {full['measured']} variants measured; picks {full['picks']}")
+    for i in range(args.races):
+        race = run_demo(root / f"race-{i}", args.text, [])
+        if full:
+            race["agreement"] = agreement(full, race)
+            race["ratio_to_full"] = round(race["wall_s"] / full["wall_s"], 2)
+        report["runs"][f"race-{i}"] = race
+        print(f"race {i}: {race['wall_s']:.0f} s ({race.get('ratio_to_full', '—')}× the full sweep), screened out "
+              f"{race['screened_out']}, not tried {len(race['not_tried'])}; picks {race['picks']}; {race.get('agreement', '')}")
+    if args.budget:
+        budgeted = run_demo(root / "budget", args.text, ["--budget", args.budget])
+        budgeted["budget_s"] = parse_duration(args.budget)
+        budgeted["within_10_percent"] = budgeted["wall_s"] <= 1.1 * budgeted["budget_s"]
+        if full:
+            budgeted["agreement"] = agreement(full, budgeted)
+        report["runs"]["budget"] = budgeted
+        print(f"budget {args.budget}: {budgeted['wall_s']:.0f} s (honoured within 10 %: {budgeted['within_10_percent']}), not tried "
+              f"{budgeted['not_tried']}; {budgeted.get('agreement', '')}")
+    (root / "racing.json").write_text(json.dumps(report, indent=1))
+    print(f"written: {root / 'racing.json'}")
+
+
+if __name__ == "__main__":
+    main()

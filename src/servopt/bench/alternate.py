@@ -1,0 +1,54 @@
+"""Same-run comparison of variants that cannot share one process: each measured in a fresh process, taking turns.
+
+A runtime living in a Python environment of its own (ONNX Runtime's OpenVINO execution provider, onnxruntime-gpu)
+cannot join the interleaved re-measure, which runs every candidate in one process. Here each variant and the
+reference are measured alternately, A ref A ref …, each time in a fresh process (its runtime's environment), and every
+ratio is the median of per-round ratios to the reference of the same round: what the interleaved re-measure gives, at
+process granularity. ``benchmarks/alternating.py`` uses it for its comparisons; the sweep for its candidates in an
+environment of their own, so such a variant can win a CPU target.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from servopt.bench.jobs import MeasureJob
+from servopt.bench.launcher import launch
+from servopt.contracts import Measured, SideBySide
+
+
+class AlternationFailed(Exception):
+    """A variant's process failed in some round: the reason, and where its log is."""
+
+
+def alternate(jobs: dict[str, MeasureJob], rounds: int, workdir: Path) -> dict[str, list[Measured]]:
+    """Every job once per round, in turn, each in a fresh process; a failure raises ``AlternationFailed``."""
+    out: dict[str, list[Measured]] = {name: [] for name in jobs}
+    for i in range(rounds):
+        for name, job in jobs.items():
+            m = launch(job, workdir / name / f"round-{i}").result
+            if m is None or m.status != "ok" or m.latency_ms is None or m.throughput_ips is None or not m.throughput_ips.batch:
+                why = m.error if m is not None and m.error else "no figures"
+                raise AlternationFailed(f"{name}, round {i}: {why} (see {workdir / name / f'round-{i}' / 'job.log'})")
+            out[name].append(m)
+    return out
+
+
+def ratios(results: dict[str, list[Measured]], reference: str, anchor: SideBySide | None = None) -> dict[str, SideBySide]:
+    """Each variant's medians and medians of per-round ratios to ``reference``. With ``anchor`` (the reference's figures in
+    another same-run re-measure), a variant's p50 and throughput are its ratios applied to the anchor's, so figures from
+    both re-measures rank on one scale."""
+    base = results[reference]
+    out = {}
+    for name, ms in results.items():
+        p50_r = statistics.median(m.latency_ms.p50 / b.latency_ms.p50 for m, b in zip(ms, base, strict=True))
+        tp_r = statistics.median(m.throughput_ips.batch / b.throughput_ips.batch for m, b in zip(ms, base, strict=True))
+        p50 = anchor.p50_ms * p50_r if anchor else statistics.median(m.latency_ms.p50 for m in ms)
+        tp = anchor.throughput_ips * tp_r if anchor else statistics.median(m.throughput_ips.batch for m in ms)
+        out[name] = SideBySide(p50_ms=p50, throughput_ips=tp, p50_ms_rounds=[m.latency_ms.p50 for m in ms],
+                               throughput_rounds=[m.throughput_ips.batch for m in ms], p50_ratio_vs_reference=p50_r,
+                               throughput_ratio_vs_reference=tp_r,
+                               flagged_rounds=sum(bool(m.interference and m.interference.flagged) for m in ms),
+                               method="alternating")
+    return out
