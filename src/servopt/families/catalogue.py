@@ -40,6 +40,9 @@ class Variant:
     # A variant that only recovers quality another one lost (same kernels, another calibration or recovery pass):
     # a racing sweep does not build it when that one already meets every quality bound.
     refines: str | None = None
+    # A refinement that runs the same kernels as the variant it refines (another calibration, NNCF's QDQ made unsigned):
+    # once one recovers the quality, the others cannot be faster. False: it may run slower ones (float islands, U8U8).
+    same_kernels: bool = True
 
     @property
     def is_original(self) -> bool:
@@ -100,6 +103,9 @@ NOT_LINEAR = "dynamic INT8 pays for Linear-heavy models (transformers); this one
 OWN_ENV = ("runs in an environment of its own (onnxruntime-openvino, about 500 MB, created on first use): "
            "opt in with --variants 'ortep-openvino-*'")
 TUNED = MALLOC_TUNED_ENV
+# The lab's exercises (graph levels below ORT_ENABLE_ALL, the text encoder's eval/no_grad ladder): they teach what each
+# step does and never win a target, so the default sweep leaves them to --lab.
+LAB = {"default": False, "left_out_why": "the lab's ladder: measured with --lab (or --variants lab)"}
 
 
 def ort_reference(ctx: CatalogueContext, description: str) -> Variant:
@@ -180,17 +186,18 @@ def tensor_catalogue(ctx: CatalogueContext) -> list[Variant]:
         ]
     v += [
         ort_reference(ctx, "ONNX Runtime defaults (ORT_ENABLE_ALL): the reference every ratio is taken against"),
-        Variant("ort-basic", "onnxruntime", "onnxruntime", export, {"graph_optimization_level": "basic"},
+        Variant("ort-basic", "lab", "onnxruntime", export, {"graph_optimization_level": "basic"}, **LAB,
                 description="online graph optimization, basic level"),
-        Variant("ort-extended", "onnxruntime", "onnxruntime", export, {"graph_optimization_level": "extended"},
+        Variant("ort-extended", "lab", "onnxruntime", export, {"graph_optimization_level": "extended"}, **LAB,
                 description="online graph optimization, extended level"),
         Variant("ort-fp32-1thread", "onnxruntime", "onnxruntime", export, {"graph_optimization_level": "all", "intra_op_threads": 1},
                 description="ORT_ENABLE_ALL with one intra-op thread (for packing several instances per machine)"),
     ]
-    for level in ("basic", "extended", "all"):
-        v.append(Variant(f"ort-offline-{level}", "onnxruntime", "onnxruntime", [*export, ("ort-graph-offline", {"level": level})],
-                         {"graph_optimization_level": "disable"},
-                         description=f"graph optimized offline at level {level}, loaded with optimizations disabled"))
+    for level in ("basic", "extended", "all"):  # the levels below "all" teach what each does: the lab's
+        v.append(Variant(f"ort-offline-{level}", "onnxruntime" if level == "all" else "lab", "onnxruntime",
+                         [*export, ("ort-graph-offline", {"level": level})], {"graph_optimization_level": "disable"},
+                         description=f"graph optimized offline at level {level}, loaded with optimizations disabled",
+                         **({} if level == "all" else LAB)))
     u8s8 = "ort-int8-static-qop-u8s8"
     v += [
         Variant("ort-int8-dynamic", "int8", "onnxruntime", [*export, ("ort-quantize-dynamic", {})],
@@ -205,36 +212,38 @@ def tensor_catalogue(ctx: CatalogueContext) -> list[Variant]:
                 description="static INT8, QOperator, U8U8, per-channel, MinMax"),
         Variant("ort-int8-static-qop-s8s8", "int8", "onnxruntime", [*export, ("ort-quantize-static", static("QOperator", "S8", "S8"))],
                 description="static INT8, QOperator, S8S8, per-channel, MinMax", **when(cpu.int8_signed, NO_S8S8)),
+        # Refinements of the plain U8S8 model, cheapest first: a racing sweep builds them one by one, only while none
+        # recovers the quality bounds, those that run the same INT8 kernels before those that may run slower ones.
+        Variant("ort-int8-static-qop-u8s8-rr", "int8", "onnxruntime",
+                [*export, ("ort-quantize-static", static("QOperator", "U8", "S8", reduce_range=True))],
+                description="static INT8, QOperator U8S8 with 7-bit weights (reduce_range): no U8S8 saturation without VNNI",
+                refines=u8s8, **when(cpu.int8_saturates, NO_SATURATION)),
+        Variant("ort-int8-nncf", "int8", "onnxruntime", [*export, nncf_onnx(cpu)], refines=u8s8,
+                description="NNCF post-training INT8 on the ONNX graph (fast bias correction), QDQ run by ONNX Runtime"),
+        Variant("ort-int8-cle-nncf", "int8", "onnxruntime", [*export, ("equalize", {}), nncf_onnx(cpu)], refines=u8s8,
+                description="cross-layer equalization of conv chains, then NNCF INT8 on the ONNX graph"),
+        Variant("ort-int8-nncf-bc", "int8", "onnxruntime", [*export, nncf_onnx(cpu, bias_correction="full")], refines=u8s8,
+                description="NNCF post-training INT8 on the ONNX graph with full bias correction"),
+        Variant("ort-int8-nncf-mixed", "int8", "onnxruntime", [*export, nncf_onnx(cpu, preset="mixed")], refines=u8s8,
+                description="NNCF post-training INT8 on the ONNX graph, mixed preset (asymmetric activations)"),
         Variant("ort-int8-entropy", "int8", "onnxruntime",
                 [*export, ("ort-quantize-static", static("QOperator", "U8", "S8", "Entropy", samples=64))],
                 description="static INT8, QOperator U8S8, Entropy calibration", refines=u8s8),
         Variant("ort-int8-percentile", "int8", "onnxruntime",
                 [*export, ("ort-quantize-static", static("QOperator", "U8", "S8", "Percentile", samples=64))],
                 description="static INT8, QOperator U8S8, Percentile (99.99) calibration", refines=u8s8),
-        Variant("ort-int8-static-qop-u8s8-rr", "int8", "onnxruntime",
-                [*export, ("ort-quantize-static", static("QOperator", "U8", "S8", reduce_range=True))],
-                description="static INT8, QOperator U8S8 with 7-bit weights (reduce_range): no U8S8 saturation without VNNI",
-                refines=u8s8, **when(cpu.int8_saturates, NO_SATURATION)),
-        Variant("ort-int8-static-qop-u8s8-x64precision", "int8", "onnxruntime",
-                [*export, ("ort-quantize-static", static("QOperator", "U8", "S8"))], {"x64_quant_precision": True},
-                description="static INT8 U8S8 run with ONNX Runtime's session.x64quantprecision (U8U8 kernels: no saturation)",
-                refines=u8s8, **when(cpu.int8_saturates, NO_SATURATION)),
-        Variant("ort-int8-nncf", "int8", "onnxruntime", [*export, nncf_onnx(cpu)], refines=u8s8,
-                description="NNCF post-training INT8 on the ONNX graph (fast bias correction), QDQ run by ONNX Runtime"),
-        Variant("ort-int8-nncf-bc", "int8", "onnxruntime", [*export, nncf_onnx(cpu, bias_correction="full")], refines=u8s8,
-                description="NNCF post-training INT8 on the ONNX graph with full bias correction"),
-        Variant("ort-int8-nncf-mixed", "int8", "onnxruntime", [*export, nncf_onnx(cpu, preset="mixed")], refines=u8s8,
-                description="NNCF post-training INT8 on the ONNX graph, mixed preset (asymmetric activations)"),
-        Variant("ort-int8-cle-nncf", "int8", "onnxruntime", [*export, ("equalize", {}), nncf_onnx(cpu)], refines=u8s8,
-                description="cross-layer equalization of conv chains, then NNCF INT8 on the ONNX graph"),
         Variant("ort-int8-calibration-search", "int8", "onnxruntime",
                 [*export, ("ort-quantize-calibration-search", {"max_drop": drop, "try_reduce_range": cpu.int8_saturates})],
                 refines=u8s8,
                 description=f"static U8S8 INT8, the calibration (method, percentile, symmetry, per-channel) that keeps the tuning "
                             f"split within {drop} point(s), fastest first (Olive's search space, ranked)"),
+        Variant("ort-int8-static-qop-u8s8-x64precision", "int8", "onnxruntime",
+                [*export, ("ort-quantize-static", static("QOperator", "U8", "S8"))], {"x64_quant_precision": True},
+                description="static INT8 U8S8 run with ONNX Runtime's session.x64quantprecision (U8U8 kernels: no saturation)",
+                refines=u8s8, same_kernels=False, **when(cpu.int8_saturates, NO_SATURATION)),
         Variant("ort-int8-accuracy-aware", "int8", "onnxruntime",
                 [*export, ("ort-quantize-accuracy-aware", {**static("QOperator", "U8", "S8", reduce_range=cpu.int8_saturates),
-                                                          "max_drop": drop})], refines=u8s8,
+                                                          "max_drop": drop})], refines=u8s8, same_kernels=False,
                 description=f"as much INT8 (QOperator U8S8) as fits a {drop}-point drop; the fastest mix within it"),
         Variant("ort-fp16", "fp16", "onnxruntime", [*export, ("fp16", {})],
                 description="FP16 weights, half the size" + ("" if cpu.fp16 else

@@ -30,6 +30,7 @@ from servopt.data.text import token_length_stats as length_stats
 from servopt.errors import UserError
 from servopt.families.base import BoundCheck, DataOptions, EmbeddingBase, LengthBatches, register_family
 from servopt.families.catalogue import (
+    LAB,
     NO_BF16,
     NO_FP16,
     NO_SATURATION,
@@ -118,7 +119,7 @@ class TextEmbedding(EmbeddingBase):
         fused = [*fusable, ("ort-transformers-optimize", {})]
         dyn = "ort-quantize-dynamic"
         act = "S8" if cpu.int8_signed else "U8"  # ONNX Runtime's fast static INT8 on this CPU (see CpuFeatures.int8_signed)
-        lab = {"default": False, "left_out_why": "the lab's ladder: measured with --lab (or --variants lab)"}
+        lab = LAB
         no_vnni = "static INT8 of activations needs 8-bit dot products (VNNI) to pay on transformers"
         per_channel = "ort-int8-dynamic-per-channel"
         v: list[Variant] = []
@@ -169,7 +170,7 @@ class TextEmbedding(EmbeddingBase):
             Variant("ort-int8-accuracy-aware", "int8", "onnxruntime",
                     [*fused, ("ort-quantize-accuracy-aware", {"mode": "dynamic", "per_channel": True, "max_drop": drop,
                                                               "reduce_range": cpu.int8_saturates})],
-                    refines="ort-transformers-int8-dynamic",
+                    refines="ort-transformers-int8-dynamic", same_kernels=False,
                     description=f"as much dynamic INT8 as keeps mean cosine within {drop / 100:.3g} of the original; the fastest mix"),
             Variant("ort-fp16", "fp16", "onnxruntime", [*export, ("fp16", {})],
                     description="FP16 weights, half the size" + ("" if cpu.fp16 else "; no fp16 arithmetic here: computed through casts")),

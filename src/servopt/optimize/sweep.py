@@ -11,7 +11,7 @@ The stages, in order (``Sweep.run``):
    measurement, one at a time), the variants ordered by the value the CPU's features and earlier runs of the same
    family predict (``optimize.racing.expected_value``), until the catalogue or the time budget (``--budget``) runs out;
 3. variants that only recover quality another one lost (``Variant.refines``) are built only when that one misses a
-   target's quality bounds;
+   target's quality bounds, one by one, cheapest first, until one recovers it with the same kernels;
 4. the race: a variant that another beats beyond the measurement noise on everything every target asks for is
    screened out (recorded, with what beat it); the contenders get their cold start and the side-by-side re-measure;
 5. per kind of node: the interleaved and instruction-set-capped re-measures, the decisions, profiles, the reports.
@@ -74,9 +74,12 @@ from servopt.settings import OptimizeSettings
 BUILD_ROUND = 4  # variants built together (two at a time here) before they are screened one by one
 
 
-def sweep_protocol() -> Protocol:
+def sweep_protocol(racing: bool = True) -> Protocol:
     """Short phases, so that a sweep of 25 variants fits in minutes; the contenders are re-measured side by side with
-    longer phases before deciding."""
+    longer phases before deciding. A race screens with shorter ones still: a variant far behind shows it in half a
+    second, and one within the noise stays a contender."""
+    if racing:
+        return Protocol(min_runs=30, min_seconds=0.5, batch_min_runs=5, batch_min_seconds=0.5, warmup=5, cold_start=False)
     return Protocol(min_runs=50, min_seconds=1.0, batch_min_runs=8, batch_min_seconds=1.0, warmup=10, cold_start=False)
 
 
@@ -224,7 +227,7 @@ class Sweep:
     def protocol(self) -> Protocol:
         """The sweep's protocol, with the family's own axes (a text encoder's batch × length grid, real texts batched
         in arrival order and sorted by length)."""
-        base = Protocol.quick().model_copy(update={"cold_start": False}) if self.settings.quick else sweep_protocol()
+        base = Protocol.quick().model_copy(update={"cold_start": False}) if self.settings.quick else sweep_protocol(self.racing)
         grid = list(self.family.sweep_grid[:2] if self.settings.quick else self.family.sweep_grid)
         return base.model_copy(update={"grid": grid, "length_batching": self.eval_data.lengths is not None})
 
@@ -269,12 +272,7 @@ class Sweep:
         first = [u for u in todo if not u.variant.is_original and not (self.racing and u.variant.refines)]
         self._screen(racing.order(first, self.family.name, cpu_features()))
         if self.racing:
-            needed = [u for u in todo if u.variant.refines and not u.variant.is_original and self._refinement_needed(u)]
-            skipped = [u for u in todo if u.variant.refines and u not in needed]
-            self._screen(needed)
-            for u in skipped:
-                self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built: {u.variant.refines} already meets every "
-                                              "quality bound (it only recovers quality that one loses; --full builds it)"))
+            self._refine([u for u in todo if u.variant.refines and not u.variant.is_original])
         self._race_and_cold_start()
         return self._finish()
 
@@ -477,14 +475,36 @@ class Sweep:
         reserve = racing.finish_estimate(self.interleave_rounds, len(self.targets))
         return self.elapsed() + count * per_variant + reserve <= budget
 
-    def _refinement_needed(self, u: Unit) -> bool:
-        """A variant that only recovers quality is built when the one it refines failed, or misses the quality bounds
-        of a target of its kind."""
-        base = self.records.get((u.variant.refines, u.kind)) if u.variant.refines else None
-        if base is None or base.status != "ok":
+    def _misses_quality(self, rec: Record | None, kind: str | None) -> bool:
+        """Whether a record failed, or misses a quality bound of a target of its kind."""
+        if rec is None or rec.status != "ok":
             return True
-        ref = self.references.get(u.kind) or next(iter(self.references.values()))
-        return any(racing.misses_quality(t, base, ref, self.family) for t in self.targets_of(u.kind) or self.targets)
+        ref = self.references.get(kind) or next(iter(self.references.values()))
+        return any(racing.misses_quality(t, rec, ref, self.family) for t in self.targets_of(kind) or self.targets)
+
+    def _refine(self, units: list[Unit]) -> None:
+        """Variants that only recover quality another one lost (``Variant.refines``), per variant refined and kind of
+        node: none when that one meets every quality bound; else those running the same kernels one by one, cheapest
+        first (the catalogue's order), until one meets every bound — the others cannot be faster; those that may run
+        slower kernels only when none of them did."""
+        groups: dict[tuple[str | None, str | None], list[Unit]] = {}
+        for u in units:
+            groups.setdefault((u.variant.refines, u.kind), []).append(u)
+        for (base, kind), group in groups.items():
+            if not self._misses_quality(self.records.get((base, kind)), kind):
+                for u in group:
+                    self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built: {base} already meets every quality "
+                                                  "bound (this only recovers quality it would lose; --full builds it)"))
+                continue
+            recovered = None
+            for u in sorted(group, key=lambda u: not u.variant.same_kernels):  # stable: the catalogue's order within each
+                if recovered is not None:
+                    self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built: {recovered} already recovers the "
+                                                  f"quality {base} loses, with the same INT8 kernels (--full builds it)"))
+                    continue
+                self._screen([u])
+                if u.variant.same_kernels and not self._misses_quality(self.records.get((u.variant.name, kind)), kind):
+                    recovered = u.variant.name
 
     # ------------------------------------------------------------------------------------------------ the race
     def _race_and_cold_start(self) -> None:

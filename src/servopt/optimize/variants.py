@@ -60,7 +60,7 @@ def variant_key(v: Variant, source_hash: str, protocol: dict, data_hash: str, bu
 
     chain = [(name, validate_params(name, params).model_dump()) for name, params in v.chain]
     identity = {k: val for k, val in asdict(v).items()
-                if k not in ("default", "description", "left_out_why", "gate", "role", "refines")}
+                if k not in ("default", "description", "left_out_why", "gate", "role", "refines", "same_kernels")}
     parts = [{**identity, "chain": chain, "needs_gpu": device_of(v) is Device.GPU}, source_hash, protocol, data_hash]
     body = json.dumps(parts + ([build_data] if build_data is not None else []), sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
