@@ -224,8 +224,18 @@ class TextEmbedding(EmbeddingBase):
         masked out, so its value does not matter)."""
         if len(feeds) == 1:
             return feeds[0]
+        # Filled in place: np.pad is ~40 µs per array in Python, 1.5 ms for a batch of 12 one-text requests, all of it
+        # holding the GIL in the inference thread.
         width = max(f["attention_mask"].shape[1] for f in feeds)
-        return {n: np.concatenate([np.pad(f[n], ((0, 0), (0, width - f[n].shape[1]))) for f in feeds]) for n in feeds[0]}
+        rows = sum(len(f["attention_mask"]) for f in feeds)
+        out = {n: np.zeros((rows, width), feeds[0][n].dtype) for n in feeds[0]}
+        row = 0
+        for f in feeds:
+            size, length = f["attention_mask"].shape
+            for n, a in out.items():
+                a[row:row + size, :length] = f[n]
+            row += size
+        return out
 
     def grid_feed(self, data: Dataset, batch: int, length: int) -> dict[str, np.ndarray] | None:
         """Real token ids (the evaluation texts' own, repeated to fill ``length``), every row ``length`` long."""
