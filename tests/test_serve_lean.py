@@ -211,3 +211,23 @@ def test_small_requests_are_prepared_on_the_event_loop_larger_ones_in_a_worker(t
         r = httpx.post(f"{tiny.url}/v1/embeddings", headers=AUTH, json={"model": "tiny", "input": value})
         assert r.status_code == 200, r.text
         assert (threads[-1] == loop_thread) == (where == "loop"), (value, threads[-1], loop_thread)
+
+
+@pytest.mark.parametrize("names", [("input_ids", "attention_mask", "token_type_ids"), ("input_ids", "attention_mask")])
+def test_one_pass_tokenizing_gives_what_encode_and_pad_batch_give(tmp_path, names):
+    """The server's tokenizing (``encode_padded``) against the general two steps, on texts of one length, of several,
+    and over the model's length (cut, with the full length said), lowercased as the model's tokenizer asks."""
+    from servopt.data.text import TextTokenizer, pad_batch
+
+    encoder = tiny_text_encoder(tmp_path)
+    tok = TextTokenizer(encoder.parent / "tokenizer.json", 8, lowercase=True)
+    for texts in (["The cat"], ["the cat", "a dog"], ["the cat sat", "a", "the dog ran on the mat a cat sat on a mat", ""]):
+        feed, lengths, cut = tok.encode_padded(texts, names)
+        encoded = tok.encode(texts)
+        want = pad_batch(encoded, names, pad_id=tok.pad_id)
+        assert list(feed) == list(want)
+        for n in names:
+            assert feed[n].dtype == want[n].dtype and np.array_equal(feed[n], want[n]), (texts, n)
+        assert lengths == [len(e.ids) for e in encoded]
+        assert cut == {i: e.full_length for i, e in enumerate(encoded) if e.truncated}
+    assert cut == {2: 14}  # [CLS] + 12 words + [SEP], cut to 8

@@ -315,15 +315,12 @@ class TextEmbedding(EmbeddingBase):
         text over the model's limit is refused instead of cut."""
         tok = tokenizer_of(spec)
         cap = tok.max_length * CHARS_PER_TOKEN_CAP
-        encoded = tok.encode([t[:cap] for t in texts])
-        cut = [i for i, e in enumerate(encoded) if e.truncated]
+        feed, lengths, cut = tok.encode_padded([t[:cap] for t in texts], [t.name for t in spec.inputs])
         if cut and not truncate:
-            raise UserError(f"{len(cut)} text(s) are longer than the model's {tok.max_length} tokens (first: #{cut[0]}, "
-                            f"{encoded[cut[0]].full_length} tokens)", fix="shorten them, or allow truncation (the default)")
-        from servopt.data.text import pad_batch
-
-        feed = pad_batch(encoded, [t.name for t in spec.inputs], pad_id=tok.pad_id)
-        return feed, {"tokens": int(sum(len(e.ids) for e in encoded)), "truncated": len(cut)}
+            first = min(cut)
+            raise UserError(f"{len(cut)} text(s) are longer than the model's {tok.max_length} tokens (first: #{first}, "
+                            f"{cut[first]} tokens)", fix="shorten them, or allow truncation (the default)")
+        return feed, {"tokens": int(sum(lengths)), "truncated": len(cut)}
 
     def convenience_inputs(self, spec: ModelSpec, body: Any, max_pixels: int) -> dict[str, np.ndarray]:
         texts = body.get("texts") if isinstance(body, dict) else None

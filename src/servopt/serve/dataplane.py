@@ -53,6 +53,7 @@ class DataPlane:
         self.metrics = metrics or Metrics()
         self.batchers: dict[str, DynamicBatcher] = {}
         self.ready = False
+        self._served: dict[str, tuple[ServedModel, list[TensorSpec]]] = {}
         # Read when scraped, summed over models: nothing to update on the request path.
         self.metrics.depth.set_function(lambda: sum(b.depth for b in self.batchers.values()))
         self.metrics.expected_wait.set_function(lambda: max((b.expected_wait() for b in self.batchers.values()), default=0.0))
@@ -185,11 +186,18 @@ class DataPlane:
         self.model(name)
         return self.batchers[name].arrival()
 
+    def served_inputs(self, m: ServedModel) -> list[TensorSpec]:
+        """``m``'s family's served inputs, made once per model: the family builds pydantic specs on every call."""
+        known = self._served.get(m.name)
+        if known is None or known[0] is not m:
+            known = self._served[m.name] = (m, m.family.served_inputs(m.spec))
+        return known[1]
+
     def validate(self, m: ServedModel, request: InferRequest) -> tuple[dict[str, np.ndarray], bool]:
         """The request's tensors checked against what the model is served with (its family's served inputs, e.g. text
         strings) or its own inputs: names, datatypes, shapes, finite values, the number of samples. True when the
         family prepares them (``model_inputs``: a text encoder tokenizes strings and checks raw token ids)."""
-        served = {t.name: t for t in m.family.served_inputs(m.spec)}
+        served = {t.name: t for t in self.served_inputs(m)}
         as_served = any(t.name in served for t in request.inputs) or served.keys() == {t.name for t in m.spec.inputs}
         expected = served if as_served else {t.name: t for t in m.spec.inputs}
         inputs: dict[str, np.ndarray] = {}
@@ -282,7 +290,7 @@ class DataPlane:
         family as raw ``input_ids`` are). Refuses models that do not take text."""
         m = self.model(name)
         self.require_ready()
-        if m.family.served_inputs(m.spec) == m.spec.inputs or m.spec.task != "embedding":
+        if self.served_inputs(m) == m.spec.inputs or m.spec.task != "embedding":
             raise BadRequest(f"model {name!r} is not a text encoder")
         self.check_samples(len(texts), "texts")
         if all(isinstance(t, str) for t in texts):
