@@ -18,12 +18,13 @@ Offline, in this process with the server idle: the same sessions the server open
 tokenizing and running the same sentence: CPU per text at one text per call, and at the batch size the server formed
 at the highest concurrency; and texts/s with every instance running batches of 32 in parallel, which served texts/s
 at that concurrency is divided by (same round). ``--before REV`` (a git revision of this repository, checked out under
-``--cache``) runs that version of the server alternately with this one: each round runs both, order flipped each
+``--cache``) runs that version of the server alternately with this one (or with ``--after REV``): each round runs both, order flipped each
 round, so every ratio is same-run. ``--profile`` adds a py-spy sample of each server under the highest concurrency
 (a separate, untimed step), summarised by where the time goes.
 
     python benchmarks/serve_cpu.py                                   # this server: ~1.5 min
     python benchmarks/serve_cpu.py --before main --rounds 2 --profile --json serve-cpu.json
+    python benchmarks/serve_cpu.py --before REV1 --after REV2 --routes openai-base64    # one change, same run
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from servopt.serve.batcher import lower_priority
 from servopt.serve.harness import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,13 +143,16 @@ class Offline:
         return (time.thread_time() - cpu) / (calls * batch)
 
     def texts_per_s(self, seconds: float, batch: int = 32) -> float:
-        """Every instance running batches of ``batch`` in a thread of its own, as the server's instances do."""
+        """Every instance running batches of ``batch`` in a thread of its own, as the server's instances do, at their
+        CPU priority (on a shared machine a thread at normal priority would take more of the cores than the server's
+        inference threads get, and the ratio would measure the niceness)."""
         counts = [0] * len(self.served.sessions)
         feed = self.feed(batch)
         go = threading.Event()
         until = [0.0]
 
         def work(i: int) -> None:
+            lower_priority()  # the niceness the server's inference threads run at: same share against other load
             go.wait()
             while time.perf_counter() < until[0]:
                 self.served.sessions[i].run(feed)
@@ -162,6 +167,14 @@ class Offline:
         for t in threads:
             t.join()
         return sum(counts) / (time.perf_counter() - start)
+
+
+def offline_block(offline: Offline, seconds: float) -> dict:
+    """Offline texts/s, and how many cores other processes took meanwhile (the machine is shared)."""
+    busy, mine, wall = busy_jiffies(), own_cpu(), time.perf_counter()
+    rate = offline.texts_per_s(seconds)
+    others = (busy_jiffies() - busy) / os.sysconf("SC_CLK_TCK") - (own_cpu() - mine)
+    return {"texts_per_s_batch32": rate, "others_cores": max(0.0, others) / (time.perf_counter() - wall)}
 
 
 # ------------------------------------------------------------------------------------------------ the client
@@ -380,6 +393,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "servopt-serve-cpu")
     ap.add_argument("--before", help="a git revision whose server runs alternately with this one (e.g. main)")
+    ap.add_argument("--after", help="run this git revision's server as the second one, instead of this source tree")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=5.0, help="timed seconds per step")
     ap.add_argument("--warmup", type=float, default=1.0)
@@ -403,54 +417,58 @@ def main() -> None:
     print(f"CPU: {cpu}")
     model = build_model(args.cache)
     print(f"model: {model}")
-    servers: dict[str, Path | None] = {"this": None}
+    this = f"after ({args.after})" if args.after else "this"
+    servers: dict[str, Path | None] = {this: checkout(args.after, args.cache) if args.after else None}
     if args.before:
-        servers = {f"before ({args.before})": checkout(args.before, args.cache), "this": None}
+        servers = {f"before ({args.before})": checkout(args.before, args.cache), **servers}
     offline = Offline(model, args.instances, args.threads)
     reference = offline.embedding()
 
     report: dict = {"cpu": cpu, "model": str(model), "sentence": SENTENCE, "instances": args.instances, "threads": args.threads,
                     "seconds": args.seconds, "rounds": []}
-    for r in range(args.rounds):
-        order = list(servers) if r % 2 == 0 else list(reversed(servers))
-        row: dict = {"servers": {}}
-        for label in order:
-            with run_server(model, servers[label], args) as server:
-                for route in routes:  # the answer is right before it is timed
-                    got = embedding_of(route, one(server.port, route))
-                    cos = float(got @ reference / (np.linalg.norm(got) * np.linalg.norm(reference)))
-                    if cos < 0.9999:
-                        raise RuntimeError(f"{label} server, {route}: cosine {cos:.6f} to the offline embedding")
-                steps = []
-                for c in levels:
-                    for route in routes:
-                        s = step(server, route, c, args.seconds, args.warmup)
-                        steps.append(s)
-                        print(f"round {r + 1} {label:>16} {route:>13} c={c:<3} {s['rps']:7.1f} req/s  p50 {s['p50_ms']:6.2f} ms  "
-                              f"p99 {s['p99_ms']:6.2f} ms  server CPU {s['server_cpu_ms_per_request']:5.2f} ms/req  "
-                              f"batch {s['mean_batch'] or 0:4.1f}  cores: server {s['server_cores']:.2f} client "
-                              f"{s['client_cores']:.2f} others {s['others_cores']:.2f}" + (f"  errors {s['errors']}" if s["errors"] else ""),
+    top = max(levels)
+    with contextlib.ExitStack() as stack:
+        running = {label: stack.enter_context(run_server(model, src, args)) for label, src in servers.items()}
+        for label, server in running.items():
+            for route in routes:  # each answer is right before anything is timed
+                got = embedding_of(route, one(server.port, route))
+                cos = float(got @ reference / (np.linalg.norm(got) * np.linalg.norm(reference)))
+                if cos < 0.9999:
+                    raise RuntimeError(f"{label} server, {route}: cosine {cos:.6f} to the offline embedding")
+        for r in range(args.rounds):
+            # Both servers stay up; each step runs on one, then at once on the other (order flipped every round), so
+            # the two figures of a pair are seconds apart: other sessions' load on these cores changes slower.
+            order = list(running) if r % 2 == 0 else list(reversed(running))
+            row: dict = {"servers": {label: {"steps": []} for label in running}, "offline": offline_block(offline, args.seconds)}
+            off = row["offline"]
+            print(f"round {r + 1} offline: {off['texts_per_s_batch32']:.0f} texts/s with {args.instances} instance(s) at "
+                  f"batch 32 (others' load {off['others_cores']:.2f} cores)", flush=True)
+            for c in levels:
+                for route in routes:
+                    for label in order:
+                        st = step(running[label], route, c, args.seconds, args.warmup)
+                        row["servers"][label]["steps"].append(st)
+                        print(f"round {r + 1} {label:>16} {route:>13} c={c:<3} {st['rps']:7.1f} req/s  p50 {st['p50_ms']:6.2f} ms  "
+                              f"p99 {st['p99_ms']:6.2f} ms  server CPU {st['server_cpu_ms_per_request']:5.2f} ms/req  "
+                              f"batch {st['mean_batch'] or 0:4.1f}  cores: server {st['server_cores']:.2f} client "
+                              f"{st['client_cores']:.2f} others {st['others_cores']:.2f}" + (f"  errors {st['errors']}" if st["errors"] else ""),
                               flush=True)
-                prof = None
-                if args.profile:
-                    out = args.cache / f"pyspy-{label.split()[0]}-r{r + 1}.txt"
-                    prof = profile(server, routes[0], max(levels), args.seconds, out, args.native)
-                    print(f"round {r + 1} {label}: py-spy at c={max(levels)} {routes[0]}: " + (
-                        ", ".join(f"{k} {v:.0%}" for k, v in prof["share"].items()) if "share" in prof else prof["error"]), flush=True)
-                    for frame, share in prof.get("top_frames", [])[:8]:
-                        print(f"    {share:5.1%}  {frame}")
-            row["servers"][label] = {"steps": steps, "profile": prof}
-        top = max(levels)
-        batch = round(statistics.median(s["mean_batch"] for sv in row["servers"].values() for s in sv["steps"]
-                                        if s["concurrency"] == top and s["mean_batch"]) or 1)
-        row["offline"] = {"cpu_ms_per_text_batch1": offline.cpu_per_text(1, 2.0) * 1000,
-                          f"cpu_ms_per_text_batch{batch}": offline.cpu_per_text(batch, 2.0) * 1000, "served_batch": batch,
-                          "texts_per_s_batch32": offline.texts_per_s(args.seconds)}
-        off = row["offline"]
-        print(f"round {r + 1} offline: model CPU per text {off['cpu_ms_per_text_batch1']:.2f} ms at 1 text per call, "
-              f"{off[f'cpu_ms_per_text_batch{batch}']:.2f} ms at {batch} (the server's mean batch at c={top}); "
-              f"{off['texts_per_s_batch32']:.0f} texts/s with {args.instances} instance(s) at batch 32", flush=True)
-        report["rounds"].append(row)
+            batch = round(statistics.median([st["mean_batch"] for sv in row["servers"].values() for st in sv["steps"]
+                                             if st["concurrency"] == top and st["mean_batch"]] or [1]))
+            off.update({"cpu_ms_per_text_batch1": offline.cpu_per_text(1, 2.0) * 1000, "served_batch": batch,
+                        f"cpu_ms_per_text_batch{batch}": offline.cpu_per_text(batch, 2.0) * 1000})
+            print(f"round {r + 1} offline: model CPU per text {off['cpu_ms_per_text_batch1']:.2f} ms at 1 text per call, "
+                  f"{off[f'cpu_ms_per_text_batch{batch}']:.2f} ms at {batch} (the servers' mean batch at c={top})", flush=True)
+            report["rounds"].append(row)
+        if args.profile:
+            report["profiles"] = {}
+            for label, server in running.items():
+                out = args.cache / f"pyspy-{label.split()[0]}.txt"
+                prof = report["profiles"][label] = profile(server, routes[0], top, args.seconds, out, args.native)
+                print(f"{label}: py-spy at c={top} {routes[0]}: " + (
+                    ", ".join(f"{k} {v:.0%}" for k, v in prof["share"].items()) if "share" in prof else prof["error"]), flush=True)
+                for frame, share in prof.get("top_frames", [])[:8]:
+                    print(f"    {share:5.1%}  {frame}")
     summarize(report, routes, levels)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
