@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -218,8 +219,10 @@ async def _answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return status, body
 
 
-async def closed_loop(port: int, route: str, concurrency: int, seconds: float, warmup: float) -> dict:
-    """``concurrency`` keep-alive connections, each sending the next request when its answer is in."""
+async def closed_loop(port: int, route: str, concurrency: int, seconds: float, warmup: float,
+                      server_cpu: Callable[[], float] = lambda: 0.0) -> dict:
+    """``concurrency`` keep-alive connections, each sending the next request when its answer is in; the server's CPU
+    (``server_cpu``), ours and the machine's are read as the timed window opens and closes."""
     request = request_bytes(route, port)
     latencies: list[float] = []
     errors: Counter[str] = Counter()
@@ -243,14 +246,14 @@ async def closed_loop(port: int, route: str, concurrency: int, seconds: float, w
     tasks = [asyncio.create_task(conn()) for _ in range(concurrency)]
     await asyncio.sleep(warmup)
     phase["timed"] = True
-    marks = (time.perf_counter(), own_cpu(), busy_jiffies())
+    marks = (time.perf_counter(), own_cpu(), busy_jiffies(), server_cpu())
     await asyncio.sleep(seconds)
     phase["timed"] = False
-    ends = (time.perf_counter(), own_cpu(), busy_jiffies())
+    ends = (time.perf_counter(), own_cpu(), busy_jiffies(), server_cpu())
     phase["stop"] = True
     await asyncio.gather(*tasks)
     return {"wall": ends[0] - marks[0], "client_cpu": ends[1] - marks[1], "busy_s": (ends[2] - marks[2]) / os.sysconf("SC_CLK_TCK"),
-            "latencies": latencies, "errors": dict(errors), "started": marks[0]}
+            "server_cpu": ends[3] - marks[3], "latencies": latencies, "errors": dict(errors)}
 
 
 def one(port: int, route: str) -> bytes:
@@ -276,15 +279,16 @@ def server_batches(url: str) -> tuple[float, float]:
 
 
 def step(server: ServerProcess, route: str, concurrency: int, seconds: float, warmup: float) -> dict:
+    """One closed-loop step on ``server``; its mean batch is read from /metrics around the step (warm-up included)."""
     calls0, samples0 = server_batches(server.url)
     loop = asyncio.new_event_loop()
     with contextlib.suppress(ImportError):
         import uvloop
 
+        loop.close()
         loop = uvloop.new_event_loop()
     try:
-        # the server's CPU is read when the timed window opens and closes, from a task on the same loop
-        result = loop.run_until_complete(_timed_step(server, route, concurrency, seconds, warmup))
+        result = loop.run_until_complete(closed_loop(server.port, route, concurrency, seconds, warmup, server.cpu_seconds))
     finally:
         loop.close()
     calls1, samples1 = server_batches(server.url)
@@ -300,29 +304,14 @@ def step(server: ServerProcess, route: str, concurrency: int, seconds: float, wa
             "mean_batch": (samples1 - samples0) / (calls1 - calls0) if calls1 > calls0 else None}
 
 
-async def _timed_step(server: ServerProcess, route: str, concurrency: int, seconds: float, warmup: float) -> dict:
-    marks: dict[str, float] = {}
-
-    async def watch() -> None:
-        await asyncio.sleep(warmup)
-        marks["cpu0"] = server.cpu_seconds()
-        await asyncio.sleep(seconds)
-        marks["cpu1"] = server.cpu_seconds()
-
-    watcher = asyncio.create_task(watch())
-    result = await closed_loop(server.port, route, concurrency, seconds, warmup)
-    await watcher
-    result["server_cpu"] = marks["cpu1"] - marks["cpu0"]
-    return result
-
-
 # ------------------------------------------------------------------------------------------------ py-spy
 
 # Where a sampled stack's time goes: the first rule matching a frame, from the innermost frame out.
 CATEGORIES = (
     ("model call", ("onnxruntime", "runtimes/onnxruntime_runtime.py", "runtimes/base.py")),
     ("tokenization", ("tokenizers", "data/text.py", "families/text.py")),
-    ("JSON / base64", ("json/", "orjson", "base64", "protocol.py:encode", "protocol.py:decode", "decode_json")),
+    ("JSON / base64", ("json/", "orjson", "base64", "decode_json ", "_encode_json ", "encode_rest_response ",
+                       "openai_embeddings_body ", "decode_rest_request ")),
     ("validation (pydantic)", ("pydantic",)),
     ("metrics", ("prometheus_client", "serve/metrics.py")),
     ("batching", ("serve/batcher.py",)),
