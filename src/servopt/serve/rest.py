@@ -202,21 +202,38 @@ def _hot_model(path: str) -> str | None:
 
 
 class ServingApp(FastAPI):
-    """FastAPI, with the two inference routes answered ahead of its stack.
+    """FastAPI, with the two inference routes answered ahead of its own stack.
 
     A request through FastAPI's middleware, router and request handling cost about 115 µs of CPU in that machinery
     alone (an empty route, measured in-process on an AVX2 EPYC), a sizeable share of a one-sentence embedding
-    request's non-model CPU. ``POST /v1/embeddings`` and ``POST /v2/models/{name}/infer`` therefore go from here
-    straight to ``GuardMiddleware`` (auth, size limits, readiness, admission, metrics, the last-resort JSON 500) and
-    the same handler functions the FastAPI routes call, which stay declared for the OpenAPI schema and answer
-    everything else (other methods, a ``root_path``). FastAPI's own OpenTelemetry hooks do not see these two routes."""
+    request's non-model CPU. ``POST /v1/embeddings`` and ``POST /v2/models/{name}/infer`` therefore go from here to
+    ``hot``, the same handler functions the FastAPI routes call, wrapped in the app's own middleware
+    (``GuardMiddleware``: auth, size limits, readiness, admission, metrics, the last-resort JSON 500; and whatever was
+    added after ``create_app``, as Ray Serve's replica header), built a second time at the first such request, as
+    Starlette builds its stack. The FastAPI routes stay declared for the OpenAPI schema and answer everything else
+    (other methods, a ``root_path``). FastAPI's own OpenTelemetry hooks do not see these two routes."""
 
-    hot: Callable | None = None
+    _hot: Callable | None = None
+    _hot_stack: Callable | None = None
+
+    @property
+    def hot(self) -> Callable | None:
+        """The inference routes' ASGI handler, without middleware (None: everything through FastAPI)."""
+        return self._hot
+
+    @hot.setter
+    def hot(self, handler: Callable | None) -> None:
+        self._hot, self._hot_stack = handler, None
 
     async def __call__(self, scope, receive, send) -> None:
-        if (self.hot is not None and scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path")
+        if (self._hot is not None and scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path")
                 and (scope["path"] == "/v1/embeddings" or _hot_model(scope["path"]) is not None)):
-            await self.hot(scope, receive, send)
+            if self._hot_stack is None:
+                stack = self._hot
+                for cls, args, kwargs in reversed(self.user_middleware):  # the first listed is the outermost
+                    stack = cls(stack, *args, **kwargs)
+                self._hot_stack = stack
+            await self._hot_stack(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -310,7 +327,7 @@ def create_app(models: dict[str, ServedModel] | DataPlane, settings: ServeSettin
             response = _error(e.status, str(e), e.headers)
         await response(scope, receive, send)
 
-    app.hot = GuardMiddleware(hot, plane=plane, max_body=max_body)
+    app.hot = hot
 
     @app.exception_handler(BadRequest)
     async def bad_request(_r: Request, e: BadRequest):
