@@ -340,12 +340,12 @@ def categorize(stack: str) -> str:
     return "other"
 
 
-def profile(server: ServerProcess, route: str, concurrency: int, seconds: float, out: Path, native: bool) -> dict:
+def profile(server: ServerProcess, route: str, concurrency: int, seconds: float, out: Path) -> dict:
     """py-spy samples (100 Hz, active threads only) of the server while the client loads it: share of samples by
     category, and the busiest frames. Untimed: sampling pauses the server."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     cmd = [spy, "record", "--format", "raw", "--rate", "100", "--duration", str(int(seconds)), "--pid", str(server.proc.pid),
-           "-o", str(out), *(["--native"] if native else [])]
+           "-o", str(out)]  # no --native: C frames carry no symbols here, and a thread waiting in libc looks busy
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)
     asyncio.run(closed_loop(server.port, route, concurrency, seconds, 0.5))
@@ -392,7 +392,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--server-args", default="", help="more `servopt serve` options for every server")
     ap.add_argument("--profile", action="store_true", help="py-spy each server at the highest concurrency (untimed)")
-    ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -453,7 +452,7 @@ def main() -> None:
             report["profiles"] = {}
             for label, server in running.items():
                 out = args.cache / f"pyspy-{label.split()[0]}.txt"
-                prof = report["profiles"][label] = profile(server, routes[0], top, args.seconds, out, args.native)
+                prof = report["profiles"][label] = profile(server, routes[0], top, args.seconds, out)
                 print(f"{label}: py-spy at c={top} {routes[0]}: " + (
                     ", ".join(f"{k} {v:.0%}" for k, v in prof["share"].items()) if "share" in prof else prof["error"]), flush=True)
                 for frame, share in prof.get("top_frames", [])[:8]:
