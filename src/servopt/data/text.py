@@ -231,9 +231,46 @@ class TextTokenizer:
             ))
         return out
 
+    def encode_padded(self, texts: Sequence[str], names: Sequence[str] = INPUT_NAMES[:2]
+                      ) -> tuple[dict[str, np.ndarray], list[int], dict[int, int]]:
+        """Tokenize and pad in one pass (the server's path): the model inputs ``pad_batch(encode(texts), names)``
+        gives, each text's token count, and the full length of every text cut at ``max_length`` (by its index).
+        Filled straight from the Rust batch's encodings, without arrays and tuples per text: half the CPU of the
+        two steps for a one-sentence request."""
+        _check_names(names)
+        texts = [t.lower() for t in texts] if self.lowercase else list(texts)
+        if not texts:
+            raise UserError("no texts to pad into a batch", fix="give at least one text")
+        encodings = self._tok.encode_batch(texts)
+        rows = [e.ids for e in encodings]
+        lengths = [len(r) for r in rows]
+        width = max(lengths)
+        arrays: dict[str, np.ndarray] = {}
+        if min(lengths) == width:  # one text, or texts of one length: no padding at all
+            arrays["input_ids"] = np.array(rows, np.int64)
+            arrays["attention_mask"] = np.ones((len(rows), width), np.int64)
+            if "token_type_ids" in names:
+                arrays["token_type_ids"] = np.array([e.type_ids for e in encodings], np.int64)
+        else:
+            ids, mask = np.full((len(rows), width), self.pad_id, np.int64), np.zeros((len(rows), width), np.int64)
+            types = np.zeros((len(rows), width), np.int64)
+            for row, (enc, r, n) in enumerate(zip(encodings, rows, lengths, strict=True)):
+                ids[row, :n], mask[row, :n], types[row, :n] = r, 1, enc.type_ids
+            arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        cut = {i: n + sum(len(o.ids) - sum(o.special_tokens_mask) for o in enc.overflowing)
+               for i, (enc, n) in enumerate(zip(encodings, lengths, strict=True)) if enc.overflowing}
+        return {n: arrays[n] for n in names}, lengths, cut
+
     def __call__(self, texts: Sequence[str], names: Sequence[str] = INPUT_NAMES[:2]) -> dict[str, np.ndarray]:
         """Tokenize and pad one batch: the model inputs named ``names``."""
         return pad_batch(self.encode(texts), names, pad_id=self.pad_id)
+
+
+def _check_names(names: Sequence[str]) -> None:
+    unknown = [n for n in names if n not in INPUT_NAMES]
+    if unknown:
+        raise UserError(f"cannot make model input(s) {', '.join(unknown)} from text",
+                        fix="text encoders take " + ", ".join(INPUT_NAMES))
 
 
 def pad_batch(
@@ -242,10 +279,7 @@ def pad_batch(
 ) -> dict[str, np.ndarray]:
     """int64 arrays [batch, longest] (or ``pad_to``) for ``names``: ids padded with ``pad_id``, attention_mask 1/0,
     token_type_ids padded with 0. Padding is on the right, where the encoders expect it."""
-    unknown = [n for n in names if n not in INPUT_NAMES]
-    if unknown:
-        raise UserError(f"cannot make model input(s) {', '.join(unknown)} from text",
-                        fix="text encoders take " + ", ".join(INPUT_NAMES))
+    _check_names(names)
     if not encodings:
         raise UserError("no texts to pad into a batch", fix="give at least one text")
     lengths = np.array([len(e[0]) for e in encodings])

@@ -226,8 +226,18 @@ class TextEmbedding(EmbeddingBase):
         masked out, so its value does not matter)."""
         if len(feeds) == 1:
             return feeds[0]
+        # Filled in place: np.pad is ~40 µs per array in Python, 1.5 ms for a batch of 12 one-text requests, all of it
+        # holding the GIL in the inference thread.
         width = max(f["attention_mask"].shape[1] for f in feeds)
-        return {n: np.concatenate([np.pad(f[n], ((0, 0), (0, width - f[n].shape[1]))) for f in feeds]) for n in feeds[0]}
+        rows = sum(len(f["attention_mask"]) for f in feeds)
+        out = {n: np.zeros((rows, width), feeds[0][n].dtype) for n in feeds[0]}
+        row = 0
+        for f in feeds:
+            size, length = f["attention_mask"].shape
+            for n, a in out.items():
+                a[row:row + size, :length] = f[n]
+            row += size
+        return out
 
     def grid_feed(self, data: Dataset, batch: int, length: int) -> dict[str, np.ndarray] | None:
         """Real token ids (the evaluation texts' own, repeated to fill ``length``), every row ``length`` long."""
@@ -316,15 +326,12 @@ class TextEmbedding(EmbeddingBase):
         text over the model's limit is refused instead of cut."""
         tok = tokenizer_of(spec)
         cap = tok.max_length * CHARS_PER_TOKEN_CAP
-        encoded = tok.encode([t[:cap] for t in texts])
-        cut = [i for i, e in enumerate(encoded) if e.truncated]
+        feed, lengths, cut = tok.encode_padded([t[:cap] for t in texts], [t.name for t in spec.inputs])
         if cut and not truncate:
-            raise UserError(f"{len(cut)} text(s) are longer than the model's {tok.max_length} tokens (first: #{cut[0]}, "
-                            f"{encoded[cut[0]].full_length} tokens)", fix="shorten them, or allow truncation (the default)")
-        from servopt.data.text import pad_batch
-
-        feed = pad_batch(encoded, [t.name for t in spec.inputs], pad_id=tok.pad_id)
-        return feed, {"tokens": int(sum(len(e.ids) for e in encoded)), "truncated": len(cut)}
+            first = min(cut)
+            raise UserError(f"{len(cut)} text(s) are longer than the model's {tok.max_length} tokens (first: #{first}, "
+                            f"{cut[first]} tokens)", fix="shorten them, or allow truncation (the default)")
+        return feed, {"tokens": int(sum(lengths)), "truncated": len(cut)}
 
     def convenience_inputs(self, spec: ModelSpec, body: Any, max_pixels: int) -> dict[str, np.ndarray]:
         texts = body.get("texts") if isinstance(body, dict) else None

@@ -108,7 +108,7 @@ class ServiceTime:
 INFERENCE_NICENESS = 5
 
 
-def _lower_priority() -> None:
+def lower_priority() -> None:
     """Run this inference thread at a lower CPU priority than the event loop (Linux: per-thread niceness).
 
     Under overload the model would otherwise take every core and starve the loop that reads requests and
@@ -207,7 +207,7 @@ class DynamicBatcher:
     def start(self) -> None:
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=len(self.run_fns), thread_name_prefix="servopt-infer",
-                                            initializer=_lower_priority)
+                                            initializer=lower_priority)
         self._tasks = [asyncio.create_task(self._worker(i, fn)) for i, fn in enumerate(self.run_fns)]
 
     async def stop(self) -> None:

@@ -30,11 +30,12 @@ class ServerProcess:
     """``servopt serve SOURCE ARGS`` in its own process on free loopback ports (REST, and gRPC with ``grpc=True``),
     ready once ``/v2/health/ready`` answers 200: the gRPC front end starts in the same lifespan, before REST listens.
 
-    It runs this very servopt (its source folder first on ``PYTHONPATH``); its output goes to a temporary file, shown
-    when it fails to start. ``with ServerProcess(...) as s:`` stops it with SIGTERM (graceful) on the way out."""
+    It runs this very servopt (its source folder first on ``PYTHONPATH``), or the one under ``src`` (another version's
+    source folder, for a same-run comparison); its output goes to a temporary file, shown when it fails to start.
+    ``with ServerProcess(...) as s:`` stops it with SIGTERM (graceful) on the way out."""
 
     def __init__(self, source: str | Path, *args: str, grpc: bool = False, env: dict[str, str] | None = None,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, src: str | Path | None = None) -> None:
         self.port = free_port()
         self.grpc_port = free_port() if grpc else None
         self.url = f"http://127.0.0.1:{self.port}"
@@ -42,7 +43,7 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "servopt", "serve", str(source), "--host", "127.0.0.1", "--port", str(self.port), *args]
         if grpc:
             cmd += ["--grpc-port", str(self.grpc_port)]
-        src = str(Path(servopt.__file__).resolve().parents[1])
+        src = str(src or Path(servopt.__file__).resolve().parents[1])
         environ = {**os.environ, **(env or {})}
         environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, environ.get("PYTHONPATH", "")) if p)
         self.log = tempfile.NamedTemporaryFile(prefix="servopt-serve-", suffix=".log", delete=False)  # noqa: SIM115 - closed in stop

@@ -27,7 +27,14 @@ class Metrics:
         # Text models: tokens per batch, real and padding (waste = padding / real; tokens/s = rate of real).
         self.tokens = Counter("servopt_tokens", "tokens run by text models, by kind (real, padding)", ["kind"], registry=r)
         self.truncated = Counter("servopt_truncated_texts", "texts cut to the model's maximum length", registry=r)
+        self._children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
 
     def observe_request(self, endpoint: str, code: int | str, seconds: float) -> None:
-        self.requests.labels(endpoint, str(code)).inc()
-        self.latency.labels(endpoint, str(code)).observe(seconds)
+        # The labelled children, kept: ``labels()`` takes a lock and builds its key on every call. Bounded: endpoints
+        # are route templates (or "other") and codes HTTP statuses.
+        key = (endpoint, str(code))
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (self.requests.labels(*key), self.latency.labels(*key))
+        children[0].inc()
+        children[1].observe(seconds)
