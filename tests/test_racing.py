@@ -136,3 +136,16 @@ def test_presets_say_where_their_prices_come_from():
         assert (t.price_per_hour is None) == (t.price_source is None), t.name
         if t.price_source:
             assert "20" in t.price_source and "check" in t.price_source
+
+
+def test_refining_a_variant_whose_kernels_are_beaten_cannot_help():
+    """OpenVINO INT8 on a CPU without VNNI: even with its quality recovered, its kernels lose beyond noise to a variant
+    that meets the bounds, so its accuracy-control refinement is not built; a fast one that lost quality is refined."""
+    ref = rec("ort-fp32", 6.0, 200)
+    good = rec("ort-int8-rr", 3.0, 420, top1=0.945)
+    slow_lossy = rec("nncf-int8", 5.5, 230, top1=0.92)
+    fast_lossy = rec("ort-int8", 2.9, 430, top1=0.90)
+    records = [ref, good, slow_lossy, fast_lossy]
+    why = racing.beaten_even_if_recovered(TARGETS, slow_lossy, records, ref, IMAGES)
+    assert why and "ort-int8-rr is ahead beyond noise" in why
+    assert racing.beaten_even_if_recovered(TARGETS, fast_lossy, records, ref, IMAGES) is None

@@ -180,6 +180,17 @@ def screened_out(targets: list[Target], records: list[Record], ref: Record | Non
     return screened
 
 
+def beaten_even_if_recovered(targets: list[Target], base: Record, records: list[Record], ref: Record | None,
+                             family: Family) -> str | None:
+    """Why refining ``base``'s quality cannot help: with the original's quality assumed, its kernels are still beaten
+    beyond noise for every target (a refinement runs the same kernels, or slower ones). None: it might win."""
+    if base.status != "ok" or ref is None or base.latency_ms is None:
+        return None
+    perfect = base.model_copy(update={"quality": ref.quality})
+    others = [r for r in records if r.name != base.name]
+    return screened_out(targets, [*others, perfect], ref, family, keep=set()).get(base.name)
+
+
 def _measuring_level(records: list[Record]):
     env = next((r.environment for r in records if r.environment), None)
     return CpuFeatures(frozenset(env.cpu_flags)).level if env else cpu_features().level

@@ -193,6 +193,7 @@ class Sweep:
     references: dict[str | None, Record] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     not_tried: list[LeftOut] = field(default_factory=list)
+    beaten: dict[str | None, set[str]] = field(default_factory=dict)  # per kind: beaten beyond noise (no contenders)
     started: float = field(default_factory=time.monotonic)
 
     # ------------------------------------------------------------------------------------------------ context
@@ -491,10 +492,20 @@ class Sweep:
         for u in units:
             groups.setdefault((u.variant.refines, u.kind), []).append(u)
         for (base, kind), group in groups.items():
-            if not self._misses_quality(self.records.get((base, kind)), kind):
+            probe = self.records.get((base, kind))
+            if not self._misses_quality(probe, kind):
                 for u in group:
                     self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built: {base} already meets every quality "
                                                   "bound (this only recovers quality it would lose; --full builds it)"))
+                continue
+            ref = self.references.get(kind) or next(iter(self.references.values()))
+            mine = [r for (_, k), r in self.records.items() if k == kind]
+            hopeless = racing.beaten_even_if_recovered(self.targets_of(kind) or self.targets, probe, mine, ref, self.family) \
+                if probe is not None else None
+            if hopeless:
+                for u in group:
+                    self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built: even with its quality recovered, {base}'s "
+                                                  f"kernels (which this runs, or slower ones) are beaten: {hopeless}"))
                 continue
             recovered = None
             for u in sorted(group, key=lambda u: not u.variant.same_kernels):  # stable: the catalogue's order within each
@@ -515,13 +526,16 @@ class Sweep:
             records = [r for (n, k), r in self.records.items() if k == kind]
             reference = self.references.get(kind) or next(iter(self.references.values()))
             keep = {self.original.name, self.baseline.name}
-            beaten = racing.screened_out(self.targets_of(kind) or self.targets, records, reference, self.family, keep) \
+            # The original and the baseline are never marked screened out (every figure is compared with them), but an
+            # original beaten beyond noise is no contender either: it gets no cold start nor side-by-side re-measure.
+            beaten = racing.screened_out(self.targets_of(kind) or self.targets, records, reference, self.family, set()) \
                 if self.racing else {}
+            self.beaten[kind] = set(beaten) - {self.baseline.name}
             for rec in records:
                 u = by_unit.get((rec.name, kind))
                 if u is None or rec.status != "ok":
                     continue
-                if rec.name in beaten and rec.screened_out is None and rec.cold_start is None:
+                if rec.name in beaten and rec.name not in keep and rec.screened_out is None and rec.cold_start is None:
                     self._update(u, rec.model_copy(update={"screened_out": beaten[rec.name]}))
                 elif rec.name not in beaten and rec.cold_start is None and rec.artifact is not None:
                     job = ColdStartJob(session=OpenSpec(name=rec.name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
@@ -666,7 +680,7 @@ class Sweep:
         capped re-measures, and its targets' decisions, on its own records only."""
         targets = self.targets_of(kind)
         reference = self.references.get(kind) or next(iter(self.references.values()))
-        contenders = [r for r in records if r.screened_out is None]
+        contenders = [r for r in records if r.screened_out is None and r.name not in self.beaten.get(kind, set())]
         self.progress.step(f"re-measuring the top candidates side by side with the reference{self._for(kind)}")
         names = interleave_candidates(targets, contenders, reference, self.family)
         interleaved = None
