@@ -519,3 +519,26 @@ def test_expected_wait_counts_the_call_in_flight_and_the_queued_calls():
     assert e.value.kind == "expected_wait" and e.value.retry_after == pytest.approx(0.105, abs=0.01)
     b.budget = 1.0
     b.admit(1)  # 505 ms is within 80 % of a second
+
+
+def test_a_failed_metrics_push_is_counted_not_swallowed():
+    """A Ray Serve replica whose snapshot cannot reach the hub keeps serving, and says so in its own metrics."""
+    import asyncio
+
+    from servopt.serve.metrics import Metrics
+    from servopt.serve.ray_serve import MetricsPusher
+
+    class Replica:
+        plane = type("Plane", (), {"metrics": Metrics()})()
+
+        async def push(self) -> None:
+            raise ConnectionError("hub restarting")
+
+    async def two_rounds() -> None:
+        pusher = MetricsPusher(Replica(), interval_s=0.01)
+        await pusher.start()
+        await asyncio.sleep(0.05)
+        await pusher.stop()
+
+    asyncio.run(two_rounds())
+    assert Replica.plane.metrics.push_errors._value.get() >= 2

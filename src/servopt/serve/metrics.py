@@ -27,6 +27,8 @@ class Metrics:
         # Text models: tokens per batch, real and padding (waste = padding / real; tokens/s = rate of real).
         self.tokens = Counter("servopt_tokens", "tokens run by text models, by kind (real, padding)", ["kind"], registry=r)
         self.truncated = Counter("servopt_truncated_texts", "texts cut to the model's maximum length", registry=r)
+        # Ray Serve replicas: snapshots of this registry that could not reach the hub (/metrics then lags for this one)
+        self.push_errors = Counter("servopt_metrics_push_errors", "metric snapshots a replica could not push to the hub", registry=r)
         self._children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
 
     def observe_request(self, endpoint: str, code: int | str, seconds: float) -> None:

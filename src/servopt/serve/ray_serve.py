@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import threading
@@ -40,6 +41,8 @@ from servopt.errors import UserError
 from servopt.serve.dataplane import DataPlane
 from servopt.serve.model import ServedModel
 from servopt.settings import ServeSettings
+
+log = logging.getLogger(__name__)
 
 APP_NAME = "servopt"
 REPLICA_HEADER = "servopt-replica"
@@ -183,8 +186,11 @@ class MetricsPusher:
 
     async def _loop(self) -> None:
         while True:
-            with contextlib.suppress(Exception):  # the hub restarting must not stop the replica
+            try:
                 await self.replica.push()
+            except Exception as e:  # noqa: BLE001 - the hub restarting must not stop the replica; counted and logged
+                self.replica.plane.metrics.push_errors.inc()
+                log.warning("metrics push to the hub failed (its /metrics lags for this replica): %s", e)
             await asyncio.sleep(self.interval_s)
 
     async def stop(self) -> None:
