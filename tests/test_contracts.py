@@ -9,14 +9,18 @@ import numpy as np
 import pytest
 
 from conftest import channel_mean_onnx
-from servopt.contracts import Artifact, SessionInfo
+from servopt.contracts import QUALITY_KINDS, Artifact, Record, SessionInfo
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families import FAMILIES
+from servopt.families.catalogue import CatalogueContext
+from servopt.machine import CpuFeatures
 from servopt.models.sources import load_model
+from servopt.optimize.targets import PRESETS
 from servopt.passes import PASSES, BuildContext, build_chain, get_pass, source_artifact
 from servopt.passes.base import validate_params
 from servopt.runtimes import RUNTIMES, Runtime, RuntimeOptions, Session, get_runtime, open_session, register_runtime
+from servopt.spec import ModelSpec, TensorSpec
 
 RUNTIME_NAMES = RUNTIMES.names()
 PASS_NAMES = PASSES.names()
@@ -117,9 +121,26 @@ def test_family_contract(name, colour_model, colour_data):
     outputs = colour_data.inputs["input"].mean((2, 3))
     judged = family.judge(outputs, colour_data, outputs)
     assert judged.agreement is not None and judged.agreement.cosine_min == pytest.approx(1.0)
+    assert QUALITY_KINDS[judged.kind] is type(judged), "its quality is a registered kind (read back as itself)"
     assert 0.0 <= family.tuning_score(outputs, colour_data, outputs) <= 1.0 and family.tuning_metric(colour_data)
     with pytest.raises(UserError):
         family.data_options({"no_such_flag": 1})
+    assert all(f.description for f in family.DataOptions.model_fields.values()), "every data flag says what it is"
+    rec = Record(name="v", runtime="onnxruntime", status="ok", quality=judged)
+    for target in PRESETS.values():
+        checks = family.quality_bounds(target, rec, rec)
+        assert checks and all(c.value is not None for c in checks), "the original meets its own quality bounds"
+    spec = ModelSpec(inputs=[TensorSpec(name="input", dtype="float32", shape=["batch", 3, 8, 8])],
+                     outputs=[TensorSpec(name="out", dtype="float32", shape=["batch", 3])], family=name)
+    for is_torch in (False, True):
+        variants = family.catalogue(CatalogueContext(spec=spec, is_torch=is_torch, linear_heavy=False, cpu=CpuFeatures(frozenset({"avx2"}))))
+        names = [v.name for v in variants]
+        assert len(names) == len(set(names)) and sum(v.is_original for v in variants) == 1 and sum(v.is_baseline for v in variants) == 1
+        for v in variants:  # every pass and runtime it names exists, and its options are the runtime's
+            assert all(p in PASSES.names() for p, _ in v.chain), v.name
+            get_runtime(v.runtime).parse_options(v.options)
+            assert v.default or v.left_out_why, f"{v.name} is left out without a reason"
+            assert v.refines is None or v.refines in names, f"{v.name} refines an unknown variant"
 
 
 class NumpySession(Session):
