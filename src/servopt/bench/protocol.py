@@ -53,6 +53,7 @@ class Protocol(BaseModel):
     length_batching: bool = False  # text encoders: real texts first-come vs sorted by length
     cold_start: bool = True
     interference_threshold: float = DEFAULT_THRESHOLD
+    axes_only: bool = False  # only the family's own axes (grid, length batching) of a variant already verified and timed
 
     @classmethod
     def quick(cls) -> Protocol:
@@ -99,7 +100,11 @@ def measure_batch(session: Session, data: Dataset, proto: Protocol, batch_size: 
 
 def measure_session(session: Session, data: Dataset, reference: np.ndarray | None, family: Family, proto: Protocol,
                     outputs_path: Path | None = None, gate: Gate | None = None) -> Measured:
-    """Everything measured inside the worker process (see module doc): verified first, then timed."""
+    """Everything measured inside the worker process (see module doc): verified first, then timed. With
+    ``proto.axes_only``, only the family's own axes of a variant already verified and timed (a racing sweep's pick)."""
+    if proto.axes_only:
+        grid, batching, phases = measure_text_axes(session, data, family, proto)
+        return Measured(grid=grid, length_batching=batching, phases=phases)
     outputs = predict_all(session, data, max(1, proto.batch_size))
     if outputs_path is not None:
         np.save(outputs_path, outputs)

@@ -10,7 +10,7 @@ directories written by servopt 0.1 (``servopt.result/1`` records and
     artifacts/<pass>-<hash>/   built models, cached by content hash of (source, pass chain, parameters)
     work/<variant>/<job>/  each job's job.json, job.log and replay.sh
     results.jsonl          one Record per variant, appended atomically (append-only)
-    race.jsonl             a racing sweep's outcome per record key: its cold start, or what screened it out
+    race.jsonl             a racing sweep's additions per record key: its cold start, what screened it out, a pick's axes
     interleave.json        the side-by-side re-measure of the top candidates with the reference
     profiles/<variant>.json    op-level profiles of the recommended variants
     summary.json, report.md, report.html
@@ -77,8 +77,8 @@ class RunDir:
     def read_results(self) -> list[dict]:
         """results.jsonl's lines with what the race added to each (a torn last line of either is skipped)."""
         race: dict[str, dict] = {}
-        for row in read_jsonl(self.race):
-            race[row["key"]] = row
+        for row in read_jsonl(self.race):  # rows for one key add up, later fields over earlier ones
+            race.setdefault(row["key"], {}).update(row)
         return [{**r, **{k: v for k, v in race.get(r.get("key"), {}).items() if k != "key"}} for r in read_jsonl(self.results)]
 
     @property

@@ -229,8 +229,16 @@ class Sweep:
         """The sweep's protocol, with the family's own axes (a text encoder's batch × length grid, real texts batched
         in arrival order and sorted by length)."""
         base = Protocol.quick().model_copy(update={"cold_start": False}) if self.settings.quick else sweep_protocol(self.racing)
+        if self.racing:  # screening leaves the family's axes (a text encoder's grid: most of its time) to the picks
+            return base
+        return base.model_copy(update=self.axes)
+
+    @property
+    def axes(self) -> dict:
+        """The family's own axes of a measurement: a text encoder's batch × length grid, its real texts batched in
+        arrival order and sorted by length (decisions do not use them: they are what a report shows of a variant)."""
         grid = list(self.family.sweep_grid[:2] if self.settings.quick else self.family.sweep_grid)
-        return base.model_copy(update={"grid": grid, "length_batching": self.eval_data.lengths is not None})
+        return {"grid": grid, "length_batching": self.eval_data.lengths is not None}
 
     @property
     def interleave_protocol(self) -> Protocol:
@@ -552,11 +560,42 @@ class Sweep:
                 cold = ColdStart(error=str(e))
             self._update(u, rec.model_copy(update={"cold_start": cold, "screened_out": None}))
 
-    def _update(self, u: Unit, rec: Record) -> None:
-        """A record completed after screening (its cold start, or what screened it out), kept in race.jsonl by key."""
-        append_jsonl(self.dir.race, {"key": rec.key, "cold_start": rec.cold_start.model_dump() if rec.cold_start else None,
-                                     "screened_out": rec.screened_out})
+    def _update(self, u: Unit, rec: Record, fields: tuple[str, ...] = ("cold_start", "screened_out")) -> None:
+        """A record completed after screening (its cold start, what screened it out, a pick's axes), kept in race.jsonl by
+        key: results.jsonl keeps one line per measurement."""
+        append_jsonl(self.dir.race, {"key": rec.key, **rec.model_dump(mode="json", include=set(fields))})
         self.records[(u.variant.name, u.kind)] = rec
+
+    def _axes_of_picks(self, decisions: dict[str, Decision]) -> None:
+        """A racing sweep measured no variant's own axes (a text encoder's grid, its real texts by batching order): the
+        picks (and the baseline, to compare with) get them now, each in its own process, alone on the machine."""
+        axes = self.axes
+        if not self.racing or not (axes["grid"] or axes["length_batching"]):
+            return
+        by_unit = {(u.variant.name, u.kind): u for u in self.units}
+        wanted = [(d.recommended or d.nearest, d.result.measured_for if d.result else None) for d in decisions.values()]
+        wanted += [(self.baseline.name, k) for k in self.kinds]
+        for name, kind in dict.fromkeys(w for w in wanted if w[0]):
+            rec, u = self.records.get((name, kind)), by_unit.get((name, kind))
+            if rec is None or u is None or rec.status != "ok" or rec.artifact is None or rec.grid or rec.length_batching:
+                continue
+            proto = self.protocol.model_copy(update={**axes, "axes_only": True})
+            job = MeasureJob(session=OpenSpec(name=name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+                             data=str(self.dir.eval_data), family=self.model.spec.family_name, protocol=proto, env=rec.env)
+            self.progress.step(f"measuring {name}'s batch × length grid{self._for(kind)}")
+            try:
+                launched = self.executor.submit(launch, job, self.dir.work(name, kind) / "axes", resources=self.kinds.get(kind),
+                                                what=f"axes {name}").result()
+            except Lost as e:
+                self.problems.append(f"the grid of {name} was not measured: {e}")
+                continue
+            if launched.result is None:
+                self.problems.append(f"the grid of {name} was not measured: {launched.error}")
+                continue
+            m = launched.result
+            self._update(u, rec.model_copy(update={"grid": m.grid, "length_batching": m.length_batching,
+                                                   "phases": [*rec.phases, *m.phases]}),
+                         fields=("grid", "length_batching", "phases"))
 
     # ------------------------------------------------------------------------------------------------ re-measures
     def run_interleave(self, names: list[str], records: list[Record], isa: str | None = None, kind: str | None = None) -> Interleaved | None:
@@ -712,6 +751,11 @@ class Sweep:
         of_kind = {k: [r for r in records if r.measured_for == k] for k in self.kinds}
         outcomes = dict(zip(self.kinds, self._per_kind(lambda k: self._finish_kind(k, of_kind[k]), self.kinds), strict=True))
         decisions = {name: d for o in outcomes.values() for name, d in o.decisions.items()}
+        self._axes_of_picks(decisions)
+        records = [self.records[(r.name, r.measured_for)] for r in records]  # with the picks' axes
+        of_kind = {k: [r for r in records if r.measured_for == k] for k in self.kinds}
+        decisions = {name: d if d.result is None else d.model_copy(update={"result": self.records[(d.result.name, d.result.measured_for)]})
+                     for name, d in decisions.items()}
         here = outcomes.get(None)  # one machine, or the targets of a distributed sweep that name no resources
         by_kind = [KindSummary(kind=k, ray_resources=self.kinds[k] or {}, targets=[t.name for t in self.targets_of(k)],
                                nodes=sorted({r.environment.node for r in of_kind[k] if r.environment and r.environment.node}),
