@@ -534,8 +534,8 @@ class Sweep:
             records = [r for (n, k), r in self.records.items() if k == kind]
             reference = self.references.get(kind) or next(iter(self.references.values()))
             keep = {self.original.name, self.baseline.name}
-            # The original and the baseline are never marked screened out (every figure is compared with them), but an
-            # original beaten beyond noise is no contender either: it gets no cold start nor side-by-side re-measure.
+            # The original and the baseline are never marked screened out (every figure is compared with them: their cold
+            # starts too), but an original beaten beyond noise is no contender: it gets no side-by-side re-measure.
             beaten = racing.screened_out(self.targets_of(kind) or self.targets, records, reference, self.family, set()) \
                 if self.racing else {}
             self.beaten[kind] = set(beaten) - {self.baseline.name}
@@ -545,7 +545,7 @@ class Sweep:
                     continue
                 if rec.name in beaten and rec.name not in keep and rec.screened_out is None and rec.cold_start is None:
                     self._update(u, rec.model_copy(update={"screened_out": beaten[rec.name]}))
-                elif rec.name not in beaten and rec.cold_start is None and rec.artifact is not None:
+                elif (rec.name not in beaten or rec.name in keep) and rec.cold_start is None and rec.artifact is not None:
                     job = ColdStartJob(session=OpenSpec(name=rec.name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
                                        spec=self.model.spec, env=rec.env)
                     self.progress.step(f"cold start of {rec.name}{self._for(kind)}")
