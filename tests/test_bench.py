@@ -82,6 +82,7 @@ def test_a_tie_for_the_top_score_counts_as_argmax_does():
     assert acc.ties == 2 and format_accuracy(acc) == "66.67% (2/3 correct, 2 tied)"
 
 
+@pytest.mark.slow  # over a second: `make test` runs it
 def test_interference_is_detected():
     """A busy process beside the timed phase shows up as other CPU time and is flagged."""
     hog = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<3: pass"])
@@ -200,6 +201,7 @@ def test_version_1_records_are_read():
     assert rec.environment.session.threads == "default"
 
 
+@pytest.mark.slow  # over a second: `make test` runs it
 def test_a_stored_replay_script_reproduces_the_job(tmp_path):
     """Every job leaves replay.sh; run alone, it measures the same variant again: the same verification figures and
     session, the same phases under the same stopping rule (timings differ run to run and are not compared)."""

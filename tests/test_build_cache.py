@@ -54,6 +54,7 @@ def test_a_dataset_digest_is_its_content(tmp_path):
     assert build_data_key(a, None) != build_data_key(None, a), "calibration and tuning are told apart"
 
 
+@pytest.mark.slow  # over a second: `make test` runs it
 def test_other_calibration_data_rebuild_a_step_that_reads_them(model, tmp_path, monkeypatch):
     cache = tmp_path / "artifacts"
 

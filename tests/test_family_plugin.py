@@ -68,6 +68,7 @@ def table_model(tmp_path):
     return path, csv
 
 
+@pytest.mark.slow  # a whole CLI run in job processes: `make test` runs it
 def test_a_plugin_family_runs_end_to_end(tabular, table_model, tmp_path):
     from servopt.cli import app
 

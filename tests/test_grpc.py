@@ -328,6 +328,7 @@ def test_concurrent_rest_and_grpc_answers_go_to_the_right_caller(stack, onnx_mod
     assert stack.metric("servopt_batch_size_count") - before < len(xs), "several requests must have shared a model call"
 
 
+@pytest.mark.slow  # over a second: `make test` runs it
 def test_graceful_shutdown_finishes_in_flight_grpc_calls(onnx_model):
     s = LiveServer(onnx_model, ServeSettings(max_batch=4, max_delay_us=0), grpc=True).__enter__()
     session = s.plane.models["tiny"].sessions[0]
@@ -349,6 +350,7 @@ def test_graceful_shutdown_finishes_in_flight_grpc_calls(onnx_model):
 
 # --- the command line, lean imports -------------------------------------------------------------------------------
 
+@pytest.mark.slow  # over a second: `make test` runs it
 def test_serve_cli_answers_tritonclient_grpc(onnx_model):
     import tritonclient.grpc as tc
 

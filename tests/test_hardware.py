@@ -111,6 +111,7 @@ def test_isa_caps_are_runtime_facts():
     assert get_runtime("torch").isa_cap_env("avx2") == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
+@pytest.mark.slow  # over a second: `make test` runs it
 def test_an_isa_capped_measurement_records_the_cap(onnx_model, tmp_path):
     """A job run under the cap records it in its environment, and OpenVINO's kernels read back show the capped path."""
     if not get_runtime("openvino").available()[0]:

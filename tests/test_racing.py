@@ -69,6 +69,7 @@ speed = st.floats(min_value=0.5, max_value=20)
 @given(st.lists(st.tuples(speed, st.floats(min_value=50, max_value=900), st.floats(min_value=1, max_value=10),
                           st.floats(min_value=0.90, max_value=0.96), st.floats(min_value=0.0, max_value=0.3)),
                 min_size=2, max_size=8))
+@pytest.mark.slow  # over a second: `make test` runs it
 def test_screening_out_never_changes_a_decision(rows):
     """Whatever the figures: each target's pick (or nearest miss) is the same with and without the screened-out ones."""
     ref = rec("ort-fp32", 6.0, 200, top1=0.95)

@@ -192,6 +192,7 @@ def test_replicas_and_autoscaling_options(onnx_model):
             parse_autoscale(bad, 8)
 
 
+@pytest.mark.slow  # a whole CLI run in job processes: `make test` runs it
 def test_serve_cli_on_ray(onnx_model, monkeypatch):
     pytest.importorskip("ray")
     import servopt.serve.ray_serve as rs

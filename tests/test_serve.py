@@ -378,6 +378,7 @@ def test_serve_cli_refuses_non_servable(tmp_path):
     assert r.exit_code == 2 and "no pickles" in r.output
 
 
+@pytest.mark.slow  # over a second: `make test` runs it
 def test_graceful_shutdown_finishes_in_flight_requests(onnx_model):
     s = LiveServer(onnx_model, ServeSettings(max_batch=4, max_delay_us=0))
     s.__enter__()

@@ -91,6 +91,7 @@ def _floats32(doc):
     return doc
 
 
+@pytest.mark.slow  # over a second: `make test` runs it
 def test_the_inference_routes_answer_as_through_fastapi(tiny):
     """Every request of the corpus (good, bad, unauthorized, too large) gets the same status, headers and body from the
     routes served ahead of FastAPI's stack as from the same routes through it; and the fast way is really taken."""

@@ -326,6 +326,7 @@ def test_openai_token_arrays_are_the_models_own_ids(tiny):
     assert tiny.metric('servopt_requests_total{code="500",endpoint="v1/embeddings"}') == 0
 
 
+@pytest.mark.slow  # over a second: `make test` runs it
 def test_a_request_over_the_token_budget_is_split_into_calls_that_fit(tiny_encoder):
     """8 texts padded to 8 tokens are 64 tokens; under a 16-token budget they run as 4 calls of 2 and come back whole,
     in order, equal to running them alone."""
