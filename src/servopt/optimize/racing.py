@@ -90,12 +90,13 @@ def remember(family: str, cpu: CpuFeatures, records: list[Record], baseline: str
                                       "log_ratio": round(math.log(r.batch_ips / base.batch_ips), 4)})
 
 
-def finish_estimate(rounds: int, targets: int) -> float:
+def finish_estimate(rounds: int, targets: int, contenders: int | None = None) -> float:
     """Seconds the end of a sweep takes after the last screening: cold starts of a few contenders, the side-by-side
     re-measure of up to three candidates per target with the baseline (two phases of 1.5 s and a load each), profiles
-    of the picks, the report."""
-    candidates = min(6, 3 * max(1, targets)) + 1
-    return 4 * 4.0 + candidates * rounds * 4.0 + targets * 5.0 + 5.0
+    of the picks, the report. ``contenders``: how many variants besides the baseline could be re-measured (a budgeted
+    run that has measured three reserves for three, not for the catalogue)."""
+    candidates = min(6, 3 * max(1, targets), contenders if contenders is not None else 6) + 1
+    return min(4, candidates) * 4.0 + candidates * rounds * 4.0 + targets * 5.0 + 5.0
 
 
 def misses_quality(target: Target, rec: Record, ref: Record | None, family: Family) -> bool:

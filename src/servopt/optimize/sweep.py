@@ -463,26 +463,36 @@ class Sweep:
     def _screen(self, units: list[Unit]) -> None:
         """Build and screen ``units`` in rounds (a cluster: all at once), within the time budget."""
         size = max(1, len(units)) if self.distributed else BUILD_ROUND
-        for i in range(0, len(units), size):
-            batch = units[i:i + size]
-            if not self._budget_allows(len(batch)):
+        i = 0
+        while i < len(units):
+            # The baseline is measured whatever the budget: every ratio, the race and the report compare with it.
+            fit = size if units[i].variant.is_baseline else min(size, self._budget_fits(size))
+            if fit == 0:
                 for u in units[i:]:
                     self.not_tried.append(LeftOut(name=u.variant.name, why=f"the time budget ({self.settings.budget}) ran out "
                                                   f"after {self.elapsed():.0f} s: rerun with a larger --budget (finished variants are kept)"))
                 return
-            self._measure(batch)
+            self._measure(units[i:i + fit])
+            i += fit
 
-    def _budget_allows(self, count: int) -> bool:
-        """Whether ``count`` more variants fit the time budget with room left for the race's re-measures and the report
-        (both estimated from what this run has measured so far)."""
+    def _budget_fits(self, most: int) -> int:
+        """How many more variants (up to ``most``) fit the time budget with room left for the race's re-measures and the
+        report, both estimated from what this run has measured so far: a round that does not fit whole is cut short
+        rather than skipped."""
         budget = self.settings.budget_seconds
         if budget is None:
-            return True
+            return most
         measured = [r for r in self.records.values() if r.status == "ok" and r.phases]
         per_variant = (sum(r.phases[-1].stop - r.phases[0].start for r in measured) / len(measured) + 3.0) if measured else 15.0
         per_variant += sum((r.build_s or 0.0) for r in measured) / max(1, len(measured)) / 2  # two builds at a time
-        reserve = racing.finish_estimate(self.interleave_rounds, len(self.targets))
-        return self.elapsed() + count * per_variant + reserve <= budget
+        # targets whose candidates are re-measured here: not a GPU target on a machine without one
+        here = [t for t in self.targets if t.device.computes_on is not Device.GPU or gpu_present()] or self.targets
+        contenders = sum(r.name not in (self.original.name, self.baseline.name) for r in measured)
+        for count in range(most, 0, -1):
+            reserve = racing.finish_estimate(self.interleave_rounds, len(here), contenders + count)
+            if self.elapsed() + count * per_variant + reserve <= budget:
+                return count
+        return 0
 
     def _misses_quality(self, rec: Record | None, kind: str | None) -> bool:
         """Whether a record failed, or misses a quality bound of a target of its kind."""
