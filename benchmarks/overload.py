@@ -311,7 +311,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source", nargs="?", type=Path, help="an .onnx/.xml file, a run directory or a package "
                                                          "(default: MobileNetV2 with random weights, exported once)")
-    ap.add_argument("--target", help="with a run directory: serve this target's pick")
+    ap.add_argument("--target", help="with a run directory: serve this target's pick (or its nearest)")
     ap.add_argument("--multiple", type=float, default=2.0, help="arrival rate as a multiple of the measured maximum")
     ap.add_argument("--duration", type=float, default=600.0, help="seconds of overload per protocol")
     ap.add_argument("--warmup", type=float, default=10.0,
@@ -328,7 +328,8 @@ def main() -> None:
     source = args.source or default_model(args.work)
     server_args = ["--name", "overload", "--latency-budget-ms", f"{args.budget_ms:g}", *args.server_args.split()]
     if args.target:
-        server_args += ["--target", args.target]
+        # the target's pick, or its nearest when nothing meets it: the overload behaviour is the same either way
+        server_args += ["--target", args.target, "--nearest"]
     machine = cpu()
     machine["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
     print(f"CPU: {machine['model']}; flags: {' '.join(machine['flags']) or 'no AVX'}; {os.cpu_count()} cores; "

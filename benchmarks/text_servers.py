@@ -712,7 +712,8 @@ def main() -> None:
                     str(work / "texts.json"), "--out", str(work / "reference.npy")], check=True, env={**os.environ, **OFFLINE_ENV})
     reference = np.load(work / "reference.npy")
 
-    from text_speed import Worker, free_port
+    from servopt.serve.harness import free_port
+    from text_speed import Worker
 
     offline = Worker("offline", [sys.executable, str(Path(__file__).resolve()), "--offline-worker", "--run", str(run or ""),
                                  "--onnx", str(onnx_file), "--inputs", str(work / "inputs.json")], so_env, work / "offline-worker.log", HERE.parent)
