@@ -363,6 +363,24 @@ def worker(args) -> None:
                              "tokens": tokens}, out)
 
 
+async def post_timed(session, url: str, body: bytes, headers: dict, lat: list[float], errors: dict[str, int], record: bool) -> None:
+    """One HTTP request of a load client (text_servers.py, text_speed.py's serving part); with ``record``, its latency
+    (a 200) or its status / exception name (anything else) is kept."""
+    import aiohttp
+
+    t0 = time.perf_counter()
+    try:
+        async with session.post(url, data=body, headers=headers) as r:
+            await r.read()
+            status = str(r.status)
+    except (aiohttp.ClientError, TimeoutError) as e:
+        status = type(e).__name__
+    if record and status == "200":
+        lat.append((time.perf_counter() - t0) * 1000)
+    elif record:
+        errors[status] = errors.get(status, 0) + 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -383,3 +401,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+

@@ -204,7 +204,7 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration:
     errors: dict[str, int] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)) as s:
         async def one(record: bool) -> None:
-            await post_timed(s, url, bodies[next(counter) % len(bodies)], headers, lat, errors, record)
+            await text_peers.post_timed(s, url, bodies[next(counter) % len(bodies)], headers, lat, errors, record)
 
         async def client(until: float, record: bool) -> None:
             while time.perf_counter() < until:
@@ -221,23 +221,6 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration:
     return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "cpu_deltas": deltas}
 
 
-async def post_timed(session, url: str, body: bytes, headers: dict, lat: list[float], errors: dict[str, int], record: bool) -> None:
-    """One request; with ``record``, its latency (a 200) or its status / exception name (anything else) is kept."""
-    import aiohttp
-
-    t0 = time.perf_counter()
-    try:
-        async with session.post(url, data=body, headers=headers) as r:
-            await r.read()
-            status = str(r.status)
-    except (aiohttp.ClientError, TimeoutError) as e:
-        status = type(e).__name__
-    if record and status == "200":
-        lat.append((time.perf_counter() - t0) * 1000)
-    elif record:
-        errors[status] = errors.get(status, 0) + 1
-
-
 async def poisson_loop(url: str, bodies: list[bytes], rate: float, duration: float, warmup: float, seed: int,
                        probe: Callable[[], tuple[float, ...]] = lambda: (0.0,), max_in_flight: int = 512) -> dict:
     """Open loop: requests sent at Poisson arrivals of ``rate``/s whatever the answers do (MLPerf's server scenario);
@@ -251,7 +234,7 @@ async def poisson_loop(url: str, bodies: list[bytes], rate: float, duration: flo
     dropped = [0]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)) as s:
         async def one(body: bytes, record: bool) -> None:
-            await post_timed(s, url, body, headers, lat, errors, record)
+            await text_peers.post_timed(s, url, body, headers, lat, errors, record)
 
         async def run(length: float, record: bool) -> float:
             tasks: set[asyncio.Task] = set()

@@ -566,19 +566,7 @@ async def closed_loop(url: str, bodies: list[bytes], order: list[int], concurren
             while time.perf_counter() < until and budget[0] > 0:
                 budget[0] -= 1
                 body = bodies[order[next(counter) % len(order)]]
-                t0 = time.perf_counter()
-                try:
-                    async with s.post(path, data=body, headers=headers) as r:
-                        await r.read()
-                        status = str(r.status)
-                except (aiohttp.ClientError, TimeoutError) as e:
-                    status = type(e).__name__
-                if not record:
-                    continue
-                if status == "200":
-                    lat.append((time.perf_counter() - t0) * 1000)
-                else:
-                    errors[status] = errors.get(status, 0) + 1
+                await text_peers.post_timed(s, path, body, headers, lat, errors, record)
 
         if warmup > 0:
             end = time.perf_counter() + warmup
