@@ -465,8 +465,9 @@ class Sweep:
         size = max(1, len(units)) if self.distributed else BUILD_ROUND
         i = 0
         while i < len(units):
-            # The baseline is measured whatever the budget: every ratio, the race and the report compare with it.
-            fit = size if units[i].variant.is_baseline else min(size, self._budget_fits(size))
+            fit = min(size, self._budget_fits(size))
+            if fit == 0 and units[i].variant.is_baseline:
+                fit = 1  # the baseline alone, whatever the budget: every ratio, the race and the report compare with it
             if fit == 0:
                 for u in units[i:]:
                     self.not_tried.append(LeftOut(name=u.variant.name, why=f"the time budget ({self.settings.budget}) ran out "
