@@ -173,7 +173,9 @@ def test_accuracy_aware_finds_a_mix_that_full_int8_misses(tmp_path, trained):
     assert chosen["within_tolerance"] and chosen["drop_points"] <= 1.0
     float_weighted = [n for n in chosen["excluded"] if n.endswith(("Conv", "Gemm"))]
     assert 0 < len(float_weighted) < report["weighted_layers"], "a mix: some layers float, some INT8"
-    assert report["sensitivity"][0]["layer"] == "/conv2/Conv"  # the layer fed by the outlier tensor
+    # the most sensitive layer is the one fed by the outlier tensor (the list's order also weighs each layer's timed
+    # float cost, which a shared machine moves: the sensitivity itself is what is asserted)
+    assert max(report["sensitivity"], key=lambda s: s["error_removed"])["layer"] == "/conv2/Conv"
     assert chosen["p50_ms"] == min(s["p50_ms"] for s in report["steps"] if s["within_tolerance"])  # the fastest
     assert report["float_layers"] == chosen["excluded"] and report["calibration"] == "MinMax"
     # Held-out check: the chosen model is within tolerance on the evaluation split too (generous margin).
