@@ -40,6 +40,7 @@ class ServedModel:
     sessions: list[Session] = field(default_factory=list)
     objective: str | None = None  # the target's, when served from a run directory
     parameters: dict[str, Any] = field(default_factory=dict)  # told to clients in the model's metadata (why this variant)
+    _family: Family | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def backend(self) -> Runtime:
@@ -47,7 +48,10 @@ class ServedModel:
 
     @property
     def family(self) -> Family:
-        return family_of(self.spec)
+        """Looked up once: the data plane asks on every request, and a registry lookup is not free."""
+        if self._family is None:
+            self._family = family_of(self.spec)
+        return self._family
 
     def load(self) -> None:
         rt = self.backend
