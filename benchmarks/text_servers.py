@@ -340,9 +340,9 @@ class Server:
         self._log.close()
 
 
-def servopt_command(args, run: Path | None, port: int) -> list[str]:
+def servopt_command(args, run: Path | None, port: int, extra: str) -> list[str]:
     source = [str(args.servopt_onnx)] if args.servopt_onnx else [str(run), "--target", "cpu-server", "--nearest"]
-    return [sys.executable, "-m", "servopt", "serve", *source, "--name", MODEL_NAME, "--port", str(port), *args.servopt_args.split()]
+    return [sys.executable, "-m", "servopt", "serve", *source, "--name", MODEL_NAME, "--port", str(port), *extra.split()]
 
 
 def infinity_command(python: Path, port: int, extra: str) -> list[str]:
@@ -552,9 +552,10 @@ def summarize(rounds: list[dict], names: list[str]) -> dict:
 
     figures = {s: {c: {k: med(series(s, c, k)) for k in keys} for c in cell_names} for s in names}
     out: dict = {"figures": figures}
-    if "servopt" in names and "infinity" in names:
-        out["servopt_over_infinity"] = {c: {k: median_ratio(series("servopt", c, k), series("infinity", c, k)) for k in keys}
-                                        for c in cell_names}
+    for other in ("infinity", "servopt-b"):
+        if "servopt" in names and other in names:
+            out[f"servopt_over_{other}"] = {c: {k: median_ratio(series("servopt", c, k), series(other, c, k)) for k in keys}
+                                            for c in cell_names}
     out["per_server"] = {s: {"start_s": med([(r["servers"].get(s) or {}).get("start_s") for r in rounds]),
                              "peak_rss_mb": med([(r["servers"].get(s) or {}).get("peak_rss_mb") for r in rounds]),
                              "served_over_offline": med([(r["servers"].get(s) or {}).get("served_over_offline") for r in rounds]),
@@ -570,6 +571,8 @@ def print_report(rep: dict) -> None:
     print(f"\nCPU: {rep['cpu']['model']} — {rep['cpu']['summary']}, {rep['cpu']['cores']} cores{smoke}")
     print(f"servopt: {' '.join(rep['servers']['servopt']['command'][2:]) if 'servopt' in rep['servers'] else '-'}")
     print(f"infinity: {' '.join(rep['servers']['infinity']['command'][1:]) if 'infinity' in rep['servers'] else '-'}")
+    if "servopt-b" in rep["servers"]:
+        print(f"servopt-b: {' '.join(rep['servers']['servopt-b']['command'][2:])}")
     s = rep["summary"]
     for name, per in s["per_server"].items():
         cos = per["cosine"] or {}
@@ -581,7 +584,8 @@ def print_report(rep: dict) -> None:
           "(req/s, texts/s, p50/p99 ms, server CPU ms per request)")
     names = list(s["figures"])
     head = "cell".ljust(22) + "".join(f"{n + ' req/s':>15}{'texts/s':>9}{'p50':>7}{'p99':>7}{'CPU/req':>8}" for n in names)
-    print(head + ("   servopt/infinity: req/s  p50  p99  CPU/req" if "servopt_over_infinity" in s else ""))
+    ratios = [k for k in ("servopt_over_infinity", "servopt_over_servopt-b") if k in s]
+    print(head + "".join(f"   {k.removeprefix('servopt_over_')}: req/s  p50  p99  CPU/req" for k in ratios))
     for cell in next(iter(s["figures"].values()), {}):
         row = cell.ljust(22)
         for n in names:
@@ -591,8 +595,8 @@ def print_report(rep: dict) -> None:
                 return "-" if fig[k] is None else format(fig[k], fmt)
 
             row += f"{v('req_per_s', '.1f'):>15}{v('texts_per_s', '.1f'):>9}{v('p50_ms', '.1f'):>7}{v('p99_ms', '.1f'):>7}{v('server_cpu_ms_per_request', '.2f'):>8}"
-        if "servopt_over_infinity" in s:
-            r = s["servopt_over_infinity"][cell]
+        for key in ratios:
+            r = s[key][cell]
 
             def x(k: str, rr=r) -> str:
                 return "-" if rr[k] is None else f"{rr[k]:.2f}x"
@@ -623,6 +627,9 @@ def main() -> None:
     ap.add_argument("--servopt-args", default="--max-queue 1024",
                     help="extra `servopt serve` options (default --max-queue 1024: 32 clients × 16 texts keep 512 texts "
                          "waiting, past servopt's default bound of 256, which answers 503; Infinity's default queue holds 32,000)")
+    ap.add_argument("--servopt-b-args", default=None,
+                    help="also run servopt a second way, as server 'servopt-b', with these options instead of --servopt-args "
+                         "(a same-run A/B of a serving setting, e.g. '--max-queue 1024 --threads 1'); ratios servopt / servopt-b")
     ap.add_argument("--cells", default="*", help="only the cells matching these comma-separated globs (e.g. 'c*-n1-*,poisson*')")
     ap.add_argument("--infinity-python", default=None, help="the python of an environment with infinity-emb (default: made)")
     ap.add_argument("--infinity-model", type=Path, default=None, help="a model folder with a *quantize*.onnx for Infinity")
@@ -638,6 +645,8 @@ def main() -> None:
     names = [n for n in args.servers.split(",") if n]
     if not set(names) <= {"servopt", "infinity"}:
         raise SystemExit(f"--servers takes servopt and/or infinity, not {args.servers!r}")
+    if args.servopt_b_args is not None:
+        names.append("servopt-b")
     feats = cpu_features()
     rep: dict = {"what": "servopt serve vs Infinity, all-MiniLM-L6-v2 INT8, OpenAI /v1/embeddings, same client (issue 19)",
                  "smoke": args.rounds < 3 or args.seconds < 5, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -713,8 +722,9 @@ def main() -> None:
             print(f"round {r + 1}: offline (ONNX Runtime session, batches of 32) {row['offline_texts_per_s']:.1f} texts/s", flush=True)
             for name in (names if r % 2 == 0 else names[::-1]):
                 port = free_port()
-                if name == "servopt":
-                    cmd, env, cwd = servopt_command(args, run, port), so_env, HERE.parent
+                if name.startswith("servopt"):
+                    extra = args.servopt_b_args if name == "servopt-b" else args.servopt_args
+                    cmd, env, cwd = servopt_command(args, run, port, extra), so_env, HERE.parent
                 else:
                     cmd, env, cwd = infinity_command(inf_python, port, args.infinity_args), infinity_env(work), inf_model
                 rep["servers"].setdefault(name, {"command": cmd, "cwd": str(cwd)})

@@ -414,13 +414,56 @@ def test_instance_defaults_follow_the_target_objective(onnx_model, cores, monkey
     throughput.apply_instances(None, None)
     assert throughput.instances == (2 if cores >= 2 else 1)
     assert throughput.options.get("intra_op_threads") == (cores // 2 if cores >= 2 else None)
+    # the split is servopt's: a lone call gets the variant as measured (every core), in one more session
+    assert throughput.solo_options == ({} if cores >= 2 else None)
     latency = from_file(onnx_model, "l")
     latency.objective = "latency"
     latency.apply_instances(None, None)
-    assert latency.instances == 1 and "intra_op_threads" not in latency.options
+    assert latency.instances == 1 and "intra_op_threads" not in latency.options and latency.solo_options is None
     explicit = from_file(onnx_model, "e")
     explicit.apply_instances(3, 1)
-    assert explicit.instances == 3 and explicit.options["intra_op_threads"] == 1
+    assert explicit.instances == 3 and explicit.options["intra_op_threads"] == 1 and explicit.solo_options is None
+    one_thread = from_file(onnx_model, "o", options={"intra_op_threads": 1})  # measured on one core: nothing to widen
+    one_thread.objective = "throughput"
+    one_thread.apply_instances(None, None)
+    assert one_thread.solo_options is None
+
+
+def test_a_lone_call_runs_on_every_core_and_calls_that_overlap_on_the_instances():
+    """The solo session takes a model call only when nothing else runs or waits; under load the instances share the
+    cores as they were split, and the service-time estimate learns only from those calls."""
+    import asyncio
+
+    from servopt.serve.batcher import DynamicBatcher
+
+    ran: list[str] = []
+    gate = threading.Event()
+
+    def fn(tag: str, hold: bool = False):
+        def run(feed):
+            ran.append(tag)
+            if hold:
+                gate.wait(10)
+            return feed["x"] * 2
+        return run
+
+    async def scenario():
+        b = DynamicBatcher([fn("i0", hold=True), fn("i1")], max_batch=1, max_delay_us=0, solo_fn=fn("solo", hold=True))
+        b.start()
+        x = {"x": np.ones((1, 2), np.float32)}
+        lone = asyncio.create_task(b.submit(x))
+        await asyncio.sleep(0.2)
+        assert ran == ["solo"]  # the server was idle
+        second = asyncio.create_task(b.submit(x))  # arrives while the solo call runs: an instance takes it
+        await asyncio.sleep(0.2)
+        gate.set()
+        outs = await asyncio.gather(lone, second)
+        assert ran == ["solo", "i1"] or ran == ["solo", "i0"]
+        assert all(np.array_equal(o, x["x"] * 2) for o in outs)
+        assert b.service.count == 1  # the instance's call only
+        await b.stop()
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])

@@ -132,6 +132,7 @@ def serve(
                 how = f"{replicas or 1} replica(s)"
             scaling = f" on Ray Serve ({how}, {f'cluster {ray_address}' if ray_address else 'local Ray'})"
         console.print(f"serving [bold]{model.name}[/bold] ({model.artifact.format} on {model.runtime}, {model.instances} instance(s)"
+                      f"{' + one on every core for lone calls' if model.solo_options is not None else ''}"
                       f"{' per replica' if on_ray else ''}){scaling} at http://{settings.host}:{settings.port}/v2/models/{model.name}{grpc}; "
                       f"batching: {'off' if not settings.batching else f'max {settings.max_batch}, {settings.max_delay_us} µs'}; "
                       f"latency budget: {f'{settings.latency_budget_ms:g} ms' if settings.latency_budget_ms else 'none'}; "

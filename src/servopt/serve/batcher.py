@@ -179,8 +179,11 @@ class DynamicBatcher:
                  max_delay_us: int = 2000, max_queue: int = 256, stats: BatchStats | None = None,
                  length: Callable[[dict[str, np.ndarray]], int | None] | None = None, max_batch_tokens: int | None = None,
                  max_padding: float | None = None, latency_budget_s: float | None = None,
-                 service: ServiceTime | None = None) -> None:
+                 service: ServiceTime | None = None, solo_fn: Callable[[dict[str, np.ndarray]], np.ndarray] | None = None) -> None:
         self.run_fns = run_fns
+        # A model call with every core, taken instead of an instance's when the call would run alone (no other call in
+        # flight, nothing queued): instances split the cores for throughput, which a lone request does not need.
+        self.solo_fn = solo_fn
         self.collate = collate or _concatenate
         self.length = length or (lambda _feed: None)
         self.max_batch_tokens = max_batch_tokens
@@ -378,10 +381,11 @@ class DynamicBatcher:
             for i, group in enumerate(groups):
                 merged = self.collate([p.inputs for p in group])
                 units = _units(group)
+                alone = self.solo_fn is not None and not self._running and not self.queue and i == len(groups) - 1
                 start = time.perf_counter()
                 self._running[index] = (units_left, len(groups) - i, start)
                 try:
-                    out = await loop.run_in_executor(self._executor, run_fn, merged)
+                    out = await loop.run_in_executor(self._executor, self.solo_fn if alone else run_fn, merged)
                 except Exception as e:  # noqa: BLE001 - a failed batch fails its callers, not the server
                     for p in group:
                         if not p.future.done():
@@ -391,7 +395,8 @@ class DynamicBatcher:
                     units_left -= units
                     self._running.pop(index, None)
                 seconds = time.perf_counter() - start
-                self.service.observe(units, seconds)
+                if not alone:  # the estimate is for calls that share the cores, as they do when requests wait
+                    self.service.observe(units, seconds)
                 self.stats.on_batch(sum(p.size for p in group), seconds)
                 row = 0
                 for p in group:  # each caller gets its own rows, in order

@@ -73,7 +73,8 @@ class DataPlane:
             b = DynamicBatcher(fns, collate=m.family.collate, max_batch=s.max_batch if s.batching else 1,
                                max_delay_us=s.max_delay_us if s.batching else 0, max_queue=s.max_queue, stats=stats,
                                length=m.family.sequence_length, max_batch_tokens=s.max_batch_tokens, max_padding=s.max_padding,
-                               latency_budget_s=s.latency_budget_ms / 1000 if s.latency_budget_ms else None, service=service)
+                               latency_budget_s=s.latency_budget_ms / 1000 if s.latency_budget_ms else None, service=service,
+                               solo_fn=self._runner(m.solo) if m.solo is not None else None)
             b.start()
             self.batchers[name] = b
         self.ready = True
