@@ -83,7 +83,7 @@ def test_screening_out_never_changes_a_decision(rows):
 
 class _U:
     def __init__(self, v):
-        self.variant = v
+        self.variant, self.kind = v, None
 
 
 def test_order_puts_the_baseline_first_then_what_history_or_the_cpu_predicts(tmp_path, monkeypatch):
@@ -101,6 +101,22 @@ def test_order_puts_the_baseline_first_then_what_history_or_the_cpu_predicts(tmp
     other = CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni"}))
     assert [u.variant.name for u in racing.order([_U(v) for v in vs], "image-classification", other)][1] == "ort-int8-x", \
         "history of another CPU does not count"
+
+
+def test_refinements_of_the_likely_winner_go_first_each_group_cheapest_first(tmp_path, monkeypatch):
+    """ORT INT8's recovery is measured before OpenVINO's accuracy control (the race's order), so a fast recovered
+    variant can show the slower base hopeless before its long refinement is built; within a group the catalogue's
+    (cheapest-first) order stays."""
+    from servopt.families.catalogue import Variant
+
+    monkeypatch.setenv("SERVOPT_HOME", str(tmp_path))
+    avx2 = CpuFeatures(frozenset({"avx2", "fma"}))
+    units = [_U(Variant("nncf-int8-accuracy-control", "openvino", "openvino", refines="nncf-int8-latency")),
+             _U(Variant("ort-int8-u8s8-rr", "int8", "onnxruntime", refines="ort-int8-u8s8")),
+             _U(Variant("ort-int8-u8s8-search", "int8", "onnxruntime", refines="ort-int8-u8s8"))]
+    groups = racing.refinement_groups(units, "image-classification", avx2)
+    assert [(base, [u.variant.name for u in g]) for (base, _), g in groups] == [
+        ("ort-int8-u8s8", ["ort-int8-u8s8-rr", "ort-int8-u8s8-search"]), ("nncf-int8-latency", ["nncf-int8-accuracy-control"])]
 
 
 def test_durations_and_rates():

@@ -430,11 +430,12 @@ def test_instance_defaults_follow_the_target_objective(onnx_model, cores, monkey
 
 
 def test_a_lone_call_runs_on_every_core_and_calls_that_overlap_on_the_instances():
-    """The solo session takes a model call only when nothing else runs or waits; under load the instances share the
-    cores as they were split, and the service-time estimate learns only from those calls."""
+    """The solo session takes a model call only when nothing else runs, waits or arrives, and the call is long enough
+    to gain from more threads; under load the instances share the cores as they were split, and the service-time
+    estimate learns only from those calls."""
     import asyncio
 
-    from servopt.serve.batcher import DynamicBatcher
+    from servopt.serve.batcher import SOLO_MIN_SECONDS, DynamicBatcher, ServiceTime
 
     ran: list[str] = []
     gate = threading.Event()
@@ -448,9 +449,20 @@ def test_a_lone_call_runs_on_every_core_and_calls_that_overlap_on_the_instances(
         return run
 
     async def scenario():
-        b = DynamicBatcher([fn("i0", hold=True), fn("i1")], max_batch=1, max_delay_us=0, solo_fn=fn("solo", hold=True))
+        short = ServiceTime()
+        short.observe(1, SOLO_MIN_SECONDS / 2)
+        b = DynamicBatcher([fn("i0"), fn("i1")], max_batch=1, max_delay_us=0, solo_fn=fn("solo"), service=short)
         b.start()
         x = {"x": np.ones((1, 2), np.float32)}
+        await b.submit(x)
+        assert ran == ["i0"], "a short call stays on an instance: sleeping threads would make it slower"
+        await b.stop()
+        ran.clear()
+        long = ServiceTime()
+        long.observe(1, SOLO_MIN_SECONDS * 10)
+        b = DynamicBatcher([fn("i0", hold=True), fn("i1")], max_batch=1, max_delay_us=0, solo_fn=fn("solo", hold=True),
+                           service=long)
+        b.start()
         lone = asyncio.create_task(b.submit(x))
         await asyncio.sleep(0.2)
         assert ran == ["solo"]  # the server was idle
@@ -460,7 +472,7 @@ def test_a_lone_call_runs_on_every_core_and_calls_that_overlap_on_the_instances(
         outs = await asyncio.gather(lone, second)
         assert ran == ["solo", "i1"] or ran == ["solo", "i0"]
         assert all(np.array_equal(o, x["x"] * 2) for o in outs)
-        assert b.service.count == 1  # the instance's call only
+        assert b.service.count == 2  # the seed and the instance's call, not the solo one
         await b.stop()
 
     asyncio.run(scenario())

@@ -78,6 +78,17 @@ def order(units: list, family: str, cpu: CpuFeatures) -> list:
     return sorted(units, key=lambda u: -value(u))
 
 
+def refinement_groups(units: list, family: str, cpu: CpuFeatures) -> list[tuple[tuple[str | None, str | None], list]]:
+    """Refinement units (``variant.refines``) grouped by the variant they refine and their kind of node, the groups
+    in the race's order (a group goes where its most promising unit would), each group in the catalogue's order
+    (cheapest first). Measuring the likely winner's recovery first lets it show a slower base hopeless."""
+    groups: dict[tuple[str | None, str | None], list] = {}
+    for u in units:
+        groups.setdefault((u.variant.refines, u.kind), []).append(u)
+    rank = {id(u): i for i, u in enumerate(order(units, family, cpu))}
+    return sorted(groups.items(), key=lambda kv: min(rank[id(u)] for u in kv[1]))
+
+
 def remember(family: str, cpu: CpuFeatures, records: list[Record], baseline: str) -> None:
     """Append this run's throughput ratios to the history that orders the next run of the same family on this CPU."""
     by_name = {r.name: r for r in records if r.status == "ok" and r.batch_ips}

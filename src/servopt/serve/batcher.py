@@ -106,6 +106,11 @@ class ServiceTime:
 
 
 INFERENCE_NICENESS = 5
+# A call shorter than this on one core gains nothing from more threads that sleep between operators (the serving
+# sessions do not spin): MiniLM INT8 on an AVX2 EPYC, one thread vs two, 13 tokens 2.8 vs 3.0 ms, 24 tokens 4.7 vs
+# 4.1, 128 tokens 25.6 vs 18.1 (same run); and servopt serve with the solo session for every lone call lost 8-19 %
+# req/s on short texts at concurrency 8-32 (benchmarks/text_servers.py --servopt-b-args).
+SOLO_MIN_SECONDS = 0.004
 
 
 def lower_priority() -> None:
@@ -381,7 +386,8 @@ class DynamicBatcher:
             for i, group in enumerate(groups):
                 merged = self.collate([p.inputs for p in group])
                 units = _units(group)
-                alone = self.solo_fn is not None and not self._running and not self.queue and i == len(groups) - 1
+                alone = (self.solo_fn is not None and not self._running and not self.queue and not self.arriving
+                         and i == len(groups) - 1 and self.service.seconds(units) >= SOLO_MIN_SECONDS)
                 start = time.perf_counter()
                 self._running[index] = (units_left, len(groups) - i, start)
                 try:
