@@ -19,7 +19,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from servopt.contracts import Record
+from servopt.contracts import Record, SideBySide
 from servopt.families.base import Family
 from servopt.home import default_home
 from servopt.machine import CpuFeatures, Isa, cpu_features, richer
@@ -32,6 +32,8 @@ from servopt.runtimes.base import get_runtime
 # their confidence intervals (docs/protocol.md): a win smaller than that is not a win.
 DRIFT = 1.10
 DETERMINISTIC = ("quality", "size")  # bounds whose figures do not move between two measurements
+# A side-by-side lead (same process, alternated rounds) that counts: ahead by this much in every round.
+SIDE_MARGIN = 0.05
 
 
 def history_path() -> Path:
@@ -132,6 +134,12 @@ def _interval(rec: Record, what: str) -> tuple[float, float] | None:
     return thr * p50 / hi / DRIFT, thr * p50 / lo * DRIFT  # throughput moves inversely with the batch's latency
 
 
+def _point(rec: Record, what: str) -> tuple[float, float]:
+    """A speed figure as a zero-width interval (pessimistic end, optimistic end)."""
+    x = rec.p50_ms if what == "p50_ms" else rec.batch_ips
+    return float(x or 0.0), float(x or 0.0)
+
+
 def _speed_dims(target: Target) -> list[str]:
     dims = {"p50_ms" if target.objective == "latency" else "throughput_ips"}
     if target.max_p50_ms is not None:
@@ -141,8 +149,10 @@ def _speed_dims(target: Target) -> list[str]:
     return sorted(dims)
 
 
-def beats(target: Target, a: Record, b: Record, ref: Record | None, family: Family, here_isa: str | None = None) -> str | None:
-    """Why ``a`` beats ``b`` for ``target`` beyond noise on everything the target asks for, or None."""
+def beats(target: Target, a: Record, b: Record, ref: Record | None, family: Family, here_isa: str | None = None,
+          noise: bool = True) -> str | None:
+    """Why ``a`` beats ``b`` for ``target`` beyond noise on everything the target asks for, or None. ``noise=False``:
+    on the point figures alone (who is ahead, not who is surely ahead)."""
     if a.name == b.name or not (eligible(target, a) and eligible(target, b)):
         return None
     # A target held to a poorer instruction set than this machine's: a runtime that will be capped may slow down, so
@@ -159,6 +169,8 @@ def beats(target: Target, a: Record, b: Record, ref: Record | None, family: Fami
         ia, ib = _interval(a, dim), _interval(b, dim)
         if ia is None or ib is None:
             return None
+        if not noise:
+            ia, ib = _point(a, dim), _point(b, dim)
         a_worst, b_best = ia[0], ib[1]
         ahead = a_worst < b_best if dim == "p50_ms" else a_worst > b_best
         if not ahead:
@@ -201,6 +213,63 @@ def beaten_even_if_recovered(targets: list[Target], base: Record, records: list[
     perfect = base.model_copy(update={"quality": ref.quality})
     others = [r for r in records if r.name != base.name]
     return screened_out(targets, [*others, perfect], ref, family, keep=set()).get(base.name)
+
+
+def challengers(targets: list[Target], base: Record, records: list[Record], ref: Record | None, family: Family) -> list[str]:
+    """The variants that would make refining ``base`` hopeless if their lead held beyond noise: for each target where
+    nothing beats ``base`` (its quality assumed recovered) beyond noise, the one ahead of it on the point figures that
+    does best on the target's objective. Measured again with longer phases (narrower intervals) with ``base``, they
+    settle whether a long refinement is worth building."""
+    if base.status != "ok" or ref is None or base.latency_ms is None:
+        return []
+    perfect = base.model_copy(update={"quality": ref.quality})
+    ok = [r for r in records if r.status == "ok" and r.name != base.name]
+    isa = str(_measuring_level(records))
+    names: list[str] = []
+    for t in targets:
+        if not eligible(t, perfect) or any(beats(t, a, perfect, ref, family, isa) for a in ok):
+            continue
+        ahead = [a for a in ok if beats(t, a, perfect, ref, family, isa, noise=False)]
+        if ahead:
+            best = max(ahead, key=lambda r: -(r.p50_ms or math.inf) if t.objective == "latency" else (r.batch_ips or 0.0))
+            names.append(best.name)
+    return list(dict.fromkeys(names))
+
+
+def beaten_side_by_side(targets: list[Target], base: Record, side: dict[str, SideBySide], records: list[Record],
+                        ref: Record | None, family: Family, margin: float = SIDE_MARGIN) -> str | None:
+    """Why refining ``base`` cannot help, from a side-by-side run of ``base`` and its challengers (``side``: their
+    per-round figures, same process, alternated): for every target ``base`` could serve, something beats it there,
+    its quality assumed recovered — beyond noise on the screening figures, or a challenger meeting every bound ``base``
+    would, ahead by ``margin`` on each of the target's speed figures in every side-by-side round. Same-run rounds need no allowance for drift between two moments,
+    which the screening figures do (and which kept a 1.27x throughput lead from counting). None: it might win."""
+    if base.status != "ok" or ref is None or base.name not in side:
+        return None
+    perfect = base.model_copy(update={"quality": ref.quality})
+    ok = {r.name: r for r in records if r.status == "ok" and r.name != base.name}
+    isa = str(_measuring_level(records))
+    mine, reasons = side[base.name], []
+    for t in targets:
+        if not eligible(t, perfect):
+            continue
+        why = next((w for a in ok.values() if (w := beats(t, a, perfect, ref, family, isa))), None)
+        for name, sb in side.items():
+            if why is not None:
+                break
+            if name not in ok or len(sb.p50_ms_rounds) < 3 or not beats(t, ok[name], perfect, ref, family, isa, noise=False):
+                continue
+            ahead = all((c <= (1 - margin) * b) for c, b in zip(sb.p50_ms_rounds, mine.p50_ms_rounds, strict=False)) \
+                if "p50_ms" in _speed_dims(t) else True
+            if "throughput_ips" in _speed_dims(t):
+                ahead = ahead and all(c >= (1 + margin) * b for c, b in zip(sb.throughput_rounds, mine.throughput_rounds, strict=False))
+            if ahead:
+                why = (f"{t.name}: {name} is ahead by more than {margin:.0%} in each of {len(sb.p50_ms_rounds)} side-by-side "
+                       f"rounds ({sb.p50_ms:.4g} vs {mine.p50_ms:.4g} ms p50; {sb.throughput_ips:.4g} vs {mine.throughput_ips:.4g} /s) "
+                       "and meets every quality and size bound it would")
+        if why is None:
+            return None
+        reasons.append(why)
+    return " | ".join(reasons) or None
 
 
 def _measuring_level(records: list[Record]):

@@ -518,8 +518,11 @@ class Sweep:
                 continue
             ref = self.references.get(kind) or next(iter(self.references.values()))
             mine = [r for (_, k), r in self.records.items() if k == kind]
-            hopeless = racing.beaten_even_if_recovered(self.targets_of(kind) or self.targets, probe, mine, ref, self.family) \
-                if probe is not None else None
+            targets = self.targets_of(kind) or self.targets
+            hopeless = racing.beaten_even_if_recovered(targets, probe, mine, ref, self.family) if probe is not None else None
+            if hopeless is None and probe is not None and (rivals := racing.challengers(targets, probe, mine, ref, self.family)):
+                side = self._side_by_side(probe, rivals, kind)
+                hopeless = racing.beaten_side_by_side(targets, probe, side, mine, ref, self.family) if side else None
             if hopeless:
                 for u in group:
                     self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built: even with its quality recovered, {base}'s "
@@ -534,6 +537,29 @@ class Sweep:
                 self._screen([u])
                 if u.variant.same_kernels and not self._misses_quality(self.records.get((u.variant.name, kind)), kind):
                     recovered = u.variant.name
+
+    def _side_by_side(self, probe: Record, rivals: list[str], kind: str | None) -> dict[str, SideBySide]:
+        """``probe`` and the variants ahead of it on their screening figures, alternated in one process (the screening
+        protocol, ``interleave_rounds`` rounds): a few seconds that settle whether a long refinement of ``probe`` (NNCF's
+        accuracy control: 80-100 s here) can win anything. Empty when they cannot run side by side here."""
+        by_name = {r.name: r for (_, k), r in self.records.items() if k == kind and r.status == "ok" and r.artifact is not None}
+        names = [n for n in [probe.name, *rivals] if n in by_name and get_runtime(by_name[n].runtime).environment() is None]
+        if probe.name not in names or len(names) < 2:
+            return {}
+        env: dict[str, str] = {}
+        for n in names:
+            env.update(by_name[n].env)
+        job = InterleaveJob(sessions=[OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime,
+                                               options=by_name[n].options) for n in names],
+                            reference=probe.name, data=str(self.dir.eval_data), protocol=self.protocol,
+                            rounds=max(3, self.interleave_rounds), env=env)
+        label = f"side-by-side-{probe.name}"
+        self.progress.step(f"{probe.name} side by side with {', '.join(names[1:])}{self._for(kind)}")
+        try:
+            launched = self.executor.submit(launch, job, self.dir.work_root / label, resources=self.kinds.get(kind), what=label).result()
+        except Lost:
+            return {}
+        return dict(launched.result.variants) if launched.result is not None else {}
 
     # ------------------------------------------------------------------------------------------------ the race
     def _race_and_cold_start(self) -> None:
