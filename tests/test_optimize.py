@@ -320,6 +320,29 @@ def test_optimize_records_every_variant(quick_run):
 
 
 @pytest.mark.slow
+def test_a_refinement_in_doubt_is_settled_side_by_side(quick_run):
+    """The sweep's side-by-side step runs the variant and its challengers alternated in one process and returns their
+    per-round figures, which ``racing.beaten_side_by_side`` judges (tests/test_racing.py)."""
+    from types import SimpleNamespace
+
+    from servopt.bench.protocol import Protocol
+    from servopt.optimize.executor import LocalExecutor
+    from servopt.optimize.rundir import RunDir, load_run
+    from servopt.optimize.sweep import Progress, Sweep
+
+    _, records = load_run(quick_run)
+    by = {r.name: r for r in records}
+    sweep = SimpleNamespace(records={(n, None): by[n] for n in ("ort-fp32", "ort-offline-all")}, dir=RunDir(quick_run),
+                            protocol=Protocol.quick(), interleave_rounds=2, executor=LocalExecutor(), kinds={None: None},
+                            progress=Progress(), _for=Sweep._for)
+    side = Sweep._side_by_side(sweep, by["ort-offline-all"], ["ort-fp32", "not-measured"], None)
+    assert set(side) == {"ort-offline-all", "ort-fp32"}
+    assert all(len(v.p50_ms_rounds) == len(v.throughput_rounds) == 3 and min(v.p50_ms_rounds) > 0 for v in side.values())
+    assert side["ort-offline-all"].p50_ratio_vs_reference == 1.0  # the variant in doubt is the reference of the rounds
+    assert Sweep._side_by_side(sweep, by["ort-offline-all"], ["not-measured"], None) == {}
+
+
+@pytest.mark.slow
 def test_summary_and_report(quick_run):
     summary = json.loads((quick_run / "summary.json").read_text())
     assert [t["target"]["name"] for t in summary["targets"]] == ["cpu-server", "gpu-server", "edge"]
