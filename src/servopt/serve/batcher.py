@@ -109,7 +109,9 @@ INFERENCE_NICENESS = 5
 # A call shorter than this on one core gains nothing from more threads that sleep between operators (the serving
 # sessions do not spin): MiniLM INT8 on an AVX2 EPYC, one thread vs two, 13 tokens 2.8 vs 3.0 ms, 24 tokens 4.7 vs
 # 4.1, 128 tokens 25.6 vs 18.1 (same run); and servopt serve with the solo session for every lone call lost 8-19 %
-# req/s on short texts at concurrency 8-32 (benchmarks/text_servers.py --servopt-b-args).
+# req/s on short texts at concurrency 8-32 (benchmarks/text_servers.py --servopt-b-args). Only a call of one request
+# goes solo: a merged batch means requests keep coming (at concurrency 32, 128 tokens, batches that went solo in a
+# gap between arrivals overlapped the next call on the other instance: 0.85x req/s).
 SOLO_MIN_SECONDS = 0.004
 
 
@@ -386,8 +388,8 @@ class DynamicBatcher:
             for i, group in enumerate(groups):
                 merged = self.collate([p.inputs for p in group])
                 units = _units(group)
-                alone = (self.solo_fn is not None and not self._running and not self.queue and not self.arriving
-                         and i == len(groups) - 1 and self.service.seconds(units) >= SOLO_MIN_SECONDS)
+                alone = (self.solo_fn is not None and len(batch) == 1 and not self._running and not self.queue
+                         and not self.arriving and self.service.seconds(units) >= SOLO_MIN_SECONDS)
                 start = time.perf_counter()
                 self._running[index] = (units_left, len(groups) - i, start)
                 try:
@@ -401,8 +403,10 @@ class DynamicBatcher:
                     units_left -= units
                     self._running.pop(index, None)
                 seconds = time.perf_counter() - start
-                if not alone:  # the estimate is for calls that share the cores, as they do when requests wait
-                    self.service.observe(units, seconds)
+                # Solo calls feed the estimate too: it also decides which calls go solo, and fed only by the others it
+                # kept its seed (one warm-up call, extrapolated) at concurrency 1, sending short calls solo for good.
+                # Solo calls run only on an idle server, so the estimate they lower is not the one a queue waits on.
+                self.service.observe(units, seconds)
                 self.stats.on_batch(sum(p.size for p in group), seconds)
                 row = 0
                 for p in group:  # each caller gets its own rows, in order
