@@ -98,7 +98,10 @@ def test_ratios_are_medians_of_per_round_ratios() -> None:
                                                        "server_cpu_ms_per_request": 20.0}}, "start_s": 19.0, "peak_rss_mb": 2700.0}}}]
     s = text_servers.summarize(rounds, ["servopt", "infinity"])
     assert s["servopt_over_infinity"]["c"] == {"req_per_s": 2.0, "texts_per_s": 2.0, "p50_ms": 0.5, "p99_ms": 1.0, "server_cpu_ms_per_request": 0.3}
-    assert s["per_server"]["infinity"]["start_s"] == 19.0
+    assert s["per_server"]["infinity"]["start_s"] == 19.0 and "servopt_over_servopt-b" not in s
+    rounds[0]["servers"]["servopt-b"] = rounds[0]["servers"]["infinity"]  # --servopt-b-args: servopt a second way, same run
+    s = text_servers.summarize(rounds, ["servopt", "infinity", "servopt-b"])
+    assert s["servopt_over_servopt-b"]["c"] == s["servopt_over_infinity"]["c"]
 
 
 def test_infinity_log_facts_read_through_rich_wrapping() -> None:

@@ -429,6 +429,30 @@ def test_instance_defaults_follow_the_target_objective(onnx_model, cores, monkey
     assert one_thread.solo_options is None
 
 
+def test_the_server_opens_the_solo_session_and_gives_it_to_the_batcher(onnx_model, monkeypatch):
+    """A throughput target's split on 2 cores: two one-thread instances plus the variant as measured, which the data
+    plane hands to the batcher; it answers as the instances do. ``--threads`` set by the user: no solo session."""
+    import os
+
+    from starlette.testclient import TestClient
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    body = {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.5] * 3072}]}
+    answers = []
+    for threads in (None, 1):
+        model = from_file(onnx_model, "t")
+        model.objective = "throughput"
+        model.apply_instances(None, threads)
+        with TestClient(create_app({"t": model})) as client:
+            batcher = client.app.state.plane.batchers["t"]
+            assert (model.solo is not None) == (batcher.solo_fn is not None) == (threads is None)
+            answers.append(client.post("/v2/models/t/infer", json=body).json()["outputs"][0]["data"])
+            if model.solo is not None:  # the solo session itself answers as the instances do
+                feed = {"input": np.full((1, 3, 32, 32), 0.5, np.float32)}
+                np.testing.assert_allclose(batcher.solo_fn(feed), model.sessions[0].run(feed), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(answers[0], answers[1], rtol=1e-5, atol=1e-6)
+
+
 def test_a_lone_call_runs_on_every_core_and_calls_that_overlap_on_the_instances():
     """The solo session takes a model call only when nothing else runs, waits or arrives, and the call is long enough
     to gain from more threads; under load the instances share the cores as they were split."""

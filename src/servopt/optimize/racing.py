@@ -210,7 +210,7 @@ def beaten_even_if_recovered(targets: list[Target], base: Record, records: list[
     beyond noise for every target (a refinement runs the same kernels, or slower ones). None: it might win."""
     if base.status != "ok" or ref is None or base.latency_ms is None:
         return None
-    perfect = base.model_copy(update={"quality": ref.quality})
+    perfect = _recovered(base, ref)
     others = [r for r in records if r.name != base.name]
     return screened_out(targets, [*others, perfect], ref, family, keep=set()).get(base.name)
 
@@ -222,7 +222,7 @@ def challengers(targets: list[Target], base: Record, records: list[Record], ref:
     settle whether a long refinement is worth building."""
     if base.status != "ok" or ref is None or base.latency_ms is None:
         return []
-    perfect = base.model_copy(update={"quality": ref.quality})
+    perfect = _recovered(base, ref)
     ok = [r for r in records if r.status == "ok" and r.name != base.name]
     isa = str(_measuring_level(records))
     names: list[str] = []
@@ -239,37 +239,43 @@ def challengers(targets: list[Target], base: Record, records: list[Record], ref:
 def beaten_side_by_side(targets: list[Target], base: Record, side: dict[str, SideBySide], records: list[Record],
                         ref: Record | None, family: Family, margin: float = SIDE_MARGIN) -> str | None:
     """Why refining ``base`` cannot help, from a side-by-side run of ``base`` and its challengers (``side``: their
-    per-round figures, same process, alternated): for every target ``base`` could serve, something beats it there,
+    per-round figures, same process, alternated): for every target ``base`` could serve, something beats it there with
     its quality assumed recovered — beyond noise on the screening figures, or a challenger meeting every bound ``base``
-    would, ahead by ``margin`` on each of the target's speed figures in every side-by-side round. Same-run rounds need no allowance for drift between two moments,
-    which the screening figures do (and which kept a 1.27x throughput lead from counting). None: it might win."""
+    would, ahead by ``margin`` on each of the target's speed figures in every side-by-side round. Same-run rounds need
+    no allowance for drift between two moments, which the screening figures do (and which kept a 1.27x throughput lead
+    from counting). None: it might win."""
     if base.status != "ok" or ref is None or base.name not in side:
         return None
-    perfect = base.model_copy(update={"quality": ref.quality})
+    perfect = _recovered(base, ref)
     ok = {r.name: r for r in records if r.status == "ok" and r.name != base.name}
     isa = str(_measuring_level(records))
     mine, reasons = side[base.name], []
-    for t in targets:
-        if not eligible(t, perfect):
-            continue
-        why = next((w for a in ok.values() if (w := beats(t, a, perfect, ref, family, isa))), None)
-        for name, sb in side.items():
-            if why is not None:
-                break
-            if name not in ok or len(sb.p50_ms_rounds) < 3 or not beats(t, ok[name], perfect, ref, family, isa, noise=False):
-                continue
-            ahead = all((c <= (1 - margin) * b) for c, b in zip(sb.p50_ms_rounds, mine.p50_ms_rounds, strict=False)) \
-                if "p50_ms" in _speed_dims(t) else True
-            if "throughput_ips" in _speed_dims(t):
-                ahead = ahead and all(c >= (1 + margin) * b for c, b in zip(sb.throughput_rounds, mine.throughput_rounds, strict=False))
-            if ahead:
-                why = (f"{t.name}: {name} is ahead by more than {margin:.0%} in each of {len(sb.p50_ms_rounds)} side-by-side "
-                       f"rounds ({sb.p50_ms:.4g} vs {mine.p50_ms:.4g} ms p50; {sb.throughput_ips:.4g} vs {mine.throughput_ips:.4g} /s) "
-                       "and meets every quality and size bound it would")
+    for t in (t for t in targets if eligible(t, perfect)):
+        why = next((w for a in ok.values() if (w := beats(t, a, perfect, ref, family, isa))), None) or next(
+            (f"{t.name}: {name} is ahead by more than {margin:.0%} in each of {len(sb.p50_ms_rounds)} side-by-side rounds "
+             f"({sb.p50_ms:.4g} vs {mine.p50_ms:.4g} ms p50; {sb.throughput_ips:.4g} vs {mine.throughput_ips:.4g} /s) and "
+             "meets every quality and size bound it would"
+             for name, sb in side.items()
+             if name in ok and beats(t, ok[name], perfect, ref, family, isa, noise=False)
+             and _ahead_every_round(_speed_dims(t), sb, mine, margin)), None)
         if why is None:
             return None
         reasons.append(why)
     return " | ".join(reasons) or None
+
+
+def _ahead_every_round(dims: list[str], a: SideBySide, b: SideBySide, margin: float) -> bool:
+    """``a`` ahead of ``b`` by ``margin`` on each speed figure in each of at least three side-by-side rounds."""
+    if len(a.p50_ms_rounds) < 3:
+        return False
+    p50 = "p50_ms" not in dims or all(x <= (1 - margin) * y for x, y in zip(a.p50_ms_rounds, b.p50_ms_rounds, strict=True))
+    tp = "throughput_ips" not in dims or all(x >= (1 + margin) * y for x, y in zip(a.throughput_rounds, b.throughput_rounds, strict=True))
+    return p50 and tp
+
+
+def _recovered(base: Record, ref: Record) -> Record:
+    """``base`` with the original's quality: what a refinement that recovers its quality could at best be."""
+    return base.model_copy(update={"quality": ref.quality})
 
 
 def _measuring_level(records: list[Record]):

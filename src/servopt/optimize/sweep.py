@@ -124,6 +124,12 @@ def unit_key(variant_key: str, kind: str | None) -> str:
     return hashlib.sha256(f"{variant_key}|{kind}".encode()).hexdigest()[:16]
 
 
+def _joining(names: list[str], by_name: dict[str, Record], leave_out: str | None = None) -> list[str]:
+    """The variants of ``names`` that can join one interleaved process: measured, and not on a runtime living in a
+    Python environment of its own (those keep their sweep figures, or take turns with the baseline)."""
+    return [n for n in names if n in by_name and n != leave_out and get_runtime(by_name[n].runtime).environment() is None]
+
+
 def lost(record: dict) -> bool:
     """A record of a job the cluster lost (its worker or node died): a rerun measures it again, as after a kill here."""
     return record.get("status") == "failed" and str(record.get("error") or "").startswith(LOST)
@@ -543,16 +549,10 @@ class Sweep:
         protocol, ``interleave_rounds`` rounds): a few seconds that settle whether a long refinement of ``probe`` (NNCF's
         accuracy control: 80-100 s here) can win anything. Empty when they cannot run side by side here."""
         by_name = {r.name: r for (_, k), r in self.records.items() if k == kind and r.status == "ok" and r.artifact is not None}
-        names = [n for n in [probe.name, *rivals] if n in by_name and get_runtime(by_name[n].runtime).environment() is None]
+        names = _joining([probe.name, *rivals], by_name)
         if probe.name not in names or len(names) < 2:
             return {}
-        env: dict[str, str] = {}
-        for n in names:
-            env.update(by_name[n].env)
-        job = InterleaveJob(sessions=[OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime,
-                                               options=by_name[n].options) for n in names],
-                            reference=probe.name, data=str(self.dir.eval_data), protocol=self.protocol,
-                            rounds=max(3, self.interleave_rounds), env=env)
+        job = self._interleave_job(names, by_name, probe.name, self.protocol, max(3, self.interleave_rounds))
         label = f"side-by-side-{probe.name}"
         self.progress.step(f"{probe.name} side by side with {', '.join(names[1:])}{self._for(kind)}")
         try:
@@ -642,9 +642,7 @@ class Sweep:
         by_name = {r.name: r for r in records if r.status == "ok"}
         if baseline not in by_name:
             return None
-        # One process runs them all: a runtime living in its own Python environment cannot join (its sweep figures stand).
-        names = [n for n in names if n in by_name and n != baseline and get_runtime(by_name[n].runtime).environment() is None]
-        names.append(baseline)
+        names = [*_joining(names, by_name, baseline), baseline]
         caps = {n: get_runtime(by_name[n].runtime).isa_cap_env(isa) if isa else None for n in names}
         cache_key = json.dumps([sorted(str(by_name[n].key) for n in names), self.interleave_rounds,
                                 self.interleave_protocol.model_dump(), isa])
@@ -653,14 +651,7 @@ class Sweep:
             previous = Interleaved.model_validate({k: v for k, v in json.loads(path.read_text()).items() if k != "protocol"})
             if previous.cache_key == cache_key:
                 return previous
-        env: dict[str, str] = {}
-        for n in names:  # torch variants want their allocator settings (the others do not mind them), and the ISA caps
-            env.update(by_name[n].env)
-            env.update(caps[n] or {})
-        sessions = [OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
-                    for n in names if by_name[n].artifact is not None]
-        job = InterleaveJob(sessions=sessions, reference=baseline, data=str(self.dir.eval_data), protocol=self.interleave_protocol,
-                            rounds=self.interleave_rounds, env=env)
+        job = self._interleave_job(names, by_name, baseline, self.interleave_protocol, self.interleave_rounds, caps)
         try:
             launched = self.executor.submit(launch, job, self.dir.work_root / label, resources=self.kinds.get(kind), what=label).result()
         except Lost as e:
@@ -671,6 +662,18 @@ class Sweep:
         result = launched.result.model_copy(update={"cache_key": cache_key, "variants": variants})
         write_json_atomic(path, result)
         return result
+
+    def _interleave_job(self, names: list[str], by_name: dict[str, Record], reference: str, protocol: Protocol, rounds: int,
+                        caps: dict[str, dict[str, str] | None] | None = None) -> InterleaveJob:
+        """``names`` alternated in one process against ``reference``, on the evaluation data."""
+        env: dict[str, str] = {}
+        for n in names:  # torch variants want their allocator settings (the others do not mind them), and the ISA caps
+            env.update(by_name[n].env)
+            env.update((caps or {}).get(n) or {})
+        sessions = [OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
+                    for n in names if by_name[n].artifact is not None]
+        return InterleaveJob(sessions=sessions, reference=reference, data=str(self.dir.eval_data), protocol=protocol,
+                             rounds=rounds, env=env)
 
     def run_alternating(self, names: list[str], records: list[Record], interleaved: Interleaved, kind: str | None) -> Interleaved:
         """Candidates whose runtime lives in an environment of its own cannot join the interleaved process: each is
