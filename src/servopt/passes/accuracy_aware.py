@@ -77,7 +77,7 @@ def _score(path: str, data: Dataset, float_out: np.ndarray, score_of) -> float:
     out = predict_all(session, data, 64)
     score = score_of(out, data, float_out)
     if data.lengths is not None:
-        score = min(score, batch_consistency(session, data, out, 64)[0])
+        score = min(score, batch_consistency(session, data, 64)[0])
     return score
 
 
