@@ -3,9 +3,11 @@
     PYTHONPATH=src python benchmarks/racing.py --races 3              # the image demo
     PYTHONPATH=src python benchmarks/racing.py --text --races 3       # the sentence-encoder demo
     PYTHONPATH=src python benchmarks/racing.py --races 1 --budget 3m  # + a budgeted run: is the budget honoured?
+    PYTHONPATH=src python benchmarks/racing.py --full-from runs/racing/racing.json  # races against an earlier full sweep
 
 Every run is `servopt demo` in a fresh run directory (builds included: a user's first run), in its own process, one
-after another on this machine: the full sweep (`--full`) first, then the races (and the budgeted run). The one-time
+after another on this machine: the full sweep (`--full`) first, then the races (`servopt demo` as a user runs it:
+its default `--budget 5m`), and the budgeted run. The one-time
 model preparation (training the demo model, or finding the MiniLM weights) is done before the first timed run.
 A race "agrees" with the full sweep on a target when it picks the same variant, or one no more than 3 % behind the full
 sweep's pick on the target's objective **in a same-run measurement**: the two picks, built by the full sweep, alternated
@@ -116,6 +118,8 @@ def main() -> None:
     ap.add_argument("--races", type=int, default=3)
     ap.add_argument("--budget", default=None, help="also one race with this --budget (e.g. 3m)")
     ap.add_argument("--no-full", action="store_true", help="skip the full sweep (races only)")
+    ap.add_argument("--full-from", type=Path, default=None,
+                    help="compare with the full sweep of an earlier racing.json (same machine, same model) instead of running one")
     ap.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temporary folder)")
     args = ap.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="servopt-racing-"))
@@ -127,7 +131,11 @@ def main() -> None:
                     "--variants", "ort-fp32"], check=True, capture_output=True)
     report: dict = {"cpu": cpu_model(), "flags": sorted(flags.flags), "text": args.text, "runs": {}}
     full = None
-    if not args.no_full:
+    if args.full_from:
+        full = json.loads(args.full_from.read_text())["runs"]["full"]
+        report["runs"]["full"] = {**full, "from": str(args.full_from)}
+        print(f"full sweep (from {args.full_from}): {full['wall_s']:.0f} s; picks {full['picks']}")
+    elif not args.no_full:
         full = run_demo(root / "full", args.text, ["--full"])
         report["runs"]["full"] = full
         print(f"full sweep: {full['wall_s']:.0f} s, {full['measured']} variants measured; picks {full['picks']}")

@@ -119,8 +119,40 @@ def test_refinements_of_the_likely_winner_go_first_each_group_cheapest_first(tmp
         ("ort-int8-u8s8", ["ort-int8-u8s8-rr", "ort-int8-u8s8-search"]), ("nncf-int8-latency", ["nncf-int8-accuracy-control"])]
 
 
+def test_the_likely_winners_come_before_the_rest_and_history_moves_a_variant_across(tmp_path, monkeypatch):
+    """A racing sweep screens what is expected to be at least as fast as the baseline, refines its quality, then the
+    rest: a budget that runs out drops a PyTorch variant, not the recovery of the likely winner."""
+    from servopt.families.catalogue import Variant
+
+    monkeypatch.setenv("SERVOPT_HOME", str(tmp_path))
+    avx2 = CpuFeatures(frozenset({"avx2", "fma"}))
+    vs = [Variant("torch-compile", "pytorch", "torch", options={"compile": "default"}), Variant("ort-fp16", "fp16", "onnxruntime"),
+          Variant("ort-int8-x", "int8", "onnxruntime"), Variant("ort-fp32", "onnxruntime", "onnxruntime", role="baseline"),
+          Variant("ov-fp32", "openvino", "openvino")]
+    likely, rest = racing.likely_first([_U(v) for v in vs], "image-classification", avx2)
+    assert [u.variant.name for u in likely] == ["ort-fp32", "ort-int8-x", "ov-fp32"]
+    assert [u.variant.name for u in rest] == ["torch-compile", "ort-fp16"], "PyTorch, then fp16 without fp16 arithmetic"
+    base = rec("ort-fp32", 6, 200)
+    racing.remember("image-classification", avx2, [base, rec("torch-compile", 3, 300)], "ort-fp32",
+                    seconds={"ort-fp32": 20.0, "torch-compile": 47.0})
+    likely, rest = racing.likely_first([_U(v) for v in vs], "image-classification", avx2)
+    assert "torch-compile" in [u.variant.name for u in likely], "faster than the baseline in an earlier run here"
+    learned = racing.learned_seconds("image-classification", avx2)
+    assert learned == {"ort-fp32": 20.0, "torch-compile": 47.0}
+    assert racing.expected_seconds(vs[0], learned, 8.0) == 47.0, "its own time in an earlier run"
+    assert racing.expected_seconds(vs[0], {}, 8.0) == 8.0 + racing.COMPILE_SECONDS, "a compile on top of the average"
+    assert racing.expected_seconds(vs[1], {}, 8.0) == 8.0
+    search = Variant("ort-int8-search", "int8", "onnxruntime", [("export-onnx", {}), ("ort-quantize-calibration-search", {})])
+    assert racing.expected_seconds(search, {}, 8.0) > 8.0 + 100, "a search's own build time is known to be long"
+
+
+def test_the_finish_reserve_counts_a_text_encoders_axes():
+    assert racing.finish_estimate(3, 2, 4, axes=True) == racing.finish_estimate(3, 2, 4) + 3 * racing.AXES_SECONDS
+
+
 def test_durations_and_rates():
     assert parse_duration("5m") == 300 and parse_duration("300") == 300 and parse_duration("1.5h") == 5400
+    assert parse_duration("none") is None and parse_duration("off") is None and OptimizeSettings(budget="none").budget_seconds is None
     assert parse_rate("500/s") == 500 and parse_rate("30000/min") == 500 and parse_rate("1.8M/h") == 500 and parse_rate("2k") == 2000
     for bad in ("soon", "-5m", "0"):
         with pytest.raises(ValueError):
@@ -205,3 +237,40 @@ def test_the_budget_reserve_is_for_the_contenders_measured_not_the_catalogue():
     screens the likeliest winners (a reserve for the whole catalogue stopped a 3-minute run after 38 s)."""
     assert racing.finish_estimate(3, 2, 1) < racing.finish_estimate(3, 2, 4) < racing.finish_estimate(3, 2)
     assert racing.finish_estimate(3, 2, 100) == racing.finish_estimate(3, 2), "never more than the cap"
+
+
+def test_a_racing_sweep_refines_the_likely_winners_before_it_measures_the_rest(tmp_path, monkeypatch):
+    """The stages of ``Sweep.run`` in a race: likely winners screened, their refinements, then the rest; ``--full``
+    measures everything in one ordered pass and refines nothing."""
+    from types import SimpleNamespace
+
+    from servopt.families.catalogue import Variant
+    from servopt.optimize.sweep import Progress, Sweep, Unit
+
+    monkeypatch.setenv("SERVOPT_HOME", str(tmp_path))
+    vs = [Variant("torch-eager", "pytorch", "torch", role="original"), Variant("ort-fp32", "onnxruntime", "onnxruntime", role="baseline"),
+          Variant("torch-compile", "pytorch", "torch"), Variant("ort-int8", "int8", "onnxruntime"),
+          Variant("ort-int8-rr", "int8", "onnxruntime", refines="ort-int8")]
+    calls: list[tuple[str, list[str]]] = []
+
+    class Recording(Sweep):
+        def __init__(self, full: bool) -> None:  # no model, data nor executor: only the order of the stages
+            self.settings = SimpleNamespace(full=full)
+            self.family = IMAGES
+            self.progress = Progress()
+            self.units = [Unit(v, None, v.name) for v in vs]
+
+        def _prepare(self): pass
+        def _todo(self): return self.units
+        def _measure_originals(self, todo): calls.append(("originals", [u.variant.name for u in todo if u.variant.is_original]))
+        def _screen(self, units): calls.append(("screen", [u.variant.name for u in units]))
+        def _refine(self, units): calls.append(("refine", [u.variant.name for u in units]))
+        def _race_and_cold_start(self): calls.append(("race", []))
+        def _finish(self): return None
+
+    Recording(full=False).run()
+    assert calls == [("originals", ["torch-eager"]), ("screen", ["ort-fp32", "ort-int8"]), ("refine", ["ort-int8-rr"]),
+                     ("screen", ["torch-compile"]), ("race", [])]
+    calls.clear()
+    Recording(full=True).run()
+    assert calls == [("originals", ["torch-eager"]), ("screen", ["ort-fp32", "ort-int8", "ort-int8-rr", "torch-compile"]), ("race", [])]

@@ -45,10 +45,13 @@ class ServeSettings(BaseSettings):
 
 
 def parse_duration(text: str | None) -> float | None:
-    """``300``, ``300s``, ``5m``, ``1.5h`` → seconds; None stays None. Raises ValueError naming the form."""
+    """``300``, ``300s``, ``5m``, ``1.5h`` → seconds; None, ``none`` and ``off`` → None (no limit). Raises ValueError
+    naming the form."""
     if text is None or str(text).strip() == "":
         return None
     raw = str(text).strip().lower()
+    if raw in ("none", "off"):
+        return None
     scale = {"s": 1, "m": 60, "h": 3600}.get(raw[-1])
     number = raw[:-1] if scale else raw
     try:

@@ -43,6 +43,12 @@ FullOpt = Annotated[bool, typer.Option("--full", help="no race: build, measure a
 LabOpt = Annotated[bool, typer.Option("--lab", help="also the lab's ladder (text: plain / eval / no_grad / torch.compile)")]
 BudgetOpt = Annotated[str | None, typer.Option("--budget", help="a time budget for the whole sweep (300, 5m, 1h): the likeliest "
                                                                 "winners first; what it did not try is listed")]
+# The demo answers in five minutes (issue 18): the likely winners first, what it did not try listed; --full or
+# --budget none for everything.
+DEMO_BUDGET = "5m"
+DemoBudgetOpt = Annotated[str | None, typer.Option("--budget", help=f"a time budget for the whole sweep [default: {DEMO_BUDGET}; "
+                                                                   "none: no limit; --full: none]: the likeliest winners "
+                                                                   "first; what it did not try is listed")]
 LoadOpt = Annotated[str | None, typer.Option("--load", help="a load to price, e.g. 500/s or 30000/min: the instances and USD a "
                                                             "month each target's pick needs (targets with price_per_hour)")]
 RayOpt = Annotated[str | None, typer.Option(
@@ -285,7 +291,7 @@ def demo(
     include_all: IncludeAllOpt = False,
     full: FullOpt = False,
     lab: LabOpt = False,
-    budget: BudgetOpt = None,
+    budget: DemoBudgetOpt = None,
     load: LoadOpt = None,
     ray: RayOpt = None,
     quiet: QuietOpt = False,
@@ -312,7 +318,8 @@ def demo(
         if not quiet:
             console.print(note)
         settings = optimize_settings(out=out or default_out, targets=targets, variants=variants, include_all=include_all, note=note,
-                                     ray=ray, full=full, lab=lab, budget=budget, load=load)
+                                     ray=ray, full=full, lab=lab, budget=budget if budget is not None else None if full else DEMO_BUDGET,
+                                     load=load)
         run_optimize(loaded, data_raw, settings, quiet, False)
 
     run_cli(go)

@@ -25,6 +25,7 @@ from servopt.home import default_home
 from servopt.machine import CpuFeatures, Isa, cpu_features, richer
 from servopt.optimize.decide import eligible, judge
 from servopt.optimize.targets import Target
+from servopt.passes.base import get_pass
 from servopt.results import append_jsonl, read_jsonl
 from servopt.runtimes.base import get_runtime
 
@@ -68,16 +69,49 @@ def learned(family: str, cpu: CpuFeatures) -> dict[str, float]:
     return {name: sum(v) / len(v) for name, v in sums.items()}
 
 
+def _values(units: list, family: str, cpu: CpuFeatures) -> dict[int, float]:
+    history = learned(family, cpu)
+    return {id(u): math.inf if u.variant.is_baseline else history.get(u.variant.name, prior(u.variant.name, u.variant.group, cpu))
+            for u in units}
+
+
 def order(units: list, family: str, cpu: CpuFeatures) -> list:
     """Units (anything with a ``variant``) in the order to measure them: the baseline first (every ratio needs it),
     then by expected value, highest first; ties keep the catalogue's order."""
-    history = learned(family, cpu)
+    value = _values(units, family, cpu)
+    return sorted(units, key=lambda u: -value[id(u)])
 
-    def value(u) -> float:
-        v = u.variant
-        return math.inf if v.is_baseline else history.get(v.name, prior(v.name, v.group, cpu))
 
-    return sorted(units, key=lambda u: -value(u))
+def likely_first(units: list, family: str, cpu: CpuFeatures) -> tuple[list, list]:
+    """``units`` in the race's order, split into those expected to be at least as fast as the baseline (the baseline
+    with them) and the rest. A racing sweep refines the likely ones' quality before it measures the rest, so a time
+    budget that runs out drops a PyTorch or fp16-without-fp16 variant, not the recovery of the likely winner."""
+    value = _values(units, family, cpu)
+    ordered = sorted(units, key=lambda u: -value[id(u)])
+    return [u for u in ordered if value[id(u)] >= 0.0], [u for u in ordered if value[id(u)] < 0.0]
+
+
+# Seconds a variant costs beyond an average build and measurement, before any run has timed it on this CPU: an
+# inductor compile per input shape (MobileNetV2 on 2 AVX2 cores: 47 s of measurement, two compiles).
+COMPILE_SECONDS = 35.0
+
+
+def learned_seconds(family: str, cpu: CpuFeatures) -> dict[str, float]:
+    """The latest wall seconds (build and measurement) each variant of ``family`` took on this CPU's features."""
+    out: dict[str, float] = {}
+    for row in read_jsonl(history_path()):
+        if row.get("family") == family and row.get("cpu") == _signature(cpu) and row.get("seconds") is not None:
+            out[row["variant"]] = float(row["seconds"])
+    return out
+
+
+def expected_seconds(variant, learned: dict[str, float], average: float) -> float:
+    """What building and screening ``variant`` should take: its own time in an earlier run on this CPU, else this run's
+    average so far plus what its passes (``Pass.slow_seconds``) and options are known to add."""
+    if variant.name in learned:
+        return learned[variant.name]
+    slow = sum(get_pass(name).slow_seconds for name, _ in variant.chain)
+    return average + slow + (COMPILE_SECONDS if variant.options.get("compile") else 0.0)
 
 
 def refinement_groups(units: list, family: str, cpu: CpuFeatures) -> list[tuple[tuple[str | None, str | None], list]]:
@@ -91,25 +125,33 @@ def refinement_groups(units: list, family: str, cpu: CpuFeatures) -> list[tuple[
     return sorted(groups.items(), key=lambda kv: min(rank[id(u)] for u in kv[1]))
 
 
-def remember(family: str, cpu: CpuFeatures, records: list[Record], baseline: str) -> None:
-    """Append this run's throughput ratios to the history that orders the next run of the same family on this CPU."""
+def remember(family: str, cpu: CpuFeatures, records: list[Record], baseline: str, seconds: dict[str, float] | None = None) -> None:
+    """Append this run's throughput ratios (and the wall seconds each variant took to build and screen, which a time
+    budget plans with) to the history that orders the next run of the same family on this CPU."""
     by_name = {r.name: r for r in records if r.status == "ok" and r.batch_ips}
     base = by_name.get(baseline)
     if base is None or not base.batch_ips:
         return
     history_path().parent.mkdir(parents=True, exist_ok=True)
     for r in by_name.values():
-        append_jsonl(history_path(), {"family": family, "cpu": _signature(cpu), "variant": r.name,
-                                      "log_ratio": round(math.log(r.batch_ips / base.batch_ips), 4)})
+        row = {"family": family, "cpu": _signature(cpu), "variant": r.name, "log_ratio": round(math.log(r.batch_ips / base.batch_ips), 4)}
+        if seconds and r.name in seconds:
+            row["seconds"] = round(seconds[r.name], 1)
+        append_jsonl(history_path(), row)
 
 
-def finish_estimate(rounds: int, targets: int, contenders: int | None = None) -> float:
+AXES_SECONDS = 12.0  # a text encoder's batch × length grid and length batching, for one pick (MiniLM, 2 AVX2 cores)
+
+
+def finish_estimate(rounds: int, targets: int, contenders: int | None = None, axes: bool = False) -> float:
     """Seconds the end of a sweep takes after the last screening: cold starts of a few contenders, the side-by-side
     re-measure of up to three candidates per target with the baseline (two phases of 1.5 s and a load each), profiles
-    of the picks, the report. ``contenders``: how many variants besides the baseline could be re-measured (a budgeted
-    run that has measured three reserves for three, not for the catalogue)."""
+    of the picks, the report; with ``axes``, the family's own axes of each target's pick and the baseline.
+    ``contenders``: how many variants besides the baseline could be re-measured (a budgeted run that has measured
+    three reserves for three, not for the catalogue)."""
     candidates = min(6, 3 * max(1, targets), contenders if contenders is not None else 6) + 1
-    return min(4, candidates) * 4.0 + candidates * rounds * 4.0 + targets * 5.0 + 5.0
+    return (min(4, candidates) * 4.0 + candidates * rounds * 4.0 + targets * 5.0 + 5.0
+            + (AXES_SECONDS * (min(targets, candidates) + 1) if axes else 0.0))
 
 
 def misses_quality(target: Target, rec: Record, ref: Record | None, family: Family) -> bool:

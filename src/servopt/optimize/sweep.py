@@ -200,6 +200,7 @@ class Sweep:
     problems: list[str] = field(default_factory=list)
     not_tried: list[LeftOut] = field(default_factory=list)
     beaten: dict[str | None, set[str]] = field(default_factory=dict)  # per kind: beaten beyond noise (no contenders)
+    spent: dict[str, float] = field(default_factory=dict)  # wall seconds each variant took to build and screen here
     started: float = field(default_factory=time.monotonic)
 
     # ------------------------------------------------------------------------------------------------ context
@@ -285,9 +286,13 @@ class Sweep:
         self.progress.start(len(self.units))
         self._measure_originals(todo)
         first = [u for u in todo if not u.variant.is_original and not (self.racing and u.variant.refines)]
-        self._screen(racing.order(first, self.family.name, cpu_features()))
-        if self.racing:
+        if self.racing:  # the likely winners, their quality recovered, then the rest (what a budget drops first)
+            likely, rest = racing.likely_first(first, self.family.name, cpu_features())
+            self._screen(likely)
             self._refine([u for u in todo if u.variant.refines and not u.variant.is_original])
+            self._screen(rest)
+        else:
+            self._screen(racing.order(first, self.family.name, cpu_features()))
         self._race_and_cold_start()
         return self._finish()
 
@@ -419,7 +424,16 @@ class Sweep:
                                            "stage": "measure" if measured.status != "ok" else None})
 
     def _measure(self, units: list[Unit]) -> None:
-        """Build the units' variants (nothing timed meanwhile), then measure each, one at a time per node."""
+        """Build the units' variants (nothing timed meanwhile), then measure each, one at a time per node; each is
+        charged an equal share of the wall time (``spent``: what a time budget plans the next run with)."""
+        began = time.monotonic()
+        try:
+            self._build_and_measure(units)
+        finally:
+            for u in units:
+                self.spent[u.variant.name] = self.spent.get(u.variant.name, 0.0) + (time.monotonic() - began) / len(units)
+
+    def _build_and_measure(self, units: list[Unit]) -> None:
         available = {u.variant.name: runtime_available(u.variant.runtime) for u in units}
         to_build = list({u.variant.name: u.variant for u in units if available[u.variant.name][0] or self.distributed}.values())
         built = self._build(to_build) if to_build else {}
@@ -471,7 +485,7 @@ class Sweep:
         size = max(1, len(units)) if self.distributed else BUILD_ROUND
         i = 0
         while i < len(units):
-            fit = min(size, self._budget_fits(size))
+            fit = self._budget_fits(units[i:i + size])
             if fit == 0 and units[i].variant.is_baseline:
                 fit = 1  # the baseline alone, whatever the budget: every ratio, the race and the report compare with it
             if fit == 0:
@@ -482,24 +496,27 @@ class Sweep:
             self._measure(units[i:i + fit])
             i += fit
 
-    def _budget_fits(self, most: int) -> int:
-        """How many more variants (up to ``most``) fit the time budget with room left for the race's re-measures and the
-        report, both estimated from what this run has measured so far: a round that does not fit whole is cut short
-        rather than skipped."""
+    def _budget_fits(self, units: list[Unit]) -> int:
+        """How many of ``units`` (in order) fit the time budget with room left for the race's re-measures and the
+        report: each costs what it took in an earlier run on this CPU, else this run's average so far (plus a compile
+        for torch.compile); a round that does not fit whole is cut short rather than skipped."""
         budget = self.settings.budget_seconds
         if budget is None:
-            return most
-        measured = [r for r in self.records.values() if r.status == "ok" and r.phases]
-        per_variant = (sum(r.phases[-1].stop - r.phases[0].start for r in measured) / len(measured) + 3.0) if measured else 15.0
-        per_variant += sum((r.build_s or 0.0) for r in measured) / max(1, len(measured)) / 2  # two builds at a time
+            return len(units)
+        spent = [t for name, t in self.spent.items() if name != self.original.name]
+        average = sum(spent) / len(spent) if spent else 15.0
+        learned = racing.learned_seconds(self.family.name, cpu_features())
         # targets whose candidates are re-measured here: not a GPU target on a machine without one
         here = [t for t in self.targets if t.device.computes_on is not Device.GPU or gpu_present()] or self.targets
+        measured = [r for r in self.records.values() if r.status == "ok" and r.phases]
         contenders = sum(r.name not in (self.original.name, self.baseline.name) for r in measured)
-        for count in range(most, 0, -1):
-            reserve = racing.finish_estimate(self.interleave_rounds, len(here), contenders + count)
-            if self.elapsed() + count * per_variant + reserve <= budget:
-                return count
-        return 0
+        axes = self.racing and bool(self.axes["grid"] or self.axes["length_batching"])
+        total = 0.0
+        for count, u in enumerate(units, 1):
+            total += racing.expected_seconds(u.variant, learned, average)
+            if self.elapsed() + total + racing.finish_estimate(self.interleave_rounds, len(here), contenders + count, axes) > budget:
+                return count - 1
+        return len(units)
 
     def _misses_quality(self, rec: Record | None, kind: str | None) -> bool:
         """Whether a record failed, or misses a quality bound of a target of its kind."""
@@ -819,7 +836,7 @@ class Sweep:
             self.profile_variants([p for p in picks if p], of_kind[kind], kind)
 
         self._per_kind(profile, self.kinds)
-        racing.remember(self.family.name, cpu_features(), records, self.baseline.name)
+        racing.remember(self.family.name, cpu_features(), records, self.baseline.name, self.spent)
         from servopt.optimize.report import write_reports
 
         self.progress.step("writing the report")

@@ -189,6 +189,7 @@ def rank_sensitivity(float_path: str, params: AccuracyAwareParams, calibration: 
 @register_pass
 class AccuracyAwareInt8(Pass):
     name = "ort-quantize-accuracy-aware"
+    slow_seconds = 65.0  # 74 s on the image demo (2 AVX2 cores)
     times_itself = True
     input_format = "onnx"
     output_format = "onnx"

@@ -72,6 +72,9 @@ class Pass(ABC):
     # A pass that times candidates while it builds (the accuracy-aware search times float islands): the sweep builds
     # it alone on the machine, never beside another build.
     times_itself: ClassVar[bool] = False
+    # Seconds a build of this pass takes beyond a plain one, where that is long (a search, an accuracy-control loop):
+    # what a time budget plans with before a run on this CPU has timed it (the image demo, 2 AVX2 cores).
+    slow_seconds: ClassVar[float] = 0.0
     # Whether what it builds depends on the calibration or tuning data (``BuildContext.calibration`` / ``tuning``): its
     # cache key then includes their content (``Artifact.data_key``). True unless a pass says otherwise, so a pass that
     # reads data can never be handed a model built on other data; a pass that reads none sets False and is not rebuilt

@@ -55,6 +55,7 @@ def search_space(params: CalibrationSearchParams) -> list[dict]:
 @register_pass
 class CalibrationSearch(Pass):
     name = "ort-quantize-calibration-search"
+    slow_seconds = 220.0  # 236 s on the image demo (2 AVX2 cores)
     times_itself = True
     input_format = "onnx"
     output_format = "onnx"
