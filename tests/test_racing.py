@@ -146,8 +146,11 @@ def test_the_likely_winners_come_before_the_rest_and_history_moves_a_variant_acr
     assert racing.expected_seconds(search, {}, 8.0) > 8.0 + 100, "a search's own build time is known to be long"
 
 
-def test_the_finish_reserve_counts_a_text_encoders_axes():
+def test_the_finish_reserve_counts_a_text_encoders_axes_and_only_the_targets_re_measured_side_by_side():
     assert racing.finish_estimate(3, 2, 4, axes=True) == racing.finish_estimate(3, 2, 4) + 3 * racing.AXES_SECONDS
+    # cpu-server and edge: only the server target's three candidates (and the baseline) are re-measured side by side
+    assert racing.finish_estimate(3, 2, 10, remeasured=1) < racing.finish_estimate(3, 2, 10)
+    assert racing.finish_estimate(3, 2, 10, remeasured=1) == racing.finish_estimate(3, 1, 10) + 5.0
 
 
 def test_durations_and_rates():
@@ -274,3 +277,34 @@ def test_a_racing_sweep_refines_the_likely_winners_before_it_measures_the_rest(t
     calls.clear()
     Recording(full=True).run()
     assert calls == [("originals", ["torch-eager"]), ("screen", ["ort-fp32", "ort-int8", "ort-int8-rr", "torch-compile"]), ("race", [])]
+
+
+def test_a_budget_skips_what_does_not_fit_and_goes_on_with_what_does():
+    """A variant too long for what is left of the budget (a torch.compile) is listed as not tried; the cheaper ones
+    after it in the order are still measured."""
+    from types import SimpleNamespace
+
+    from servopt.families.catalogue import Variant
+    from servopt.optimize.sweep import Progress, Sweep, Unit
+
+    measured: list[str] = []
+
+    class Budgeted(Sweep):
+        def __init__(self) -> None:
+            self.settings = SimpleNamespace(budget="5m", full=False)
+            self.progress, self.not_tried, self.distributed, self.started = Progress(), [], False, 0.0
+
+        def elapsed(self) -> float:
+            return 250.0
+
+        def _budget_fits(self, units):  # 30 s left: the compile does not fit, the others do
+            return 0 if units[0].variant.name == "torch-compile" else len(units)
+
+        def _measure(self, units):
+            measured.extend(u.variant.name for u in units)
+
+    units = [Unit(Variant(n, "pytorch", "torch"), None, n) for n in ("torch-compile", "ort-fp16", "ort-fp32-1thread")]
+    sweep = Budgeted()
+    sweep._screen(units)
+    assert measured == ["ort-fp16", "ort-fp32-1thread"]
+    assert [(x.name, "time budget (5m) ran out after 250 s" in x.why) for x in sweep.not_tried] == [("torch-compile", True)]

@@ -488,11 +488,11 @@ class Sweep:
             fit = self._budget_fits(units[i:i + size])
             if fit == 0 and units[i].variant.is_baseline:
                 fit = 1  # the baseline alone, whatever the budget: every ratio, the race and the report compare with it
-            if fit == 0:
-                for u in units[i:]:
-                    self.not_tried.append(LeftOut(name=u.variant.name, why=f"the time budget ({self.settings.budget}) ran out "
-                                                  f"after {self.elapsed():.0f} s: rerun with a larger --budget (finished variants are kept)"))
-                return
+            if fit == 0:  # this one does not fit what is left; a cheaper one further down the order may
+                self.not_tried.append(LeftOut(name=units[i].variant.name, why=f"the time budget ({self.settings.budget}) ran "
+                                              f"out after {self.elapsed():.0f} s: rerun with a larger --budget (finished variants are kept)"))
+                i += 1
+                continue
             self._measure(units[i:i + fit])
             i += fit
 
@@ -511,10 +511,12 @@ class Sweep:
         measured = [r for r in self.records.values() if r.status == "ok" and r.phases]
         contenders = sum(r.name not in (self.original.name, self.baseline.name) for r in measured)
         axes = self.racing and bool(self.axes["grid"] or self.axes["length_batching"])
+        remeasured = sum(t.device is Device.CPU for t in here)  # interleave_candidates: server CPU targets only
         total = 0.0
         for count, u in enumerate(units, 1):
             total += racing.expected_seconds(u.variant, learned, average)
-            if self.elapsed() + total + racing.finish_estimate(self.interleave_rounds, len(here), contenders + count, axes) > budget:
+            reserve = racing.finish_estimate(self.interleave_rounds, len(here), contenders + count, axes, remeasured)
+            if self.elapsed() + total + reserve > budget:
                 return count - 1
         return len(units)
 
