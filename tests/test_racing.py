@@ -308,3 +308,21 @@ def test_a_budget_skips_what_does_not_fit_and_goes_on_with_what_does():
     sweep._screen(units)
     assert measured == ["ort-fp16", "ort-fp32-1thread"]
     assert [(x.name, "time budget (5m) ran out after 250 s" in x.why) for x in sweep.not_tried] == [("torch-compile", True)]
+
+
+def test_each_variant_is_charged_its_own_measurement_for_the_next_budget():
+    """What the history keeps for a budget to plan with: a round's builds shared, each measurement its own."""
+    from servopt.families.catalogue import Variant
+    from servopt.optimize.sweep import Sweep, Unit
+
+    class Charged(Sweep):
+        def __init__(self) -> None:
+            self.spent = {}
+
+        def _build_and_measure(self, units, own):
+            own["torch-compile"] = 50.0  # as timed around its measurement
+
+    units = [Unit(Variant(n, "pytorch", "torch"), None, n) for n in ("torch-compile", "ort-fp16")]
+    sweep = Charged()
+    sweep._measure(units)
+    assert sweep.spent["torch-compile"] >= 50.0 and sweep.spent["ort-fp16"] < 1.0
