@@ -29,11 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from servopt.bench.jobs import InterleaveJob, OpenSpec
 from servopt.bench.launcher import launch
 from servopt.machine import cpu_features, cpu_model
 from servopt.optimize.rundir import RunDir, load_run
-from servopt.optimize.sweep import interleave_protocol
+from servopt.optimize.sweep import interleave_job, interleave_protocol
 from servopt.settings import parse_duration
 
 TOLERANCE = 0.03
@@ -71,13 +70,7 @@ def side_by_side(full_out: Path, objective: str, theirs: str, mine: str) -> floa
     by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
     if theirs not in by_name or mine not in by_name:
         return None
-    env: dict[str, str] = {}
-    for n in (theirs, mine):
-        env.update(by_name[n].env)
-    job = InterleaveJob(sessions=[OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime,
-                                           options=by_name[n].options) for n in (theirs, mine)],
-                        reference=theirs, data=str(RunDir(full_out).eval_data), protocol=interleave_protocol(),
-                        rounds=SIDE_ROUNDS, env=env)
+    job = interleave_job([theirs, mine], by_name, theirs, RunDir(full_out).eval_data, interleave_protocol(), SIDE_ROUNDS)
     launched = launch(job, full_out / "work" / f"agreement-{mine}-vs-{theirs}")
     if launched.result is None or mine not in launched.result.variants:
         return None

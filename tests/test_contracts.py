@@ -68,6 +68,7 @@ def test_runtime_contract(name, colour_model, colour_data, tmp_path):
         rt.parse_options({"no_such_option": 1})
     if rt.thread_option:
         assert getattr(rt.with_threads(defaults, 1), rt.thread_option) == 1
+    assert rt.extra_seconds({}) == 0.0, "default options cost a budget nothing beyond an average measurement"
     if not ok:
         pytest.skip(f"{name} is not available here: {why}")
     if rt.environment() is not None:
@@ -88,7 +89,7 @@ def test_runtime_contract(name, colour_model, colour_data, tmp_path):
 @pytest.mark.parametrize("name", PASS_NAMES)
 def test_pass_contract(name, colour_model, colour_data, tmp_path, request):
     p = get_pass(name)
-    assert p.input_format and p.output_format
+    assert p.input_format and p.output_format and p.slow_seconds >= 0.0
     params = validate_params(name, {})
     assert validate_params(name, params.model_dump()).model_dump() == params.model_dump(), "parameters round-trip"
     with pytest.raises(UserError, match="bad parameters"):

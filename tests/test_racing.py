@@ -140,7 +140,7 @@ def test_the_likely_winners_come_before_the_rest_and_history_moves_a_variant_acr
     learned = racing.learned_seconds("image-classification", avx2)
     assert learned == {"ort-fp32": 20.0, "torch-compile": 47.0}
     assert racing.expected_seconds(vs[0], learned, 8.0) == 47.0, "its own time in an earlier run"
-    assert racing.expected_seconds(vs[0], {}, 8.0) == 8.0 + racing.COMPILE_SECONDS, "a compile on top of the average"
+    assert racing.expected_seconds(vs[0], {}, 8.0) > 8.0 + 30, "the torch runtime's compile on top of the average"
     assert racing.expected_seconds(vs[1], {}, 8.0) == 8.0
     search = Variant("ort-int8-search", "int8", "onnxruntime", [("export-onnx", {}), ("ort-quantize-calibration-search", {})])
     assert racing.expected_seconds(search, {}, 8.0) > 8.0 + 100, "a search's own build time is known to be long"

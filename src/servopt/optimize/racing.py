@@ -69,31 +69,26 @@ def learned(family: str, cpu: CpuFeatures) -> dict[str, float]:
     return {name: sum(v) / len(v) for name, v in sums.items()}
 
 
-def _values(units: list, family: str, cpu: CpuFeatures) -> dict[int, float]:
+def _ranked(units: list, family: str, cpu: CpuFeatures) -> list[tuple[object, float]]:
+    """(unit, expected value) in the race's order: the baseline first, then highest value first; ties keep the order."""
     history = learned(family, cpu)
-    return {id(u): math.inf if u.variant.is_baseline else history.get(u.variant.name, prior(u.variant.name, u.variant.group, cpu))
-            for u in units}
+    valued = [(u, math.inf if u.variant.is_baseline else history.get(u.variant.name, prior(u.variant.name, u.variant.group, cpu)))
+              for u in units]
+    return sorted(valued, key=lambda uv: -uv[1])
 
 
 def order(units: list, family: str, cpu: CpuFeatures) -> list:
     """Units (anything with a ``variant``) in the order to measure them: the baseline first (every ratio needs it),
     then by expected value, highest first; ties keep the catalogue's order."""
-    value = _values(units, family, cpu)
-    return sorted(units, key=lambda u: -value[id(u)])
+    return [u for u, _ in _ranked(units, family, cpu)]
 
 
 def likely_first(units: list, family: str, cpu: CpuFeatures) -> tuple[list, list]:
     """``units`` in the race's order, split into those expected to be at least as fast as the baseline (the baseline
     with them) and the rest. A racing sweep refines the likely ones' quality before it measures the rest, so a time
     budget that runs out drops a PyTorch or fp16-without-fp16 variant, not the recovery of the likely winner."""
-    value = _values(units, family, cpu)
-    ordered = sorted(units, key=lambda u: -value[id(u)])
-    return [u for u in ordered if value[id(u)] >= 0.0], [u for u in ordered if value[id(u)] < 0.0]
-
-
-# Seconds a variant costs beyond an average build and measurement, before any run has timed it on this CPU: an
-# inductor compile per input shape (MobileNetV2 on 2 AVX2 cores: 47 s of measurement, two compiles).
-COMPILE_SECONDS = 35.0
+    ranked = _ranked(units, family, cpu)
+    return [u for u, v in ranked if v >= 0.0], [u for u, v in ranked if v < 0.0]
 
 
 def learned_seconds(family: str, cpu: CpuFeatures) -> dict[str, float]:
@@ -107,11 +102,12 @@ def learned_seconds(family: str, cpu: CpuFeatures) -> dict[str, float]:
 
 def expected_seconds(variant, learned: dict[str, float], average: float) -> float:
     """What building and screening ``variant`` should take: its own time in an earlier run on this CPU, else this run's
-    average so far plus what its passes (``Pass.slow_seconds``) and options are known to add."""
+    average so far plus what its passes (``Pass.slow_seconds``) and its runtime's options (``Runtime.extra_seconds``)
+    are known to add."""
     if variant.name in learned:
         return learned[variant.name]
     slow = sum(get_pass(name).slow_seconds for name, _ in variant.chain)
-    return average + slow + (COMPILE_SECONDS if variant.options.get("compile") else 0.0)
+    return average + slow + get_runtime(variant.runtime).extra_seconds(variant.options)
 
 
 def refinement_groups(units: list, family: str, cpu: CpuFeatures) -> list[tuple[tuple[str | None, str | None], list]]:

@@ -130,6 +130,18 @@ def _joining(names: list[str], by_name: dict[str, Record], leave_out: str | None
     return [n for n in names if n in by_name and n != leave_out and get_runtime(by_name[n].runtime).environment() is None]
 
 
+def interleave_job(names: list[str], by_name: dict[str, Record], reference: str, data: Path, protocol: Protocol, rounds: int,
+                   caps: dict[str, dict[str, str] | None] | None = None) -> InterleaveJob:
+    """``names`` (their records in ``by_name``) alternated in one process against ``reference``, on ``data``."""
+    env: dict[str, str] = {}
+    for n in names:  # torch variants want their allocator settings (the others do not mind them), and the ISA caps
+        env.update(by_name[n].env)
+        env.update((caps or {}).get(n) or {})
+    sessions = [OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
+                for n in names if by_name[n].artifact is not None]
+    return InterleaveJob(sessions=sessions, reference=reference, data=str(data), protocol=protocol, rounds=rounds, env=env)
+
+
 def lost(record: dict) -> bool:
     """A record of a job the cluster lost (its worker or node died): a rerun measures it again, as after a kill here."""
     return record.get("status") == "failed" and str(record.get("error") or "").startswith(LOST)
@@ -690,15 +702,7 @@ class Sweep:
 
     def _interleave_job(self, names: list[str], by_name: dict[str, Record], reference: str, protocol: Protocol, rounds: int,
                         caps: dict[str, dict[str, str] | None] | None = None) -> InterleaveJob:
-        """``names`` alternated in one process against ``reference``, on the evaluation data."""
-        env: dict[str, str] = {}
-        for n in names:  # torch variants want their allocator settings (the others do not mind them), and the ISA caps
-            env.update(by_name[n].env)
-            env.update((caps or {}).get(n) or {})
-        sessions = [OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
-                    for n in names if by_name[n].artifact is not None]
-        return InterleaveJob(sessions=sessions, reference=reference, data=str(self.dir.eval_data), protocol=protocol,
-                             rounds=rounds, env=env)
+        return interleave_job(names, by_name, reference, self.dir.eval_data, protocol, rounds, caps)
 
     def run_alternating(self, names: list[str], records: list[Record], interleaved: Interleaved, kind: str | None) -> Interleaved:
         """Candidates whose runtime lives in an environment of its own cannot join the interleaved process: each is

@@ -107,6 +107,11 @@ class Runtime(ABC):
         (``onnxruntime-openvino`` and ``onnxruntime-gpu`` overwrite the plain ``onnxruntime``); None: this one."""
         return None
 
+    def extra_seconds(self, options: dict) -> float:
+        """Seconds its ``options`` add to a variant's measurement beyond an average one (a compile), before a run on
+        this CPU has timed it: what a time budget plans with."""
+        return 0.0
+
     def isa_cap_env(self, level: Isa) -> dict[str, str] | None:
         """Environment variables that hold this runtime to an instruction-set ``level`` (``avx2`` … ``amx``), or None
         where it cannot be held (it then measures with whatever the CPU has, and verdicts say so)."""
