@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servopt.contracts import Accuracy, ClassificationQuality, Environment, Latency, Record, Throughput
+from servopt.contracts import Accuracy, ClassificationQuality, Environment, Interleaved, Latency, Record, SideBySide, Throughput
 from servopt.families import FAMILIES
 from servopt.machine import CpuFeatures
 from servopt.optimize import pricing, racing
@@ -326,3 +326,71 @@ def test_each_variant_is_charged_its_own_measurement_for_the_next_budget():
     sweep = Charged()
     sweep._measure(units)
     assert sweep.spent["torch-compile"] >= 50.0 and sweep.spent["ort-fp16"] < 1.0
+
+
+# ---------------------------------------------------------------------------------------------------- ties
+def _int8(name: str, tp: float, passes: list[str], refines: str | None = None, p50: float = 3.0) -> Record:
+    from servopt.contracts import ChainStep
+
+    return rec(name, p50, tp, size=2.4, top1=0.945).model_copy(update={
+        "chain": [ChainStep(pass_name=p) for p in ["export-onnx", *passes]], "refines": refines})
+
+
+def _tied_image_int8() -> list[Record]:
+    """The image demo's equally fast INT8 variants (AVX2): throughput within a few %, recipes of differing complexity."""
+    return [_int8("ort-int8-cle-nncf", 430, ["equalize", "nncf-quantize-onnx"], "ort-int8-static-qop-u8s8"),
+            _int8("ort-int8-calibration-search", 425, ["ort-quantize-calibration-search"], "ort-int8-static-qop-u8s8"),
+            _int8("ort-int8-static-qop-u8s8-rr", 420, ["ort-quantize-static"], "ort-int8-static-qop-u8s8"),
+            _int8("ort-int8-static-qop-u8u8-rr", 415, ["ort-quantize-static"])]
+
+
+def test_variants_tied_within_noise_go_to_the_simplest_recipe_and_the_race_agrees():
+    from servopt.optimize.decide import simplicity
+
+    ref = rec("ort-fp32", 6.0, 200)
+    full = [ref, *_tied_image_int8()]
+    assert sorted(full[1:], key=simplicity)[0].name == "ort-int8-static-qop-u8u8-rr"  # no refinement, no search, 2 passes
+    for t in TARGETS:
+        d = decide(t, full, ref, IMAGES)
+        assert d.recommended == "ort-int8-static-qop-u8u8-rr", d.reason
+        assert set(d.tied) == {r.name for r in full[1:]} and "simplest recipe" in d.reason
+        # a race never builds the refinements once a first-round variant meets the quality: same pick
+        raced = [r for r in full if r.refines is None]
+        assert decide(t, raced, ref, IMAGES).recommended == d.recommended
+    # a lead beyond the noise is not a tie
+    fast = _int8("ort-int8-cle-nncf", 700, ["equalize", "nncf-quantize-onnx"], "ort-int8-static-qop-u8s8", p50=1.5)
+    d = decide(TARGETS[0], [ref, fast, *_tied_image_int8()[1:]], ref, IMAGES)
+    assert d.recommended == "ort-int8-cle-nncf" and d.tied == ["ort-int8-cle-nncf"]
+
+
+def _sbs(tp_rounds: list[float], p50: float = 3.0) -> SideBySide:
+    tps = sorted(tp_rounds)
+    return SideBySide(p50_ms=p50, throughput_ips=tps[len(tps) // 2], p50_ms_rounds=[p50] * len(tp_rounds),
+                      throughput_rounds=tp_rounds, p50_ratio_vs_reference=0.5, throughput_ratio_vs_reference=2.0, flagged_rounds=0)
+
+
+@pytest.mark.parametrize(("leader_rounds", "tie"), [
+    ([440, 441, 442, 443, 444, 445], False),  # ahead in every round by about 6 %: faster
+    ([440, 441, 400, 443, 444, 445], True),   # behind in one round: this machine cannot tell them apart
+    ([421, 422, 423, 424, 425, 426], True),   # ahead in every round, by 1 %: too little to prefer a complex recipe
+])
+def test_side_by_side_a_lead_counts_in_every_round_and_by_three_percent(leader_rounds, tie):
+    ref = rec("ort-fp32", 6.0, 200)
+    records = [ref, *_tied_image_int8()]
+    simple = [416, 417, 418, 419, 420, 421]
+    il = Interleaved(reference="ort-fp32", rounds=6, order=[], variants={
+        "ort-fp32": _sbs([200] * 6, 6.0), "ort-int8-cle-nncf": _sbs(leader_rounds), "ort-int8-static-qop-u8u8-rr": _sbs(simple)})
+    d = decide(TARGETS[0], records, ref, IMAGES, il)
+    assert d.recommended == ("ort-int8-static-qop-u8u8-rr" if tie else "ort-int8-cle-nncf"), d.reason
+    if tie:
+        assert "side by side" in d.reason and "rounds" in d.reason
+
+
+def test_the_side_by_side_re_measure_takes_the_simplest_tied_variant_with_the_leader():
+    """interleave_candidates: the leader, then the simplest of those tied with it (the pick if the side-by-side run
+    finds them equal too), even where three others lead it on the sweep's figures."""
+    from servopt.optimize.decide import interleave_candidates
+
+    ref = rec("ort-fp32", 6.0, 200)
+    chosen = interleave_candidates([TARGETS[0]], [ref, *_tied_image_int8()], ref, IMAGES, per_target=3)
+    assert chosen == ["ort-int8-cle-nncf", "ort-int8-static-qop-u8u8-rr", "ort-int8-static-qop-u8s8-rr"]

@@ -311,6 +311,9 @@ class Record(Contract):
     options: dict[str, Any] = Field(default_factory=dict, description="the runtime's options")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of its processes")
     description: str = Field("", description="what the variant is, in words")
+    refines: str | None = Field(None, description="the variant whose lost quality it recovers (a racing sweep builds it only "
+                                                  "when that one misses a quality bound); among variants equally fast, the "
+                                                  "decision prefers the one it refines")
     needs_gpu: bool = Field(False, description="its runtime computes on a GPU")
     status: Literal["ok", "failed", "skipped"] = Field(description="ok; failed (with error, stage build or measure); skipped "
                                                                    "(the reason in error)")

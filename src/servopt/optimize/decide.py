@@ -10,18 +10,28 @@ the decision, so close calls are decided on same-run numbers. In a distributed
 sweep each record says which kind of node it was measured for
 (``Record.measured_for``), and a target is decided only on the records of its
 own kind (``for_target``).
+
+Variants this machine cannot tell apart on a target's objective (``noise``: side by side, a lead in every round of
+at least 3 %; otherwise beyond the intervals and the drift between two measurements) are **tied**, and the pick among
+them is the simplest recipe (``simplicity``): not a recovery of another variant's quality, no slow search, fewer
+passes. A pick that flipped between equally fast INT8 variants on the noise of a shared machine helped no one, and a
+racing sweep, which builds a recovery only when it is needed, lands on the same pick as the full sweep.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from servopt.contracts import Contract, Interleaved, Record
+from servopt.errors import UserError
 from servopt.families.base import Family
 from servopt.machine import CpuFeatures, Device, machine_label, richer
+from servopt.optimize.noise import TIE_GAP, clears, gap, interval, rounds_won, surely_ahead_side_by_side
 from servopt.optimize.targets import Target
+from servopt.passes.base import get_pass
 
 # How summaries written before bounds said their kind and direction read them (their bounds had these names).
 _V2_LOWER = ("throughput_ips", "cosine_mean", "runs_on_target_isa")
@@ -88,6 +98,7 @@ class Decision(Contract):
     shortfall: str | None = None  # the nearest miss's failed bounds, in words
     verdict: Verdict | None = None
     verdicts: list[Verdict] = Field(default_factory=list)
+    tied: list[str] = Field(default_factory=list)  # passing variants as fast as the fastest within noise, the pick among them
     reason: str
     result: Record | None = None  # the recommended (or nearest) variant's record
 
@@ -188,6 +199,49 @@ def _objective_key(target: Target, verdict: Verdict) -> float:
     return f.p50_ms if f.p50_ms is not None else float("inf")
 
 
+def _objective_dim(target: Target) -> str:
+    return "throughput_ips" if target.objective == "throughput" else "p50_ms"
+
+
+def surely_faster(target: Target, a: Verdict, b: Verdict, by_name: dict[str, Record], interleaved: Interleaved | None) -> bool:
+    """Whether ``a`` is faster than ``b`` on the target's objective beyond this machine's noise: side by side when both
+    were re-measured there (every round, by ``TIE_GAP`` or more), else beyond both 95 % intervals and the drift."""
+    dim = _objective_dim(target)
+    if interleaved and a.figures.source == b.figures.source == "interleaved":
+        return surely_ahead_side_by_side(dim, interleaved.variants[a.variant], interleaved.variants[b.variant])
+    ia, ib = interval(by_name[a.variant], dim), interval(by_name[b.variant], dim)
+    return ia is not None and ib is not None and clears(dim, ia, ib)
+
+
+def tied(target: Target, passing: list[Verdict], by_name: dict[str, Record], interleaved: Interleaved | None) -> list[Verdict]:
+    """The passing verdicts no other passing one is surely faster than: the fastest, and those this machine cannot tell
+    from it. (Whatever beats a variant beyond noise in the race's screening is surely faster on the objective too, so a
+    screened-out variant is never among them.)"""
+    return [v for v in passing if not any(surely_faster(target, w, v, by_name, interleaved) for w in passing if w is not v)]
+
+
+def simplicity(rec: Record) -> tuple[bool, float, int, str]:
+    """How simple a variant's recipe is, simplest first: not a recovery of another variant's quality (``refines``), no
+    slow search among its passes (``Pass.slow_seconds``), fewer passes; its name last, so the order is total. It is the
+    order a racing sweep builds in, so both sweeps settle a tie the same way."""
+    slow = 0.0
+    for step in rec.chain:
+        with contextlib.suppress(UserError):  # a pass of an older servopt that is gone counts as not slow
+            slow += get_pass(step.pass_name).slow_seconds
+    return rec.refines is not None, slow, len(rec.chain), rec.name
+
+
+def _why_tied(target: Target, pick: Verdict, fastest: Verdict, interleaved: Interleaved | None) -> str:
+    dim = _objective_dim(target)
+    fp, ff = (pick.figures.p50_ms, fastest.figures.p50_ms) if dim == "p50_ms" else (pick.figures.throughput_ips, fastest.figures.throughput_ips)
+    lead = f"{gap(dim, ff, fp):.1%}" if fp and ff else "?"
+    if interleaved and pick.figures.source == fastest.figures.source == "interleaved":
+        won, n = rounds_won(dim, interleaved.variants[fastest.variant], interleaved.variants[pick.variant])
+        return (f"{fastest.variant} is {lead} ahead side by side, in {won} of {n} rounds: not faster beyond this "
+                f"machine's noise (every round, {TIE_GAP:.0%} or more)")
+    return f"{fastest.variant} is {lead} ahead, within the two measurements' 95 % intervals and the drift between them"
+
+
 def shortfall(verdict: Verdict) -> str:
     return ", ".join(
         f"{b.bound} {b.value:.3g} vs {'≤' if b.upper else '≥'} {b.limit:g} "
@@ -213,18 +267,28 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     passing = sorted((v for v in pool if v.passes), key=lambda v: _objective_key(target, v))
     objective = "highest batch throughput" if target.objective == "throughput" else "lowest p50 latency"
     if passing:
-        best = passing[0]
+        fastest = passing[0]
+        equal = tied(target, passing, by_name, interleaved)
+        best = min(equal, key=lambda v: simplicity(by_name[v.variant]))
+        others = [v.variant for v in equal if v is not best]
         pending = [b.bound for b in best.bounds if b.status == "not measured"]
-        reason = f"{best.variant}: meets every bound here with the {objective}"
-        if len(passing) > 1:
-            reason += f" (next: {passing[1].variant})"
+        if best is fastest:
+            reason = f"{best.variant}: meets every bound here with the {objective}"
+            rest = [v.variant for v in passing if v is not best]
+            if others:
+                reason += f" (as fast within noise: {', '.join(others)}; it is the simplest recipe of them)"
+            elif rest:
+                reason += f" (next: {rest[0]})"
+        else:
+            reason = (f"{best.variant}: meets every bound here, tied on the {objective} ({_why_tied(target, best, fastest, interleaved)}); "
+                      f"the simplest recipe of the {len(equal)} tied ({', '.join(others)})")
         if pending:
             reason += f"; still to measure on {target.hardware}: {', '.join(pending)}"
         elif target.device is Device.CPU:
             reason += f" (figures from {_where(by_name[best.variant])}, not from {target.hardware})"
         reason += "".join(f"; {n}" for n in best.notes)
         return Decision(target=target, status="pass" if not pending else "pass (pending device)", recommended=best.variant,
-                        verdict=best, verdicts=verdicts, reason=reason, result=by_name[best.variant])
+                        verdict=best, verdicts=verdicts, tied=[v.variant for v in equal], reason=reason, result=by_name[best.variant])
     if not verdicts:
         return Decision(target=target, status="no candidate", reason="no variant ran successfully for this target")
     nearest = min(pool, key=lambda v: (v.total_miss, _objective_key(target, v)))
@@ -257,10 +321,17 @@ def interleave_candidates(targets: list[Target], records: list[Record], ref: Rec
     for t in targets:
         if t.device is not Device.CPU:  # only a CPU target's figures are taken here, side by side
             continue
-        verdicts = [judge(t, r, ref, family) for r in for_target(t, records) if eligible(t, r)]
+        mine = [r for r in for_target(t, records) if eligible(t, r)]
+        by_name = {r.name: r for r in mine}
+        verdicts = [judge(t, r, ref, family) for r in mine]
         acc_ok = [v for v in verdicts if all(b.status != "fail" for b in v.bounds if b.kind == "quality")]
         ranked = sorted(acc_ok, key=lambda v: (not v.passes, _objective_key(t, v)))
-        for v in ranked[:per_target]:
-            if v.variant not in chosen:
-                chosen.append(v.variant)
+        # The leader, then the simplest of those tied with it (the pick if the side-by-side run finds them equal too),
+        # then the next fastest.
+        passing = [v for v in ranked if v.passes]
+        equal = sorted(tied(t, passing, by_name, None), key=lambda v: simplicity(by_name[v.variant]))
+        ordered = list(dict.fromkeys(v.variant for v in [*ranked[:1], *equal, *ranked]))
+        for name in ordered[:per_target]:
+            if name not in chosen:
+                chosen.append(name)
     return chosen

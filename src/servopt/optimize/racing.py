@@ -24,14 +24,12 @@ from servopt.families.base import Family
 from servopt.home import default_home
 from servopt.machine import CpuFeatures, Isa, cpu_features, richer
 from servopt.optimize.decide import eligible, judge
+from servopt.optimize.noise import ahead_every_round, clears, interval, point
 from servopt.optimize.targets import Target
 from servopt.passes.base import get_pass
 from servopt.results import append_jsonl, read_jsonl
 from servopt.runtimes.base import get_runtime
 
-# Two measurements of the same variant at two moments of this shared machine differed by up to this factor on top of
-# their confidence intervals (docs/protocol.md): a win smaller than that is not a win.
-DRIFT = 1.10
 DETERMINISTIC = ("quality", "size")  # bounds whose figures do not move between two measurements
 # A side-by-side lead (same process, alternated rounds) that counts: ahead by this much in every round.
 SIDE_MARGIN = 0.05
@@ -158,29 +156,6 @@ def misses_quality(target: Target, rec: Record, ref: Record | None, family: Fami
     return any(b.status == "fail" for b in judge(target, rec, ref, family).bounds if b.kind == "quality")
 
 
-def _interval(rec: Record, what: str) -> tuple[float, float] | None:
-    """(pessimistic, optimistic) ends of a speed figure: p50 in ms (high, low) or batch throughput (low, high), from
-    the 95 % interval of the median the protocol computes, widened by the drift between two moments."""
-    if what == "p50_ms":
-        lat = rec.latency_ms
-        if lat is None:
-            return None
-        lo, hi = (lat.p50_ci95 or [lat.p50, lat.p50])[:2]
-        return hi * DRIFT, lo / DRIFT
-    thr, lat = rec.batch_ips, rec.batch_latency_ms
-    if not thr:
-        return None
-    lo, hi = (lat.p50_ci95 if lat and lat.p50_ci95 and lat.p50 else [lat.p50, lat.p50] if lat else [1.0, 1.0])[:2]
-    p50 = lat.p50 if lat and lat.p50 else 1.0
-    return thr * p50 / hi / DRIFT, thr * p50 / lo * DRIFT  # throughput moves inversely with the batch's latency
-
-
-def _point(rec: Record, what: str) -> tuple[float, float]:
-    """A speed figure as a zero-width interval (pessimistic end, optimistic end)."""
-    x = rec.p50_ms if what == "p50_ms" else rec.batch_ips
-    return float(x or 0.0), float(x or 0.0)
-
-
 def _speed_dims(target: Target) -> list[str]:
     dims = {"p50_ms" if target.objective == "latency" else "throughput_ips"}
     if target.max_p50_ms is not None:
@@ -207,14 +182,12 @@ def beats(target: Target, a: Record, b: Record, ref: Record | None, family: Fami
         return None
     why = []
     for dim in _speed_dims(target):
-        ia, ib = _interval(a, dim), _interval(b, dim)
+        ia, ib = interval(a, dim), interval(b, dim)
         if ia is None or ib is None:
             return None
         if not noise:
-            ia, ib = _point(a, dim), _point(b, dim)
-        a_worst, b_best = ia[0], ib[1]
-        ahead = a_worst < b_best if dim == "p50_ms" else a_worst > b_best
-        if not ahead:
+            ia, ib = point(a, dim), point(b, dim)
+        if not clears(dim, ia, ib):
             return None
         unit = "ms p50" if dim == "p50_ms" else "/s"
         fig = (a.p50_ms, b.p50_ms) if dim == "p50_ms" else (a.batch_ips, b.batch_ips)
@@ -298,20 +271,11 @@ def beaten_side_by_side(targets: list[Target], base: Record, side: dict[str, Sid
              "meets every quality and size bound it would"
              for name, sb in side.items()
              if name in ok and beats(t, ok[name], perfect, ref, family, isa, noise=False)
-             and _ahead_every_round(_speed_dims(t), sb, mine, margin)), None)
+             and ahead_every_round(_speed_dims(t), sb, mine, margin)), None)
         if why is None:
             return None
         reasons.append(why)
     return " | ".join(reasons) or None
-
-
-def _ahead_every_round(dims: list[str], a: SideBySide, b: SideBySide, margin: float) -> bool:
-    """``a`` ahead of ``b`` by ``margin`` on each speed figure in each of at least three side-by-side rounds."""
-    if len(a.p50_ms_rounds) < 3:
-        return False
-    p50 = "p50_ms" not in dims or all(x <= (1 - margin) * y for x, y in zip(a.p50_ms_rounds, b.p50_ms_rounds, strict=True))
-    tp = "throughput_ips" not in dims or all(x >= (1 + margin) * y for x, y in zip(a.throughput_rounds, b.throughput_rounds, strict=True))
-    return p50 and tp
 
 
 def _recovered(base: Record, ref: Record) -> Record:

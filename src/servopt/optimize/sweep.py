@@ -358,7 +358,7 @@ class Sweep:
     def _base_record(self, u: Unit) -> Record:
         v = u.variant
         return Record(key=u.key, name=v.name, group=v.group, runtime=v.runtime, options=v.options, env=v.env,
-                      chain=[ChainStep(pass_name=n, params=p) for n, p in v.chain], description=v.description,
+                      chain=[ChainStep(pass_name=n, params=p) for n, p in v.chain], description=v.description, refines=v.refines,
                       needs_gpu=device_of(v) is Device.GPU, batch_size=self.protocol.batch_size, status="skipped",
                       measured_for=u.kind)
 
@@ -430,7 +430,7 @@ class Sweep:
         base = self._base_record(u)
         if measured.status == "skipped":
             return base.model_copy(update={"status": "skipped", "error": measured.error})
-        keep = {"key", "group", "chain", "description", "needs_gpu", "measured_for"}
+        keep = {"key", "group", "chain", "description", "refines", "needs_gpu", "measured_for"}
         return measured.model_copy(update={**{k: getattr(base, k) for k in keep},
                                            "build_s": round(build_s, 2) if build_s is not None else None,
                                            "stage": "measure" if measured.status != "ok" else None})

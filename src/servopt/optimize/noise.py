@@ -1,0 +1,80 @@
+"""What counts as a difference on this machine: one rule for the race's screening and the decision's ties.
+
+Two figures of a shared 2-core machine differ for reasons that are not the variants: the 95 % interval of a median
+covers one measurement, and two moments of the machine drifted apart by up to ``DRIFT`` on top of it
+(docs/protocol.md). Side by side (same process, alternated rounds) the drift cancels round by round, and a lead counts
+when it holds in every round and is large enough to matter (``TIE_GAP``: the margin within which the issue tracker,
+and a user pricing instances, call two variants equally fast).
+"""
+
+from __future__ import annotations
+
+from servopt.contracts import Record, SideBySide
+
+# Two measurements of the same variant at two moments of this shared machine differed by up to this factor on top of
+# their confidence intervals (docs/protocol.md): a win smaller than that is not a win.
+DRIFT = 1.10
+# Side by side, a lead smaller than this is not worth a more complex recipe (and 6 rounds here cannot resolve it:
+# the same pair measured +2.8 % and -8.3 % in two runs, docs/benchmarks.md).
+TIE_GAP = 0.03
+
+SPEED_DIMS = ("p50_ms", "throughput_ips")
+
+
+def interval(rec: Record, what: str) -> tuple[float, float] | None:
+    """(pessimistic, optimistic) ends of a speed figure: p50 in ms (high, low) or batch throughput (low, high), from
+    the 95 % interval of the median the protocol computes, widened by the drift between two moments."""
+    if what == "p50_ms":
+        lat = rec.latency_ms
+        if lat is None:
+            return None
+        lo, hi = (lat.p50_ci95 or [lat.p50, lat.p50])[:2]
+        return hi * DRIFT, lo / DRIFT
+    thr, lat = rec.batch_ips, rec.batch_latency_ms
+    if not thr:
+        return None
+    lo, hi = (lat.p50_ci95 if lat and lat.p50_ci95 and lat.p50 else [lat.p50, lat.p50] if lat else [1.0, 1.0])[:2]
+    p50 = lat.p50 if lat and lat.p50 else 1.0
+    return thr * p50 / hi / DRIFT, thr * p50 / lo * DRIFT  # throughput moves inversely with the batch's latency
+
+
+def point(rec: Record, what: str) -> tuple[float, float]:
+    """A speed figure as a zero-width interval (pessimistic end, optimistic end)."""
+    x = rec.p50_ms if what == "p50_ms" else rec.batch_ips
+    return float(x or 0.0), float(x or 0.0)
+
+
+def clears(what: str, a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether interval ``a``'s pessimistic end is ahead of ``b``'s optimistic end (lower p50, higher throughput)."""
+    return a[0] < b[1] if what == "p50_ms" else a[0] > b[1]
+
+
+def ahead_every_round(dims: list[str] | tuple[str, ...], a: SideBySide, b: SideBySide, margin: float) -> bool:
+    """``a`` ahead of ``b`` by ``margin`` on each speed figure in each of at least three side-by-side rounds."""
+    if len(a.p50_ms_rounds) < 3 or len(a.p50_ms_rounds) != len(b.p50_ms_rounds):
+        return False
+    p50 = "p50_ms" not in dims or all(x <= (1 - margin) * y for x, y in zip(a.p50_ms_rounds, b.p50_ms_rounds, strict=True))
+    tp = "throughput_ips" not in dims or all(x >= (1 + margin) * y for x, y in zip(a.throughput_rounds, b.throughput_rounds, strict=True))
+    return p50 and tp
+
+
+def rounds_won(what: str, a: SideBySide, b: SideBySide) -> tuple[int, int]:
+    """(rounds ``a`` was ahead of ``b`` on ``what``, rounds both ran)."""
+    xs, ys = (a.p50_ms_rounds, b.p50_ms_rounds) if what == "p50_ms" else (a.throughput_rounds, b.throughput_rounds)
+    n = min(len(xs), len(ys))
+    won = sum(1 for x, y in zip(xs[:n], ys[:n], strict=True) if (x < y if what == "p50_ms" else x > y))
+    return won, n
+
+
+def gap(what: str, a: float, b: float) -> float:
+    """How far ``a`` is ahead of ``b`` as a share of ``b`` (negative: behind)."""
+    return (b - a) / b if what == "p50_ms" else (a - b) / b
+
+
+def surely_ahead_side_by_side(what: str, a: SideBySide, b: SideBySide) -> bool:
+    """Side by side, ``a`` counts as faster than ``b``: ahead in every round (at least three) and by ``TIE_GAP`` or
+    more on the medians."""
+    won, n = rounds_won(what, a, b)
+    fa = a.p50_ms if what == "p50_ms" else a.throughput_ips
+    fb = b.p50_ms if what == "p50_ms" else b.throughput_ips
+    return n >= 3 and won == n and gap(what, fa, fb) >= TIE_GAP
