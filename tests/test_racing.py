@@ -394,3 +394,36 @@ def test_the_side_by_side_re_measure_takes_the_simplest_tied_variant_with_the_le
     ref = rec("ort-fp32", 6.0, 200)
     chosen = interleave_candidates([TARGETS[0]], [ref, *_tied_image_int8()], ref, IMAGES, per_target=3)
     assert chosen == ["ort-int8-cle-nncf", "ort-int8-static-qop-u8u8-rr", "ort-int8-static-qop-u8s8-rr"]
+
+
+def test_where_nothing_passes_the_nearest_miss_within_noise_is_the_simplest_recipe():
+    """The image demo's cpu-server target (p50 ≤ 3 ms, ≥ 1000/s on 2 cores): every INT8 variant misses by the same
+    within noise, and the nearest among them must not be the one that missed by 0.1 % less on that run's figures."""
+    ref = rec("ort-fp32", 6.0, 200)
+    strict = Target(name="cpu", hardware="h", device="cpu", objective="throughput", max_p50_ms=3, min_throughput_ips=1000)
+    records = [ref, *_tied_image_int8()]
+    d = decide(strict, records, ref, IMAGES)
+    assert d.status == "fail" and d.nearest == "ort-int8-static-qop-u8u8-rr", d.reason
+    assert "as near within noise" in d.reason and "ort-int8-cle-nncf misses by the least" in d.reason
+    assert decide(strict, [r for r in records if r.refines is None], ref, IMAGES).nearest == d.nearest  # the race's
+    # a miss beyond noise is nearer
+    fast = _int8("ort-int8-cle-nncf", 800, ["equalize", "nncf-quantize-onnx"], "ort-int8-static-qop-u8s8", p50=1.5)
+    assert decide(strict, [ref, fast, *_tied_image_int8()[1:]], ref, IMAGES).nearest == "ort-int8-cle-nncf"
+
+
+def test_an_edge_target_is_decided_on_the_side_by_side_figures_and_refinements_tie_break_in_catalogue_order():
+    ref = rec("ort-fp32", 6.0, 200)
+    # two refinements as simple as each other (two passes, no search): the catalogue's order (cheapest first) decides,
+    # not the name; the sweep's figures (nncf 30 % ahead at p50) are two moments, the side-by-side rounds are not
+    rr = _int8("ort-int8-static-qop-u8s8-rr", 300, ["ort-quantize-static"], "ort-int8-static-qop-u8s8", p50=4.5)
+    nncf = _int8("ort-int8-nncf", 310, ["nncf-quantize-onnx"], "ort-int8-static-qop-u8s8", p50=3.3)
+    rr, nncf = rr.model_copy(update={"catalogue_index": 20}), nncf.model_copy(update={"catalogue_index": 21})
+    edge = TARGETS[1]
+    from servopt.optimize.decide import interleave_candidates
+
+    assert interleave_candidates([edge], [ref, rr, nncf], ref, IMAGES)[:2] == ["ort-int8-nncf", "ort-int8-static-qop-u8s8-rr"]
+    il = Interleaved(reference="ort-fp32", rounds=3, order=[], variants={
+        "ort-fp32": _sbs([200] * 3, 6.0), "ort-int8-nncf": _sbs([300, 310, 305], 4.3),
+        "ort-int8-static-qop-u8s8-rr": _sbs([301, 309, 300], 4.4)})
+    d = decide(edge, [ref, rr, nncf], ref, IMAGES, il)
+    assert d.recommended == "ort-int8-static-qop-u8s8-rr" and d.verdict.figures.source == "interleaved", d.reason

@@ -314,6 +314,10 @@ class Record(Contract):
     refines: str | None = Field(None, description="the variant whose lost quality it recovers (a racing sweep builds it only "
                                                   "when that one misses a quality bound); among variants equally fast, the "
                                                   "decision prefers the one it refines")
+    catalogue_index: int | None = Field(None, description="its place in its family's catalogue, which lists each variant's "
+                                                          "refinements cheapest first (the order a race builds them in): "
+                                                          "the decision's last word between equally fast, equally simple "
+                                                          "recipes")
     needs_gpu: bool = Field(False, description="its runtime computes on a GPU")
     status: Literal["ok", "failed", "skipped"] = Field(description="ok; failed (with error, stage build or measure); skipped "
                                                                    "(the reason in error)")

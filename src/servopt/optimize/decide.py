@@ -21,6 +21,7 @@ racing sweep, which builds a recovery only when it is needed, lands on the same 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -29,7 +30,7 @@ from servopt.contracts import Contract, Interleaved, Record
 from servopt.errors import UserError
 from servopt.families.base import Family
 from servopt.machine import CpuFeatures, Device, machine_label, richer
-from servopt.optimize.noise import TIE_GAP, clears, gap, interval, rounds_won, surely_ahead_side_by_side
+from servopt.optimize.noise import DRIFT, SELECTION_DRIFT, TIE_GAP, clears, gap, interval, rounds_won, surely_ahead_side_by_side
 from servopt.optimize.targets import Target
 from servopt.passes.base import get_pass
 
@@ -203,43 +204,84 @@ def _objective_dim(target: Target) -> str:
     return "throughput_ips" if target.objective == "throughput" else "p50_ms"
 
 
-def surely_faster(target: Target, a: Verdict, b: Verdict, by_name: dict[str, Record], interleaved: Interleaved | None) -> bool:
-    """Whether ``a`` is faster than ``b`` on the target's objective beyond this machine's noise: side by side when both
-    were re-measured there (every round, by ``TIE_GAP`` or more), else beyond both 95 % intervals and the drift."""
-    dim = _objective_dim(target)
+def speed_dims(target: Target) -> list[str]:
+    """The speed figures a target uses: its objective's, and those it bounds."""
+    dims = {_objective_dim(target)}
+    if target.max_p50_ms is not None:
+        dims.add("p50_ms")
+    if target.min_throughput_ips is not None:
+        dims.add("throughput_ips")
+    return sorted(dims)
+
+
+def surely_ahead(dim: str, a: Verdict, b: Verdict, by_name: dict[str, Record], interleaved: Interleaved | None,
+                 drift: float = DRIFT) -> bool:
+    """Whether ``a`` is ahead of ``b`` on ``dim`` beyond this machine's noise: side by side when both were re-measured
+    there (every round, by ``TIE_GAP`` or more), else beyond both 95 % intervals widened by ``drift``."""
     if interleaved and a.figures.source == b.figures.source == "interleaved":
         return surely_ahead_side_by_side(dim, interleaved.variants[a.variant], interleaved.variants[b.variant])
-    ia, ib = interval(by_name[a.variant], dim), interval(by_name[b.variant], dim)
+    ia, ib = interval(by_name[a.variant], dim, drift), interval(by_name[b.variant], dim, drift)
     return ia is not None and ib is not None and clears(dim, ia, ib)
 
 
-def tied(target: Target, passing: list[Verdict], by_name: dict[str, Record], interleaved: Interleaved | None) -> list[Verdict]:
-    """The passing verdicts no other passing one is surely faster than: the fastest, and those this machine cannot tell
-    from it. (Whatever beats a variant beyond noise in the race's screening is surely faster on the objective too, so a
-    screened-out variant is never among them.)"""
-    return [v for v in passing if not any(surely_faster(target, w, v, by_name, interleaved) for w in passing if w is not v)]
+def tied(target: Target, passing: list[Verdict], by_name: dict[str, Record], interleaved: Interleaved | None,
+         drift: float = DRIFT) -> list[Verdict]:
+    """The passing verdicts no other passing one is surely faster than on the objective: the fastest, and those this
+    machine cannot tell from it. (Whatever beats a variant beyond noise in the race's screening is surely faster on
+    the objective too, so a screened-out variant is never among them.)"""
+    dim = _objective_dim(target)
+    return [v for v in passing if not any(surely_ahead(dim, w, v, by_name, interleaved, drift) for w in passing if w is not v)]
 
 
-def simplicity(rec: Record) -> tuple[bool, float, int, str]:
+def _fixed_misses(v: Verdict) -> dict[str, float]:
+    """The misses of the bounds whose figures do not move between two measurements (quality, size, the ISA)."""
+    return {b.bound: b.miss or 0.0 for b in v.bounds if b.kind != "speed"}
+
+
+def _no_worse_fixed(a: Verdict, b: Verdict) -> bool:
+    mb = _fixed_misses(b)
+    return all(m <= mb.get(k, 0.0) + 1e-12 for k, m in _fixed_misses(a).items())
+
+
+def tied_nearest(target: Target, nearest: Verdict, pool: list[Verdict], by_name: dict[str, Record],
+                 interleaved: Interleaved | None) -> list[Verdict]:
+    """Where nothing passes: the verdicts as near as ``nearest`` within noise — missing no fixed bound (quality, size)
+    by more, ``nearest`` surely ahead on none of the target's speed figures, and beaten beyond noise on every speed
+    figure by no other verdict missing no fixed bound by more (the race's screening rule, so screening cannot change
+    the set)."""
+    dims = speed_dims(target)
+
+    def dominated(v: Verdict) -> bool:
+        return any(w is not v and _no_worse_fixed(w, v) and all(surely_ahead(d, w, v, by_name, interleaved) for d in dims)
+                   for w in pool)
+
+    return [v for v in pool if v is nearest or (
+        _no_worse_fixed(v, nearest) and not any(surely_ahead(d, nearest, v, by_name, interleaved) for d in dims)
+        and not dominated(v))]
+
+
+def simplicity(rec: Record) -> tuple[bool, float, float, int, str]:
     """How simple a variant's recipe is, simplest first: not a recovery of another variant's quality (``refines``), no
-    slow search among its passes (``Pass.slow_seconds``), fewer passes; its name last, so the order is total. It is the
-    order a racing sweep builds in, so both sweeps settle a tie the same way."""
+    slow search among its passes (``Pass.slow_seconds``), then its place in the catalogue (which lists refinements
+    cheapest first: the order a racing sweep builds them in, so both sweeps settle a tie the same way), fewer passes,
+    its name."""
     slow = 0.0
     for step in rec.chain:
         with contextlib.suppress(UserError):  # a pass of an older servopt that is gone counts as not slow
             slow += get_pass(step.pass_name).slow_seconds
-    return rec.refines is not None, slow, len(rec.chain), rec.name
+    index = float(rec.catalogue_index) if rec.catalogue_index is not None else math.inf
+    return rec.refines is not None, slow, index, len(rec.chain), rec.name
 
 
-def _why_tied(target: Target, pick: Verdict, fastest: Verdict, interleaved: Interleaved | None) -> str:
-    dim = _objective_dim(target)
-    fp, ff = (pick.figures.p50_ms, fastest.figures.p50_ms) if dim == "p50_ms" else (pick.figures.throughput_ips, fastest.figures.throughput_ips)
-    lead = f"{gap(dim, ff, fp):.1%}" if fp and ff else "?"
-    if interleaved and pick.figures.source == fastest.figures.source == "interleaved":
-        won, n = rounds_won(dim, interleaved.variants[fastest.variant], interleaved.variants[pick.variant])
-        return (f"{fastest.variant} is {lead} ahead side by side, in {won} of {n} rounds: not faster beyond this "
+def _why_tied(dim: str, pick: Verdict, lead: Verdict, interleaved: Interleaved | None) -> str:
+    fp, fl = (pick.figures.p50_ms, lead.figures.p50_ms) if dim == "p50_ms" else (pick.figures.throughput_ips, lead.figures.throughput_ips)
+    ahead = f"{gap(dim, fl, fp):.1%}" if fp and fl else "?"
+    unit = "p50" if dim == "p50_ms" else "batch throughput"
+    if interleaved and pick.figures.source == lead.figures.source == "interleaved":
+        won, n = rounds_won(dim, interleaved.variants[lead.variant], interleaved.variants[pick.variant])
+        return (f"{lead.variant} is {ahead} ahead on {unit} side by side, in {won} of {n} rounds: not beyond this "
                 f"machine's noise (every round, {TIE_GAP:.0%} or more)")
-    return f"{fastest.variant} is {lead} ahead, within the two measurements' 95 % intervals and the drift between them"
+    return f"{lead.variant} is {ahead} ahead on {unit}, within the two measurements' 95 % intervals and the drift between them"
 
 
 def shortfall(verdict: Verdict) -> str:
@@ -263,7 +305,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     # Decide on one source of figures: when the top candidates were re-measured side by side, pick among them
     # (comparing a sweep figure with an interleaved one would compare two different moments of a noisy machine).
     side_by_side = [v for v in verdicts if v.figures.source == "interleaved"]
-    pool = side_by_side if target.device is Device.CPU and side_by_side else verdicts
+    pool = side_by_side if target.device.computes_on is Device.CPU and side_by_side else verdicts
     passing = sorted((v for v in pool if v.passes), key=lambda v: _objective_key(target, v))
     objective = "highest batch throughput" if target.objective == "throughput" else "lowest p50 latency"
     if passing:
@@ -280,7 +322,8 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
             elif rest:
                 reason += f" (next: {rest[0]})"
         else:
-            reason = (f"{best.variant}: meets every bound here, tied on the {objective} ({_why_tied(target, best, fastest, interleaved)}); "
+            reason = (f"{best.variant}: meets every bound here, tied on the {objective} "
+                      f"({_why_tied(_objective_dim(target), best, fastest, interleaved)}); "
                       f"the simplest recipe of the {len(equal)} tied ({', '.join(others)})")
         if pending:
             reason += f"; still to measure on {target.hardware}: {', '.join(pending)}"
@@ -291,10 +334,17 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
                         verdict=best, verdicts=verdicts, tied=[v.variant for v in equal], reason=reason, result=by_name[best.variant])
     if not verdicts:
         return Decision(target=target, status="no candidate", reason="no variant ran successfully for this target")
-    nearest = min(pool, key=lambda v: (v.total_miss, _objective_key(target, v)))
+    closest = min(pool, key=lambda v: (v.total_miss, _objective_key(target, v)))
+    equal = tied_nearest(target, closest, pool, by_name, interleaved)
+    nearest = min(equal, key=lambda v: simplicity(by_name[v.variant]))
     misses = shortfall(nearest)
+    reason = f"no variant passes; nearest is {nearest.variant}: {misses}"
+    if len(equal) > 1:
+        others = [v.variant for v in equal if v is not nearest]
+        reason += (f" (as near within noise: {', '.join(others)}; it is the simplest recipe of them" +
+                   (f"; {closest.variant} misses by the least on these figures)" if closest is not nearest else ")"))
     return Decision(target=target, status="fail", nearest=nearest.variant, shortfall=misses, verdict=nearest, verdicts=verdicts,
-                    reason=f"no variant passes; nearest is {nearest.variant}: {misses}", result=by_name[nearest.variant])
+                    tied=[v.variant for v in equal], reason=reason, result=by_name[nearest.variant])
 
 
 def pareto_front(records: list[Record], ref: Record | None, family: Family) -> list[str]:
@@ -316,21 +366,27 @@ def pareto_front(records: list[Record], ref: Record | None, family: Family) -> l
 
 def interleave_candidates(targets: list[Target], records: list[Record], ref: Record | None, family: Family,
                           per_target: int = 3) -> list[str]:
-    """The top few variants per CPU target (passing first), to be re-measured side by side."""
+    """Per target computing on a CPU (a server CPU's, and an edge device's whose figures rank its candidates here):
+    the leader on the sweep's figures (passing first, else meeting the quality bounds), then the simplest of those
+    within this machine's drift between two moments of it (``SELECTION_DRIFT``) — the pick if the side-by-side run
+    finds them equal —, then the next fastest; re-measured side by side."""
     chosen: list[str] = []
     for t in targets:
-        if t.device is not Device.CPU:  # only a CPU target's figures are taken here, side by side
+        if t.device.computes_on is not Device.CPU:  # a GPU target's figures are not taken here
             continue
         mine = [r for r in for_target(t, records) if eligible(t, r)]
         by_name = {r.name: r for r in mine}
         verdicts = [judge(t, r, ref, family) for r in mine]
         acc_ok = [v for v in verdicts if all(b.status != "fail" for b in v.bounds if b.kind == "quality")]
         ranked = sorted(acc_ok, key=lambda v: (not v.passes, _objective_key(t, v)))
-        # The leader, then the simplest of those tied with it (the pick if the side-by-side run finds them equal too),
-        # then the next fastest.
-        passing = [v for v in ranked if v.passes]
-        equal = sorted(tied(t, passing, by_name, None), key=lambda v: simplicity(by_name[v.variant]))
-        ordered = list(dict.fromkeys(v.variant for v in [*ranked[:1], *equal, *ranked]))
+        if not ranked:
+            continue
+        lead = ranked[0]
+        peers = [v for v in ranked if v.passes == lead.passes and _no_worse_fixed(v, lead)]
+        near = [v for v in peers if v is lead or not any(
+            surely_ahead(d, lead, v, by_name, None, SELECTION_DRIFT) for d in speed_dims(t))]
+        simplest = sorted(near, key=lambda v: simplicity(by_name[v.variant]))
+        ordered = list(dict.fromkeys(v.variant for v in [lead, *simplest, *ranked]))
         for name in ordered[:per_target]:
             if name not in chosen:
                 chosen.append(name)

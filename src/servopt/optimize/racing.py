@@ -23,7 +23,7 @@ from servopt.contracts import Record, SideBySide
 from servopt.families.base import Family
 from servopt.home import default_home
 from servopt.machine import CpuFeatures, Isa, cpu_features, richer
-from servopt.optimize.decide import eligible, judge
+from servopt.optimize.decide import eligible, judge, speed_dims
 from servopt.optimize.noise import ahead_every_round, clears, interval, point
 from servopt.optimize.targets import Target
 from servopt.passes.base import get_pass
@@ -140,8 +140,8 @@ AXES_SECONDS = 12.0  # a text encoder's batch × length grid and length batching
 def finish_estimate(rounds: int, targets: int, contenders: int | None = None, axes: bool = False,
                     remeasured: int | None = None) -> float:
     """Seconds the end of a sweep takes after the last screening: cold starts of a few contenders, the side-by-side
-    re-measure of up to three candidates per server CPU target (``remeasured`` of the ``targets``; an edge target's
-    figures are not re-measured here) with the baseline (two phases of 1.5 s and a load each), profiles of the picks,
+    re-measure of up to three candidates per target computing on a CPU (``remeasured`` of the ``targets``: a server
+    CPU's and an edge device's; a GPU target's figures are not re-measured here) with the baseline (two phases of 1.5 s and a load each), profiles of the picks,
     the report; with ``axes``, the family's own axes of each target's pick and the baseline. ``contenders``: how many
     variants besides the baseline could be re-measured (a budgeted run that has measured three reserves for three, not
     for the catalogue)."""
@@ -154,15 +154,6 @@ def finish_estimate(rounds: int, targets: int, contenders: int | None = None, ax
 def misses_quality(target: Target, rec: Record, ref: Record | None, family: Family) -> bool:
     """Whether ``rec`` fails one of the target's quality bounds."""
     return any(b.status == "fail" for b in judge(target, rec, ref, family).bounds if b.kind == "quality")
-
-
-def _speed_dims(target: Target) -> list[str]:
-    dims = {"p50_ms" if target.objective == "latency" else "throughput_ips"}
-    if target.max_p50_ms is not None:
-        dims.add("p50_ms")
-    if target.min_throughput_ips is not None:
-        dims.add("throughput_ips")
-    return sorted(dims)
 
 
 def beats(target: Target, a: Record, b: Record, ref: Record | None, family: Family, here_isa: str | None = None,
@@ -181,7 +172,7 @@ def beats(target: Target, a: Record, b: Record, ref: Record | None, family: Fami
     if any(miss_a.get(k, 0.0) > miss_b.get(k, 0.0) for k in miss_a):
         return None
     why = []
-    for dim in _speed_dims(target):
+    for dim in speed_dims(target):
         ia, ib = interval(a, dim), interval(b, dim)
         if ia is None or ib is None:
             return None
@@ -271,7 +262,7 @@ def beaten_side_by_side(targets: list[Target], base: Record, side: dict[str, Sid
              "meets every quality and size bound it would"
              for name, sb in side.items()
              if name in ok and beats(t, ok[name], perfect, ref, family, isa, noise=False)
-             and ahead_every_round(_speed_dims(t), sb, mine, margin)), None)
+             and ahead_every_round(speed_dims(t), sb, mine, margin)), None)
         if why is None:
             return None
         reasons.append(why)

@@ -359,6 +359,7 @@ class Sweep:
         v = u.variant
         return Record(key=u.key, name=v.name, group=v.group, runtime=v.runtime, options=v.options, env=v.env,
                       chain=[ChainStep(pass_name=n, params=p) for n, p in v.chain], description=v.description, refines=v.refines,
+                      catalogue_index=next((i for i, c in enumerate(self.all_variants) if c.name == v.name), None),
                       needs_gpu=device_of(v) is Device.GPU, batch_size=self.protocol.batch_size, status="skipped",
                       measured_for=u.kind)
 
@@ -430,7 +431,7 @@ class Sweep:
         base = self._base_record(u)
         if measured.status == "skipped":
             return base.model_copy(update={"status": "skipped", "error": measured.error})
-        keep = {"key", "group", "chain", "description", "refines", "needs_gpu", "measured_for"}
+        keep = {"key", "group", "chain", "description", "refines", "catalogue_index", "needs_gpu", "measured_for"}
         return measured.model_copy(update={**{k: getattr(base, k) for k in keep},
                                            "build_s": round(build_s, 2) if build_s is not None else None,
                                            "stage": "measure" if measured.status != "ok" else None})
@@ -529,7 +530,7 @@ class Sweep:
         measured = [r for r in self.records.values() if r.status == "ok" and r.phases]
         contenders = sum(r.name not in (self.original.name, self.baseline.name) for r in measured)
         axes = self.racing and bool(self.axes["grid"] or self.axes["length_batching"])
-        remeasured = sum(t.device is Device.CPU for t in here)  # interleave_candidates: server CPU targets only
+        remeasured = sum(t.device.computes_on is Device.CPU for t in here)  # interleave_candidates: CPU and edge targets
         total = 0.0
         for count, u in enumerate(units, 1):
             total += racing.expected_seconds(u.variant, learned, average)
