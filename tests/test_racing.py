@@ -427,3 +427,22 @@ def test_an_edge_target_is_decided_on_the_side_by_side_figures_and_refinements_t
         "ort-int8-static-qop-u8s8-rr": _sbs([301, 309, 300], 4.4)})
     d = decide(edge, [ref, rr, nncf], ref, IMAGES, il)
     assert d.recommended == "ort-int8-static-qop-u8s8-rr" and d.verdict.figures.source == "interleaved", d.reason
+
+
+def test_three_side_by_side_rounds_all_one_way_are_a_lead_only_beyond_the_rounds_noise():
+    """Race 2 of 2026-11-27 (image demo, AVX2): U8S8 with 7-bit weights ahead of U8U8 with 7-bit weights on p50 in
+    each of 3 rounds, by 19 %, 20 % and 2.4 % — which three rounds all one way do by chance one time in eight."""
+    ref = rec("ort-fp32", 6.0, 200)
+    u8s8 = _int8("ort-int8-static-qop-u8s8-rr", 300, ["ort-quantize-static"], "ort-int8-static-qop-u8s8", p50=4.5)
+    u8u8 = _int8("ort-int8-static-qop-u8u8-rr", 300, ["ort-quantize-static"], p50=5.5)
+    edge = TARGETS[1]
+
+    def decided(s8_p50: list[float], u8_p50: list[float]) -> str | None:
+        il = Interleaved(reference="ort-fp32", rounds=3, order=[], variants={
+            "ort-fp32": _sbs([200] * 3, 6.0),
+            "ort-int8-static-qop-u8s8-rr": _sbs([210, 166, 208]).model_copy(update={"p50_ms": sorted(s8_p50)[1], "p50_ms_rounds": s8_p50}),
+            "ort-int8-static-qop-u8u8-rr": _sbs([269, 227, 216]).model_copy(update={"p50_ms": sorted(u8_p50)[1], "p50_ms_rounds": u8_p50})})
+        return decide(edge, [ref, u8s8, u8u8], ref, IMAGES, il).recommended
+
+    assert decided([4.47, 5.12, 5.18], [5.54, 6.42, 5.31]) == "ort-int8-static-qop-u8u8-rr"  # tied: the simpler
+    assert decided([4.47, 5.12, 4.70], [5.54, 6.42, 5.31]) == "ort-int8-static-qop-u8s8-rr"  # ≥ 10 % in each round

@@ -30,7 +30,18 @@ from servopt.contracts import Contract, Interleaved, Record
 from servopt.errors import UserError
 from servopt.families.base import Family
 from servopt.machine import CpuFeatures, Device, machine_label, richer
-from servopt.optimize.noise import DRIFT, SELECTION_DRIFT, TIE_GAP, clears, gap, interval, rounds_won, surely_ahead_side_by_side
+from servopt.optimize.noise import (
+    DRIFT,
+    SELECTION_DRIFT,
+    SIDE_NOISE,
+    SIGN_ROUNDS,
+    TIE_GAP,
+    clears,
+    gap,
+    interval,
+    rounds_won,
+    surely_ahead_side_by_side,
+)
 from servopt.optimize.targets import Target
 from servopt.passes.base import get_pass
 
@@ -280,7 +291,8 @@ def _why_tied(dim: str, pick: Verdict, lead: Verdict, interleaved: Interleaved |
     if interleaved and pick.figures.source == lead.figures.source == "interleaved":
         won, n = rounds_won(dim, interleaved.variants[lead.variant], interleaved.variants[pick.variant])
         return (f"{lead.variant} is {ahead} ahead on {unit} side by side, in {won} of {n} rounds: not beyond this "
-                f"machine's noise (every round, {TIE_GAP:.0%} or more)")
+                f"machine's noise (every round, {TIE_GAP:.0%} or more on the medians; under {SIGN_ROUNDS} rounds, "
+                f"{SIDE_NOISE:.0%} or more in each)")
     return f"{lead.variant} is {ahead} ahead on {unit}, within the two measurements' 95 % intervals and the drift between them"
 
 

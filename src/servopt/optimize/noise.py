@@ -23,6 +23,13 @@ TIE_GAP = 0.03
 # moments this machine drifts far more than DRIFT, and a contender left out of the re-measure cannot be picked.
 SELECTION_DRIFT = 1.6
 
+# Between two variants of the same speed, one side-by-side round's ratio ranged this far (the image demo's INT8
+# variants, 3-round re-measures: 2-20 % on a batch-1 p50 in one run). With fewer than SIGN_ROUNDS rounds, a lead in
+# every round means something only when each round's lead is beyond it: three rounds all one way happen by chance
+# one time in eight.
+SIDE_NOISE = 0.10
+SIGN_ROUNDS = 5  # all rounds one way by chance: 1 in 32
+
 SPEED_DIMS = ("p50_ms", "throughput_ips")
 
 
@@ -78,8 +85,13 @@ def gap(what: str, a: float, b: float) -> float:
 
 def surely_ahead_side_by_side(what: str, a: SideBySide, b: SideBySide) -> bool:
     """Side by side, ``a`` counts as faster than ``b``: ahead in every round (at least three) and by ``TIE_GAP`` or
-    more on the medians."""
+    more on the medians — with fewer than ``SIGN_ROUNDS`` rounds, by ``SIDE_NOISE`` or more in each."""
     won, n = rounds_won(what, a, b)
     fa = a.p50_ms if what == "p50_ms" else a.throughput_ips
     fb = b.p50_ms if what == "p50_ms" else b.throughput_ips
-    return n >= 3 and won == n and gap(what, fa, fb) >= TIE_GAP
+    if n < 3 or won < n or gap(what, fa, fb) < TIE_GAP:
+        return False
+    if n >= SIGN_ROUNDS:
+        return True
+    xs, ys = (a.p50_ms_rounds, b.p50_ms_rounds) if what == "p50_ms" else (a.throughput_rounds, b.throughput_rounds)
+    return all(gap(what, x, y) >= SIDE_NOISE for x, y in zip(xs[:n], ys[:n], strict=True))
