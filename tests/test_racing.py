@@ -446,3 +446,22 @@ def test_three_side_by_side_rounds_all_one_way_are_a_lead_only_beyond_the_rounds
 
     assert decided([4.47, 5.12, 5.18], [5.54, 6.42, 5.31]) == "ort-int8-static-qop-u8u8-rr"  # tied: the simpler
     assert decided([4.47, 5.12, 4.70], [5.54, 6.42, 5.31]) == "ort-int8-static-qop-u8s8-rr"  # ≥ 10 % in each round
+
+
+def test_a_nearest_miss_slower_beyond_noise_on_a_speed_figure_gives_way():
+    """Race 2 of the text benchmark (2026-11-27): the per-channel INT8 encoder missed cpu-server's throughput bound by
+    the least (353 vs 347/s, a tie), but the fused one was 18-25 % ahead on p50 in every side-by-side round."""
+    ref = rec("ort-fp32", 6.0, 200)
+    plain = _int8("ort-int8-dynamic-per-channel", 353, ["ort-quantize-dynamic"], p50=1.9)
+    fused = _int8("ort-transformers-int8-dynamic", 347, ["ort-transformers-optimize", "ort-quantize-dynamic"], p50=1.56)
+    strict = Target(name="cpu", hardware="h", device="cpu", objective="throughput", max_p50_ms=3, min_throughput_ips=1000)
+
+    def side(tp: list[float], p50: list[float]) -> SideBySide:
+        return _sbs(tp).model_copy(update={"p50_ms": sorted(p50)[1], "p50_ms_rounds": p50})
+
+    il = Interleaved(reference="ort-fp32", rounds=3, order=[], variants={
+        "ort-fp32": _sbs([200] * 3, 6.0), "ort-int8-dynamic-per-channel": side([355, 353, 322], [1.89, 1.9, 2.44]),
+        "ort-transformers-int8-dynamic": side([365, 320, 347], [1.47, 1.56, 1.84])})
+    d = decide(strict, [ref, plain, fused], ref, IMAGES, il)
+    assert d.nearest == "ort-transformers-int8-dynamic" and d.tied == ["ort-transformers-int8-dynamic"], d.reason
+    assert "ort-int8-dynamic-per-channel misses by the least" in d.reason and "slower beyond noise" in d.reason

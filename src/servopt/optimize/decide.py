@@ -256,19 +256,23 @@ def _no_worse_fixed(a: Verdict, b: Verdict) -> bool:
 
 def tied_nearest(target: Target, nearest: Verdict, pool: list[Verdict], by_name: dict[str, Record],
                  interleaved: Interleaved | None) -> list[Verdict]:
-    """Where nothing passes: the verdicts as near as ``nearest`` within noise — missing no fixed bound (quality, size)
-    by more, ``nearest`` surely ahead on none of the target's speed figures, and beaten beyond noise on every speed
-    figure by no other verdict missing no fixed bound by more (the race's screening rule, so screening cannot change
-    the set)."""
+    """Where nothing passes: the verdicts as near as ``nearest`` (the least total miss) within noise — missing no
+    fixed bound (quality, size) by more, ``nearest`` surely ahead on none of the target's speed figures —, less those
+    another of them is surely ahead of on some speed figure without being surely behind on any, and those beaten
+    beyond noise on every speed figure by any verdict missing no fixed bound by more (the race's screening rule, so
+    screening cannot change the set)."""
     dims = speed_dims(target)
+
+    def ahead(w: Verdict, v: Verdict) -> bool:
+        return any(surely_ahead(d, w, v, by_name, interleaved) for d in dims)
 
     def dominated(v: Verdict) -> bool:
         return any(w is not v and _no_worse_fixed(w, v) and all(surely_ahead(d, w, v, by_name, interleaved) for d in dims)
                    for w in pool)
 
-    return [v for v in pool if v is nearest or (
-        _no_worse_fixed(v, nearest) and not any(surely_ahead(d, nearest, v, by_name, interleaved) for d in dims)
-        and not dominated(v))]
+    near = [v for v in pool if v is nearest or (_no_worse_fixed(v, nearest) and not ahead(nearest, v) and not dominated(v))]
+    best = [v for v in near if not any(w is not v and ahead(w, v) and not ahead(v, w) for w in near)]
+    return best or [nearest]
 
 
 def simplicity(rec: Record) -> tuple[bool, float, float, int, str]:
@@ -351,10 +355,15 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     nearest = min(equal, key=lambda v: simplicity(by_name[v.variant]))
     misses = shortfall(nearest)
     reason = f"no variant passes; nearest is {nearest.variant}: {misses}"
-    if len(equal) > 1:
-        others = [v.variant for v in equal if v is not nearest]
-        reason += (f" (as near within noise: {', '.join(others)}; it is the simplest recipe of them" +
-                   (f"; {closest.variant} misses by the least on these figures)" if closest is not nearest else ")"))
+    others = [v.variant for v in equal if v is not nearest]
+    if others:
+        reason += f" (as near within noise: {', '.join(others)}; it is the simplest recipe of them"
+    if closest is not nearest:
+        reason += ("; " if others else " (") + f"{closest.variant} misses by the least on these figures"
+        if closest not in equal:
+            reason += ", but is slower beyond noise on a speed figure"
+    if others or closest is not nearest:
+        reason += ")"
     return Decision(target=target, status="fail", nearest=nearest.variant, shortfall=misses, verdict=nearest, verdicts=verdicts,
                     tied=[v.variant for v in equal], reason=reason, result=by_name[nearest.variant])
 
