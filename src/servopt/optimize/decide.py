@@ -295,8 +295,8 @@ def _why_tied(dim: str, pick: Verdict, lead: Verdict, interleaved: Interleaved |
     if interleaved and pick.figures.source == lead.figures.source == "interleaved":
         won, n = rounds_won(dim, interleaved.variants[lead.variant], interleaved.variants[pick.variant])
         return (f"{lead.variant} is {ahead} ahead on {unit} side by side, in {won} of {n} rounds: not beyond this "
-                f"machine's noise (every round, {TIE_GAP:.0%} or more on the medians; under {SIGN_ROUNDS} rounds, "
-                f"{SIDE_NOISE:.0%} or more in each)")
+                f"machine's noise ({SIDE_NOISE:.0%} on the medians; from {SIGN_ROUNDS} rounds, every round and "
+                f"{TIE_GAP:.0%})")
     return f"{lead.variant} is {ahead} ahead on {unit}, within the two measurements' 95 % intervals and the drift between them"
 
 
