@@ -11,8 +11,9 @@ sweep each record says which kind of node it was measured for
 (``Record.measured_for``), and a target is decided only on the records of its
 own kind (``for_target``).
 
-Variants this machine cannot tell apart on a target's objective (``noise``: side by side, a lead in every round of
-at least 3 %; otherwise beyond the intervals and the drift between two measurements) are **tied**, and the pick among
+Variants this machine cannot tell apart on a target's objective (``noise``: side by side, a lead of 10 % on the
+medians in most rounds, or from 5 rounds 3 % in every round; otherwise beyond the intervals and the drift between two
+measurements) are **tied**, and the pick among
 them is the simplest recipe (``simplicity``): not a recovery of another variant's quality, no slow search, fewer
 passes. A pick that flipped between equally fast INT8 variants on the noise of a shared machine helped no one, and a
 racing sweep, which builds a recovery only when it is needed, lands on the same pick as the full sweep.
@@ -110,7 +111,7 @@ class Decision(Contract):
     shortfall: str | None = None  # the nearest miss's failed bounds, in words
     verdict: Verdict | None = None
     verdicts: list[Verdict] = Field(default_factory=list)
-    tied: list[str] = Field(default_factory=list)  # passing variants as fast as the fastest within noise, the pick among them
+    tied: list[str] = Field(default_factory=list)  # as fast as the fastest (or as near as the nearest) within noise; the pick among them
     reason: str
     result: Record | None = None  # the recommended (or nearest) variant's record
 
@@ -228,20 +229,19 @@ def speed_dims(target: Target) -> list[str]:
 def surely_ahead(dim: str, a: Verdict, b: Verdict, by_name: dict[str, Record], interleaved: Interleaved | None,
                  drift: float = DRIFT) -> bool:
     """Whether ``a`` is ahead of ``b`` on ``dim`` beyond this machine's noise: side by side when both were re-measured
-    there (every round, by ``TIE_GAP`` or more), else beyond both 95 % intervals widened by ``drift``."""
+    there (``noise.surely_ahead_side_by_side``), else beyond both 95 % intervals widened by ``drift``."""
     if interleaved and a.figures.source == b.figures.source == "interleaved":
         return surely_ahead_side_by_side(dim, interleaved.variants[a.variant], interleaved.variants[b.variant])
     ia, ib = interval(by_name[a.variant], dim, drift), interval(by_name[b.variant], dim, drift)
     return ia is not None and ib is not None and clears(dim, ia, ib)
 
 
-def tied(target: Target, passing: list[Verdict], by_name: dict[str, Record], interleaved: Interleaved | None,
-         drift: float = DRIFT) -> list[Verdict]:
+def tied(target: Target, passing: list[Verdict], by_name: dict[str, Record], interleaved: Interleaved | None) -> list[Verdict]:
     """The passing verdicts no other passing one is surely faster than on the objective: the fastest, and those this
     machine cannot tell from it. (Whatever beats a variant beyond noise in the race's screening is surely faster on
     the objective too, so a screened-out variant is never among them.)"""
     dim = _objective_dim(target)
-    return [v for v in passing if not any(surely_ahead(dim, w, v, by_name, interleaved, drift) for w in passing if w is not v)]
+    return [v for v in passing if not any(surely_ahead(dim, w, v, by_name, interleaved) for w in passing if w is not v)]
 
 
 def _fixed_misses(v: Verdict) -> dict[str, float]:

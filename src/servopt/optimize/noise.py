@@ -3,8 +3,9 @@
 Two figures of a shared 2-core machine differ for reasons that are not the variants: the 95 % interval of a median
 covers one measurement, and two moments of the machine drifted apart by up to ``DRIFT`` on top of it
 (docs/protocol.md). Side by side (same process, alternated rounds) the drift cancels round by round, and a lead counts
-when it holds in every round and is large enough to matter (``TIE_GAP``: the margin within which the issue tracker,
-and a user pricing instances, call two variants equally fast).
+when most rounds agree and the medians are further apart than one round moves (``SIDE_NOISE``), or, with enough
+rounds, when every round agrees and the lead is large enough to matter (``TIE_GAP``: the margin within which the issue
+tracker, and a user pricing instances, call two variants equally fast).
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ SELECTION_DRIFT = 1.6
 # time in eight): a lead counts when the medians are this far apart, most rounds agreeing.
 SIDE_NOISE = 0.10
 SIGN_ROUNDS = 5  # all rounds one way by chance: 1 in 32
-
-SPEED_DIMS = ("p50_ms", "throughput_ips")
 
 
 def interval(rec: Record, what: str, drift: float = DRIFT) -> tuple[float, float] | None:
