@@ -10,8 +10,10 @@ after another on this machine: the full sweep (`--full`) first, then the races (
 its default `--budget 5m`), and the budgeted run. The one-time
 model preparation (training the demo model, or finding the MiniLM weights) is done before the first timed run.
 A race "agrees" with the full sweep on a target when it picks the same variant, or one no more than 3 % behind the full
-sweep's pick on the target's objective **in a same-run measurement**: the two picks, built by the full sweep, alternated
-in one process (the sweep's interleave protocol, 6 rounds; the median of per-round ratios). The full sweep's own records
+sweep's pick on the target's objective **in a same-run measurement**: the two picks, built by the full sweep, taking
+turns block by block in one process (``bench.duel``, up to 20 s: the median of per-pair ratios, with its interval;
+until 2026-11-27 this was the sweep's interleave protocol, 6 rounds of seconds each, whose rounds moved one encoder's
+p50 by 30 %). The full sweep's own records
 are no judge of a 3 % gap: they mix figures from different moments of this shared machine (a sweep figure of one
 variant, the side-by-side re-measure of another), and two builds of one configuration (ort-int8-calibration-search
 settling on plain MinMax U8S8 with 7-bit weights, and ort-int8-static-qop-u8s8-rr) differed by 20 % there. That gap is
@@ -29,14 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from servopt.bench.jobs import DuelJob, OpenSpec
 from servopt.bench.launcher import launch
 from servopt.machine import cpu_features, cpu_model
+from servopt.optimize.noise import TIE_GAP, duel_lead
 from servopt.optimize.rundir import RunDir, load_run
-from servopt.optimize.sweep import interleave_job, interleave_protocol
 from servopt.settings import parse_duration
 
 TOLERANCE = 0.03
-SIDE_ROUNDS = 6
+DUEL_SECONDS = 20.0
 
 
 def run_demo(out: Path, text: bool, extra: list[str]) -> dict:
@@ -63,21 +66,23 @@ def objective_figure(out: Path, target: str, variant: str | None) -> float | Non
     return f.throughput_ips if decision.target.objective == "throughput" else f.p50_ms
 
 
-def side_by_side(full_out: Path, objective: str, theirs: str, mine: str) -> float | None:
-    """How far ``mine`` is behind ``theirs`` on ``objective`` (0.05: 5 % behind; negative: ahead), the two alternated in
-    one process on the full run's artifacts; None when either cannot be opened."""
+def side_by_side(full_out: Path, objective: str, theirs: str, mine: str) -> tuple[float, list[float]] | None:
+    """How far ``mine`` is behind ``theirs`` on ``objective`` (0.05: 5 % behind; negative: ahead) and the interval of
+    that, the two taking turns block by block in one process on the full run's artifacts; None when either cannot be
+    opened."""
     _, records = load_run(full_out)
     by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
     if theirs not in by_name or mine not in by_name:
         return None
-    job = interleave_job([theirs, mine], by_name, theirs, RunDir(full_out).eval_data, interleave_protocol(), SIDE_ROUNDS)
+    what = "throughput_ips" if objective == "throughput" else "p50_ms"
+    job = DuelJob(sessions=[OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
+                            for n in (mine, theirs)], data=str(RunDir(full_out).eval_data), figures=[what],
+                  seconds=DUEL_SECONDS, tie_gap=TIE_GAP)
     launched = launch(job, full_out / "work" / f"agreement-{mine}-vs-{theirs}")
-    if launched.result is None or mine not in launched.result.variants:
+    if launched.result is None or not launched.result.duels:
         return None
-    v = launched.result.variants[mine]
-    if objective == "throughput":
-        return 1 / v.throughput_ratio_vs_reference - 1
-    return v.p50_ratio_vs_reference - 1
+    duel = launched.result.duels[0]  # a = mine: a time ratio above 1 is mine behind
+    return -duel_lead(duel, mine), sorted(x - 1 for x in duel.time_ratio_interval)
 
 
 def agreement(full: dict, race: dict) -> dict[str, str]:
@@ -95,13 +100,15 @@ def agreement(full: dict, race: dict) -> dict[str, str]:
         theirs_fig = objective_figure(full_out, target, pick)
         mine_fig = objective_figure(full_out, target, mine)
         records_gap = f"{abs(mine_fig - theirs_fig) / theirs_fig:.1%}" if theirs_fig and mine_fig else "n/a"
-        behind = side_by_side(full_out, objectives[target], pick, mine) if pick and mine else None
-        if behind is None:
+        judged = side_by_side(full_out, objectives[target], pick, mine) if pick and mine else None
+        if judged is None:
             out[target] = f"differs ({mine} vs {pick}; not comparable side by side; records {records_gap})"
             continue
+        behind, (lo, hi) = judged
         verdict = "within 3 %" if behind <= TOLERANCE else "differs"
         where = f"{behind:.1%} behind" if behind > 0 else f"{-behind:.1%} ahead"
-        out[target] = f"{verdict} ({mine} vs {pick}: {where} side by side; {records_gap} apart in the full sweep's records)"
+        out[target] = (f"{verdict} ({mine} vs {pick}: {where} block by block, interval {lo:+.1%} to {hi:+.1%}; "
+                       f"{records_gap} apart in the full sweep's records)")
     return out
 
 

@@ -344,6 +344,34 @@ def test_a_refinement_in_doubt_is_settled_side_by_side(quick_run):
 
 
 @pytest.mark.slow
+def test_the_ties_the_rounds_left_are_settled_block_by_block(quick_run):
+    """Two quick rounds tell nothing apart, so the CPU targets' picks are tied with other variants: the sweep took
+    the pick and its rivals to a duel (``bench.duel``) on the targets' speed figures, stored it with the rounds, and
+    decided on it — a rerun of the decision finds nothing left to settle."""
+    from servopt.contracts import Interleaved
+    from servopt.families import FAMILIES
+    from servopt.optimize.decide import decide, unsettled
+    from servopt.optimize.rundir import load_run
+
+    summary, records = load_run(quick_run)
+    il = Interleaved.model_validate_json((quick_run / "interleave.json").read_text())
+    assert il.duels, "no tie was settled"
+    assert {d.what for d in il.duels} == {"p50_ms", "throughput_ips"}
+    assert all(d.pairs >= 1 and d.a in il.variants and d.b in il.variants for d in il.duels)
+    family, ref = FAMILIES.get("image-classification"), next(r for r in records if r.name == summary.reference)
+    targets = [t.target for t in summary.targets]
+    names, figs = unsettled(targets, records, ref, family, il, rivals=2)
+    assert all(il.duel(f, a, b) for f in figs for i, a in enumerate(names) for b in names[i + 1:])
+    for stored in summary.targets:
+        if stored.target.isa in summary.capped:  # decided on the capped re-measure (a CPU richer than AVX2)
+            continue
+        d = decide(stored.target, records, ref, family, il)
+        assert (d.recommended, d.nearest, d.tied) == (stored.recommended, stored.nearest, stored.tied)
+    assert "Ties settled block by block" in (quick_run / "report.md").read_text()
+    assert "Ties settled block by block" in (quick_run / "report.html").read_text()
+
+
+@pytest.mark.slow
 def test_summary_and_report(quick_run):
     summary = json.loads((quick_run / "summary.json").read_text())
     assert [t["target"]["name"] for t in summary["targets"]] == ["cpu-server", "gpu-server", "edge"]

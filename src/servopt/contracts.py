@@ -400,6 +400,30 @@ class SideBySide(Contract):
     method: Literal["interleaved", "alternating"] = "interleaved"
 
 
+class Duel(Contract):
+    """Two variants on one speed figure, taking turns block by block in one process (``bench.duel``): a block is a few
+    tens of milliseconds of calls, so the machine's drift between the two is milliseconds, not the seconds between two
+    rounds of the interleaved re-measure."""
+
+    a: str
+    b: str
+    what: Literal["p50_ms", "throughput_ips"]
+    pairs: int  # blocks of each, taken in turns
+    time_ratio: float  # median over pairs of a's time per call / b's (below 1: a is faster)
+    time_ratio_interval: list[float]  # the median's distribution-free interval (z of the job: wider than 95 % for several looks)
+    verdict: Literal["a", "b", "tie", "undecided"]  # ahead beyond noise by at least the job's gap; within it; can't tell
+
+
+class Duels(Contract):
+    """The result of a ``DuelJob``: every pair of its variants on every figure asked."""
+
+    duels: list[Duel]
+    seconds: float
+    environment: Environment | None = None
+    phases: list[Phase] = Field(default_factory=list)
+    cache_key: str | None = None
+
+
 class Interleaved(Contract):
     reference: str
     rounds: int
@@ -409,6 +433,13 @@ class Interleaved(Contract):
     environment: Environment | None = None
     phases: list[Phase] = Field(default_factory=list)
     cache_key: str | None = None
+    # variants the rounds could not tell apart, settled block by block (``Sweep.settle_ties``); their verdicts replace
+    # the rounds' for the pairs and figures they cover
+    duels: list[Duel] = Field(default_factory=list)
+
+    def duel(self, what: str, a: str, b: str) -> Duel | None:
+        """The duel of ``a`` and ``b`` on ``what``, either way round."""
+        return next((d for d in self.duels if d.what == what and {d.a, d.b} == {a, b}), None)
 
 
 class OpTime(Contract):

@@ -21,6 +21,7 @@ from servopt.contracts import (
     Artifact,
     ColdStart,
     Contract,
+    Duels,
     Gate,
     Interleaved,
     Measured,
@@ -127,6 +128,41 @@ class InterleaveJob(JobBase):
 
     def run(self, started: float) -> Interleaved:
         return run_interleave(self)
+
+    def runtimes(self) -> list[str]:
+        return [s.runtime for s in self.sessions]
+
+
+@register_job
+class DuelJob(JobBase):
+    """Variants the interleaved rounds could not tell apart, taking turns block by block in one process
+    (``bench.duel``): every pair on every figure asked."""
+
+    kind: Literal["duel"] = "duel"
+    result_type: ClassVar[type[Contract]] = Duels
+    timeout_s: ClassVar[float] = 600.0
+    sessions: list[OpenSpec]
+    data: str
+    batch_size: int = 32
+    figures: list[Literal["p50_ms", "throughput_ips"]] = Field(default_factory=lambda: ["p50_ms", "throughput_ips"])
+    seconds: float = 8.0  # per figure, at most
+    tie_gap: float = 0.03  # a lead smaller than this is a tie
+    z: float = 3.29  # the intervals' width: 99.9 % for one look; over a duel's looks a false lead stays under 1 % (tests)
+    min_pairs: int = 8  # at 8, the interval is the range: every pair one way (1 in 128 by chance)
+
+    def run(self, started: float) -> Duels:
+        from servopt.bench.duel import take_turns
+        from servopt.data.dataset import Dataset
+
+        data = Dataset.load(Path(self.data))
+        sessions = {}
+        for spec in self.sessions:
+            sessions[spec.name] = s = spec.open()
+            s.warm_up(data.slice(0, 1))
+        t0 = time.perf_counter()
+        duels, phases = take_turns(sessions, data, self.batch_size, list(self.figures), self.seconds, self.tie_gap, self.z,
+                                   self.min_pairs)
+        return Duels(duels=duels, seconds=time.perf_counter() - t0, environment=_environment(None), phases=phases)
 
     def runtimes(self) -> list[str]:
         return [s.runtime for s in self.sessions]

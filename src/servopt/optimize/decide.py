@@ -12,8 +12,9 @@ sweep each record says which kind of node it was measured for
 own kind (``for_target``).
 
 Variants this machine cannot tell apart on a target's objective (``noise``: side by side, a lead of 10 % on the
-medians in most rounds, or from 5 rounds 3 % in every round; otherwise beyond the intervals and the drift between two
-measurements) are **tied**, and the pick among
+medians in most rounds, or from 5 rounds 3 % in every round, or a duel's verdict where one settled the pair — 3 % and
+beyond its interval, block by block; otherwise beyond the intervals and the drift between two measurements) are
+**tied**, and the pick among
 them is the simplest recipe (``simplicity``): not a recovery of another variant's quality, no slow search, fewer
 passes. A pick that flipped between equally fast INT8 variants on the noise of a shared machine helped no one, and a
 racing sweep, which builds a recovery only when it is needed, lands on the same pick as the full sweep.
@@ -38,6 +39,8 @@ from servopt.optimize.noise import (
     SIGN_ROUNDS,
     TIE_GAP,
     clears,
+    duel_ahead,
+    duel_lead,
     gap,
     interval,
     rounds_won,
@@ -231,6 +234,9 @@ def surely_ahead(dim: str, a: Verdict, b: Verdict, by_name: dict[str, Record], i
     """Whether ``a`` is ahead of ``b`` on ``dim`` beyond this machine's noise: side by side when both were re-measured
     there (``noise.surely_ahead_side_by_side``), else beyond both 95 % intervals widened by ``drift``."""
     if interleaved and a.figures.source == b.figures.source == "interleaved":
+        duel = interleaved.duel(dim, a.variant, b.variant)
+        if duel is not None:  # block by block: a finer instrument than the rounds (``Sweep.settle_ties``)
+            return duel_ahead(duel, a.variant)
         return surely_ahead_side_by_side(dim, interleaved.variants[a.variant], interleaved.variants[b.variant])
     ia, ib = interval(by_name[a.variant], dim, drift), interval(by_name[b.variant], dim, drift)
     return ia is not None and ib is not None and clears(dim, ia, ib)
@@ -292,6 +298,12 @@ def _why_tied(dim: str, pick: Verdict, lead: Verdict, interleaved: Interleaved |
     fp, fl = (pick.figures.p50_ms, lead.figures.p50_ms) if dim == "p50_ms" else (pick.figures.throughput_ips, lead.figures.throughput_ips)
     ahead = f"{gap(dim, fl, fp):.1%}" if fp and fl else "?"
     unit = "p50" if dim == "p50_ms" else "batch throughput"
+    duel = interleaved.duel(dim, lead.variant, pick.variant) if interleaved else None
+    if duel is not None and pick.figures.source == lead.figures.source == "interleaved":
+        lo, hi = sorted(1 / x - 1 if duel.a == lead.variant else x - 1 for x in duel.time_ratio_interval)
+        return (f"{lead.variant} and {pick.variant} took turns block by block ({duel.pairs} pairs): {lead.variant} "
+                f"{duel_lead(duel, lead.variant):.1%} ahead on {unit}, interval {lo:.1%} to {hi:.1%}: "
+                + (f"within this machine's noise and {TIE_GAP:.0%}" if duel.verdict == "tie" else "not beyond this machine's noise"))
     if interleaved and pick.figures.source == lead.figures.source == "interleaved":
         won, n = rounds_won(dim, interleaved.variants[lead.variant], interleaved.variants[pick.variant])
         return (f"{lead.variant} is {ahead} ahead on {unit} side by side, in {won} of {n} rounds: not beyond this "
@@ -412,3 +424,28 @@ def interleave_candidates(targets: list[Target], records: list[Record], ref: Rec
             if name not in chosen:
                 chosen.append(name)
     return chosen
+
+
+def unsettled(targets: list[Target], records: list[Record], ref: Record | None, family: Family, interleaved: Interleaved,
+              rivals: int) -> tuple[list[str], list[str]]:
+    """The ties a duel could settle: per target computing on a CPU whose pick the interleaved rounds left tied, the pick
+    and up to ``rivals`` of the variants tied with it (in the interleaved process, not alternated from one of their
+    own); and the speed figures those targets use. ([], []) when there is none."""
+    names: list[str] = []
+    figures: set[str] = set()
+    for t in targets:
+        if t.device.computes_on is not Device.CPU:
+            continue
+        d = decide(t, records, ref, family, interleaved)
+        pick = d.recommended or d.nearest
+
+        def joined(name: str | None) -> bool:
+            v = interleaved.variants.get(name or "")
+            return v is not None and v.method == "interleaved"
+
+        others = [n for n in d.tied if n != pick and joined(n)]
+        if not joined(pick) or not others:
+            continue
+        names += [n for n in [pick, *others[:rivals]] if n not in names]
+        figures.update(speed_dims(t))
+    return names, [f for f in ("p50_ms", "throughput_ips") if f in figures]

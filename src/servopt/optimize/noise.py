@@ -5,12 +5,13 @@ covers one measurement, and two moments of the machine drifted apart by up to ``
 (docs/protocol.md). Side by side (same process, alternated rounds) the drift cancels round by round, and a lead counts
 when most rounds agree and the medians are further apart than one round moves (``SIDE_NOISE``), or, with enough
 rounds, when every round agrees and the lead is large enough to matter (``TIE_GAP``: the margin within which the issue
-tracker, and a user pricing instances, call two variants equally fast).
+tracker, and a user pricing instances, call two variants equally fast). Rounds are seconds apart; where they leave a
+tie, a duel (``bench.duel``: turns every few tens of milliseconds) settles it, and its verdict counts instead.
 """
 
 from __future__ import annotations
 
-from servopt.contracts import Record, SideBySide
+from servopt.contracts import Duel, Record, SideBySide
 
 # Two measurements of the same variant at two moments of this shared machine differed by up to this factor on top of
 # their confidence intervals (docs/protocol.md): a win smaller than that is not a win.
@@ -93,3 +94,16 @@ def surely_ahead_side_by_side(what: str, a: SideBySide, b: SideBySide) -> bool:
     if n < 3 or won <= n / 2:
         return False
     return lead >= SIDE_NOISE or (n >= SIGN_ROUNDS and won == n and lead >= TIE_GAP)
+
+
+def duel_ahead(duel: Duel, name: str) -> bool:
+    """Whether a duel (``bench.duel``: block by block, the pair's drift cancelled) found ``name`` ahead beyond noise
+    by ``TIE_GAP`` or more; a tie or an undecided duel says neither is."""
+    return duel.verdict == ("a" if duel.a == name else "b")
+
+
+def duel_lead(duel: Duel, name: str) -> float:
+    """How far ``name`` is ahead of the other in a duel, as a share (negative: behind); on a throughput figure too,
+    since a batch's time per call is what the throughput inverts."""
+    ratio = duel.time_ratio if duel.a == name else 1 / duel.time_ratio
+    return 1 / ratio - 1

@@ -264,6 +264,26 @@ def interleave_rows(il: Interleaved | None) -> list[RatioRow]:
 
 
 @dataclass
+class DuelRow:
+    figure: str
+    pair: str
+    pairs: int
+    ratio: str
+    interval: str
+    verdict: str
+
+
+def duel_rows(il: Interleaved | None) -> list[DuelRow]:
+    """The ties the rounds left, settled block by block (``Sweep.settle_ties``): a's time per call over b's."""
+    if il is None:
+        return []
+    said = {"a": "first ahead", "b": "second ahead", "tie": "tie", "undecided": "cannot tell (a tie)"}
+    return [DuelRow(figure="p50" if d.what == "p50_ms" else "batch throughput", pair=f"{d.a} / {d.b}", pairs=d.pairs,
+                    ratio=f"{d.time_ratio:.3f}", interval=f"{d.time_ratio_interval[0]:.3f}–{d.time_ratio_interval[1]:.3f}",
+                    verdict=said[d.verdict]) for d in il.duels]
+
+
+@dataclass
 class CappedTable:
     isa: str
     rounds: int
@@ -427,6 +447,11 @@ Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
 | variant | p50 ms | batch-{{ batch }}/s | p50 vs ORT default | throughput vs ORT default | noisy rounds |
 |---|---|---|---|---|---|
 {% for r in interleaved %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.flagged }} |
+{% endfor %}{% endif %}{% if duels %}
+## Ties settled block by block (the pick and its rivals taking turns every few tens of ms, one process)
+| figure | variants | pairs | time per call, first / second | interval | verdict |
+|---|---|---|---|---|---|
+{% for d in duels %}| {{ d.figure }} | {{ d.pair }} | {{ d.pairs }} | {{ d.ratio }} | {{ d.interval }} | {{ d.verdict }} |
 {% endfor %}{% endif %}{% for c in capped %}
 ## Same-run ratios with the instruction set capped at {{ c.isa }} ({{ c.rounds }} rounds)
 | variant | p50 ms | batch-{{ batch }}/s | p50 vs ORT default | throughput vs ORT default | held to {{ c.isa }} |
@@ -529,6 +554,10 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 <p class="muted">Re-measured side by side in one process, {{ rounds }} interleaved rounds (A B … reference, A B … reference); medians of per-round ratios.</p>
 <table><tr><th>variant</th><th>p50 ms</th><th>batch-{{ batch }}/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>noisy rounds</th></tr>
 {% for r in interleaved %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.flagged }}</td></tr>{% endfor %}</table>{% endif %}
+{% if duels %}<h2>Ties settled block by block</h2>
+<p class="muted">The rounds above are seconds apart; variants they could not tell apart took turns every few tens of milliseconds in one process. A verdict needs the median's interval on one side of 1 and a lead of 3 % or more; otherwise the simplest recipe is picked.</p>
+<table><tr><th>figure</th><th>variants</th><th>pairs</th><th>time per call, first / second</th><th>interval</th><th>verdict</th></tr>
+{% for d in duels %}<tr><td>{{ d.figure }}</td><td class="l">{{ d.pair }}</td><td>{{ d.pairs }}</td><td>{{ d.ratio }}</td><td>{{ d.interval }}</td><td>{{ d.verdict }}</td></tr>{% endfor %}</table>{% endif %}
 {% for c in capped %}<h2>Same-run ratios with the instruction set capped at {{ c.isa }}</h2>
 <p class="muted">The target names a poorer CPU than this one: its candidates re-measured with each runtime held to {{ c.isa }} where it can be (oneDNN's ONEDNN_MAX_CPU_ISA, ATen's ATEN_CPU_CAPABILITY); ONNX Runtime cannot be held and says so.</p>
 <table><tr><th>variant</th><th>p50 ms</th><th>batch-{{ batch }}/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>held to {{ c.isa }}</th></tr>
@@ -646,6 +675,7 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
         "model": Path(config.model).name if config else "?", "run_dir": str(out), "created": summary.created,
         "machine": machine_line(summary), "verdicts": verdict_rows(summary),
         "interleaved": interleave_rows(summary.interleaved), "rounds": summary.interleaved.rounds if summary.interleaved else None,
+        "duels": duel_rows(summary.interleaved),
         "capped": capped_tables(summary), "kinds": kind_sections(summary),
         "rows": rows, "int8": int8_rows(rows, records), "pareto": summary.pareto_front,
         "profiles": profiles, "search": search, "left_out": config.left_out if config else [],

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servopt.bench.alternate import AlternationFailed, alternate, ratios
-from servopt.bench.jobs import ColdStartJob, InterleaveJob, MeasureJob, OpenSpec, ProfileJob
+from servopt.bench.jobs import ColdStartJob, DuelJob, InterleaveJob, MeasureJob, OpenSpec, ProfileJob
 from servopt.bench.launcher import launch
 from servopt.bench.protocol import Protocol
 from servopt.bench.run import measure
@@ -42,8 +42,8 @@ from servopt.errors import UserError
 from servopt.families.base import Family, family_of
 from servopt.machine import CpuFeatures, Device, cpu_features, environment, gpu_present, richer
 from servopt.models.sources import LoadedModel
-from servopt.optimize import pricing, racing
-from servopt.optimize.decide import Decision, decide, interleave_candidates, pareto_front
+from servopt.optimize import noise, pricing, racing
+from servopt.optimize.decide import Decision, decide, interleave_candidates, pareto_front, unsettled
 from servopt.optimize.executor import LOST, Executor, LocalExecutor, Lost
 from servopt.optimize.rundir import KindSummary, LeftOut, RunConfig, RunDir, Summary, load_profile
 from servopt.optimize.targets import Target
@@ -739,6 +739,46 @@ class Sweep:
         return interleaved.model_copy(update={"variants": {**interleaved.variants, **alternated},
                                               "order": [*interleaved.order, *alternated]})
 
+    @property
+    def duel_seconds(self) -> float:
+        return 0.5 if self.settings.quick else racing.DUEL_SECONDS_PER_FIGURE
+
+    def settle_ties(self, targets: list[Target], records: list[Record], reference: Record | None, interleaved: Interleaved,
+                    kind: str | None) -> Interleaved:
+        """Where the interleaved rounds left a CPU or edge target's pick tied with other variants (the rounds are
+        seconds apart, and a round moves a figure by more than the gaps that matter), the pick and up to
+        ``racing.DUEL_RIVALS`` of them take turns block by block in one process (``bench.duel``) on the target's speed
+        figures; the duels' verdicts replace the rounds' for the pairs they cover (``decide.surely_ahead``). Cached in
+        the interleaved file (a rerun that finds every pair settled measures nothing)."""
+        by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
+        for _ in range(2):  # a duel can move a pick; the new pick's ties get theirs
+            names, asked = unsettled(targets, records, reference, self.family, interleaved, racing.DUEL_RIVALS)
+            pairs = [(a, b, f) for f in asked for i, a in enumerate(names) for b in names[i + 1:]]
+            if not pairs or all(interleaved.duel(f, a, b) for a, b, f in pairs):
+                break
+            self.progress.step(f"settling a tie: {', '.join(names)} taking turns block by block")
+            job = DuelJob(sessions=[OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime,
+                                             options=by_name[n].options) for n in names],
+                          data=str(self.dir.eval_data), batch_size=self.interleave_protocol.batch_size, figures=asked,
+                          seconds=self.duel_seconds, tie_gap=noise.TIE_GAP, min_pairs=3 if self.settings.quick else 8)
+            try:
+                launched = self.executor.submit(launch, job, self.dir.work_root / "duel", resources=self.kinds.get(kind),
+                                                what="duel").result()
+            except Lost as e:
+                self.problems.append(f"the tie of {', '.join(names)} was not settled: {e}")
+                break
+            if launched.result is None:
+                self.problems.append(f"the tie of {', '.join(names)} was not settled: {launched.error}")
+                break
+            new = launched.result.duels
+            settled = [*(d for d in interleaved.duels if not any(x.what == d.what and {x.a, x.b} == {d.a, d.b} for x in new)), *new]
+            path = self.dir.interleave(kind)
+            stored = json.loads(path.read_text())
+            stored["duels"] = [d.model_dump() for d in settled]
+            write_json_atomic(path, stored)
+            interleaved = interleaved.model_copy(update={"duels": settled})
+        return interleaved
+
     def run_capped(self, records: list[Record], reference: Record | None, kind: str | None, targets: list[Target]) -> dict[str, Interleaved]:
         """For each CPU target that names a poorer instruction set than the measuring machine's, its candidates
         re-measured with the runtimes held to that instruction set where they can be (oneDNN / ATen caps)."""
@@ -799,6 +839,7 @@ class Sweep:
                 self.problems.append(f"{e.problem} — decided on the sweep's figures")
         if interleaved is not None:
             interleaved = self.run_alternating(names, records, interleaved, kind)
+            interleaved = self.settle_ties(targets, records, reference, interleaved, kind)
         capped = self.run_capped(contenders, reference, kind, targets)
         decisions = {t.name: pricing.priced(decide(t, records, reference, self.family, capped.get(t.isa or "") or interleaved), records,
                                             self.settings.load_ips) for t in targets}

@@ -1,0 +1,145 @@
+"""bench/duel.py: settling a tie block by block — the statistic, its error rates, a real duel, and the decision."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from servopt.bench import duel
+from servopt.bench.jobs import DuelJob
+from servopt.contracts import Duel, Interleaved, SideBySide
+from servopt.families import FAMILIES
+from servopt.optimize.decide import decide, unsettled
+from servopt.optimize.targets import Target
+from test_racing import _int8, _sbs, rec
+
+IMAGES = FAMILIES.get("image-classification")
+Z, GAP, MIN = DuelJob.model_fields["z"].default, 0.03, DuelJob.model_fields["min_pairs"].default
+
+
+@pytest.mark.parametrize(("logs", "said"), [
+    ([math.log(0.8)] * 20, "a"),                      # a 25 % ahead in every pair
+    ([math.log(1.25)] * 20, "b"),
+    ([math.log(0.99), math.log(1.01)] * 10, "tie"),   # within 3 % either way
+    ([math.log(0.985)] * 20, "tie"),                  # surely ahead, but by 1.5 %: not worth a recipe
+    ([math.log(0.8), math.log(1.25)] * 10, "undecided"),
+    ([math.log(0.8)] * (MIN - 1), "undecided"),        # too few pairs to say anything
+])
+def test_the_verdict_of_a_duel(logs, said):
+    assert duel.verdict(logs, GAP, Z, MIN)[0] == said
+
+
+def _simulated(gap: float, sd: float, pairs: int, rng: np.random.Generator) -> str:
+    """One duel as ``run_duel`` takes it (a look every few pairs, stopping when settled), on pairs whose log ratio is
+    normal around a's lead of ``gap``."""
+    logs: list[float] = []
+    for _ in range(pairs):
+        logs.append(-math.log1p(gap) + sd * rng.standard_normal())
+        if duel.settled([logs], GAP, Z, MIN):
+            break
+    return duel.verdict(logs, GAP, Z, MIN)[0]
+
+
+def test_a_duel_of_equals_rarely_names_a_winner_and_a_real_lead_is_found():
+    """The figures of this machine (2026-11-27, AMD EPYC AVX2): a pair's p50 ratio spread about 0.2 (log) between
+    two text encoders; their 20 % gap was found in 15-60 pairs. Looking every few pairs must not turn noise into a
+    winner: with 60 pairs of equals, fewer than 1 % of duels name one (seeded: the same draws every run)."""
+    rng = np.random.default_rng(7)
+    equals = [_simulated(0.0, 0.2, 60, rng) for _ in range(1000)]
+    assert sum(s in ("a", "b") for s in equals) < 10
+    found = [_simulated(0.2, 0.2, 60, rng) for _ in range(500)]
+    assert sum(s == "a" for s in found) >= 475
+    assert all(s != "b" for s in found)
+
+
+@pytest.mark.slow
+def test_a_real_duel_finds_the_faster_model_on_both_figures(tmp_path):
+    """Two ONNX models on the same inputs, one a pooling, one four convolutions before it: in one process, block by
+    block, the duel names the pooling model ahead on p50 and on batch throughput."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from conftest import channel_mean_onnx
+    from servopt.bench.jobs import OpenSpec
+    from servopt.bench.launcher import launch
+    from servopt.contracts import Artifact
+    from servopt.data.dataset import Dataset
+
+    channel_mean_onnx(tmp_path / "fast.onnx", size=32)
+    rng = np.random.default_rng(0)
+    inits, nodes, x = [], [], "input"
+    for i, (cin, cout) in enumerate([(3, 32), (32, 32), (32, 32), (32, 3)]):
+        inits.append(numpy_helper.from_array((rng.standard_normal((cout, cin, 3, 3)) * 0.1).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        x = f"c{i}"
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["pooled"]), helper.make_node("Flatten", ["pooled"], ["logits"])]
+    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "slow.onnx"))
+    x = rng.standard_normal((16, 3, 32, 32)).astype(np.float32)
+    Dataset({"input": x}, x.mean(axis=(2, 3)).argmax(1), ["r", "g", "b"], "t").save(tmp_path / "d.npz")
+
+    def spec(name: str) -> OpenSpec:
+        return OpenSpec(name=name, artifact=Artifact(format="onnx", path=str(tmp_path / f"{name}.onnx")), runtime="onnxruntime",
+                        options={"intra_op_threads": 1})
+
+    job = DuelJob(sessions=[spec("fast"), spec("slow")], data=str(tmp_path / "d.npz"), batch_size=8, seconds=4.0)
+    launched = launch(job, tmp_path / "job")
+    assert launched.result is not None, launched.error
+    got = {d.what: d for d in launched.result.duels}
+    assert set(got) == {"p50_ms", "throughput_ips"}
+    for d in got.values():
+        assert (d.a, d.b) == ("fast", "slow") and d.verdict == "a" and d.pairs >= MIN, d
+        assert d.time_ratio < 0.5 and d.time_ratio_interval[1] < 1
+    assert [p.name for p in launched.result.phases] == ["duel:p50_ms", "duel:throughput_ips"]
+
+
+# ---------------------------------------------------------------------------------------------------- the decision
+STRICT = Target(name="cpu", hardware="h", device="cpu", objective="throughput", max_p50_ms=3, min_throughput_ips=1000)
+
+
+def _race_1() -> tuple[list, Interleaved]:
+    """Race 1 of the text benchmark on 2026-11-27 (AMD EPYC, AVX2): the fused INT8 encoder and the per-channel one, three
+    interleaved rounds — 2.26/1.58/2.43 ms against 3.34/2.21/2.36 ms p50, 268/362/306 against 272/279/299 per second:
+    a tie by the rounds (4.6 % and 9.7 % on the medians), and the simpler per-channel model was named."""
+    ref = rec("ort-fp32", 6.0, 200)
+    plain = _int8("ort-int8-dynamic-per-channel", 279, ["ort-quantize-dynamic"], p50=2.36)
+    fused = _int8("ort-transformers-int8-dynamic", 306, ["ort-transformers-optimize", "ort-quantize-dynamic"], p50=2.26)
+
+    def side(tp: list[float], p50: list[float]) -> SideBySide:
+        return _sbs(tp).model_copy(update={"p50_ms": sorted(p50)[1], "p50_ms_rounds": p50})
+
+    il = Interleaved(reference="ort-fp32", rounds=3, order=[], variants={
+        "ort-fp32": side([195, 196, 126], [3.65, 4.6, 5.37]),
+        "ort-int8-dynamic-per-channel": side([272, 279, 299], [3.34, 2.21, 2.36]),
+        "ort-transformers-int8-dynamic": side([268, 362, 306], [2.26, 1.58, 2.43])})
+    return [ref, plain, fused], il
+
+
+def test_a_duel_settles_what_the_rounds_could_not():
+    records, il = _race_1()
+    ref = records[0]
+    d = decide(STRICT, records, ref, IMAGES, il)
+    assert d.nearest == "ort-int8-dynamic-per-channel" and len(d.tied) == 2, d.reason
+    # what a sweep takes to a duel: the pick and its tied rival, on the target's two speed figures
+    assert unsettled([STRICT], records, ref, IMAGES, il, rivals=2) == (
+        ["ort-int8-dynamic-per-channel", "ort-transformers-int8-dynamic"], ["p50_ms", "throughput_ips"])
+    # the duel of that run's artifacts (redecide.py --settle): fused 18 % ahead on p50, throughput undecided
+    p50 = Duel(a="ort-int8-dynamic-per-channel", b="ort-transformers-int8-dynamic", what="p50_ms", pairs=60, time_ratio=1.178,
+               time_ratio_interval=[1.035, 1.267], verdict="b")
+    tp = Duel(a="ort-int8-dynamic-per-channel", b="ort-transformers-int8-dynamic", what="throughput_ips", pairs=15,
+              time_ratio=1.068, time_ratio_interval=[0.923, 1.345], verdict="undecided")
+    settled = il.model_copy(update={"duels": [p50, tp]})
+    d = decide(STRICT, records, ref, IMAGES, settled)
+    assert d.nearest == "ort-transformers-int8-dynamic" and d.tied == ["ort-transformers-int8-dynamic"], d.reason
+    assert unsettled([STRICT], records, ref, IMAGES, settled, rivals=2) == ([], [])
+    # a duel that finds them equal leaves the tie to the simpler recipe, and the reason says how it was measured
+    even = [p50.model_copy(update={"time_ratio": 1.01, "time_ratio_interval": [0.99, 1.02], "verdict": "tie"}), tp]
+    edge = Target(name="edge", hardware="a76", device="edge", objective="latency", max_p50_ms=15)
+    d = decide(edge, records, ref, IMAGES, il.model_copy(update={"duels": even}))
+    assert d.recommended == "ort-int8-dynamic-per-channel", d.reason
+    assert "block by block (60 pairs)" in d.reason and "within this machine's noise" in d.reason
