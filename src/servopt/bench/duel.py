@@ -3,14 +3,14 @@
 The interleaved re-measure (``jobs.run_interleave``) times each variant for 1.5 s per figure per round, so the two
 figures of a round are seconds apart, and on a shared 2-core machine a round moves a variant's p50 by up to 30 % (the
 text demo's fused INT8 encoder: 2.26, 1.58, 2.43 ms in three rounds). Taking turns every few tens of milliseconds
-cancels that drift pair by pair: the two encoders that three rounds put 4.6 % apart on p50 (a tie) were 20 % apart,
-interval 0.74–0.82, in each of three 8-second duels (AMD EPYC, AVX2; docs/benchmarks.md).
+cancels that drift pair by pair: of the two encoders that three rounds put 4.6 % apart on p50 (a tie), the fused one
+took 0.78–0.85× the other's p50 time in each of six duels, every interval below 1 (AMD EPYC, AVX2; docs/benchmarks.md).
 
 Per figure, every variant runs a block of calls on the same inputs in turn (order reversed each cycle, so neither
 always goes first); a block's figure is its median call time (single-sample p50) or its mean call time (a batch's
 throughput); each cycle gives every pair one ratio. The median ratio's distribution-free interval decides, looked at
-every few cycles, stopping when every pair is decided or the time is up (sequential: the interval is wider than 95 %
-for the repeated looks). No library does paired, sequential block alternation of in-process sessions, so it is here.
+every few cycles, stopping when every pair is decided or the time is up (sequential: the interval is far wider than
+95 % for the repeated looks). No library does paired, sequential block alternation of in-process sessions, so it is here.
 """
 
 from __future__ import annotations
