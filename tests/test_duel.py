@@ -143,3 +143,23 @@ def test_a_duel_settles_what_the_rounds_could_not():
     d = decide(edge, records, ref, IMAGES, il.model_copy(update={"duels": even}))
     assert d.recommended == "ort-int8-dynamic-per-channel", d.reason
     assert "block by block (15 pairs)" in d.reason and "within this machine's noise" in d.reason
+
+
+def test_under_a_time_budget_a_duel_takes_only_what_is_left():
+    """The finish reserves nothing for a duel (a 3-minute image race then measured no INT8 variant): a duel gets what
+    the budget leaves after loading it, the picks' profiles and the report, split between its figures, and none below
+    ``racing.DUEL_MIN_SECONDS`` a figure (the tie then goes to the simplest recipe, and the run says so)."""
+    from types import SimpleNamespace
+
+    from servopt.optimize import racing
+    from servopt.optimize.sweep import Sweep
+
+    def sweep(budget: float | None, elapsed: float) -> SimpleNamespace:
+        return SimpleNamespace(settings=SimpleNamespace(quick=False, budget_seconds=budget), elapsed=lambda: elapsed,
+                               targets=["cpu-server", "gpu-server", "edge"])
+
+    assert Sweep.duel_seconds(sweep(None, 500), 2) == racing.DUEL_SECONDS_PER_FIGURE
+    assert Sweep.duel_seconds(sweep(300, 200), 2) == racing.DUEL_SECONDS_PER_FIGURE
+    left = 300 - 268 - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(3)
+    assert Sweep.duel_seconds(sweep(300, 268), 2) == pytest.approx(left / 2) and left / 2 >= racing.DUEL_MIN_SECONDS
+    assert Sweep.duel_seconds(sweep(300, 285), 2) < racing.DUEL_MIN_SECONDS

@@ -136,24 +136,32 @@ def remember(family: str, cpu: CpuFeatures, records: list[Record], baseline: str
 
 AXES_SECONDS = 12.0  # a text encoder's batch × length grid and length batching, for one pick (MiniLM, 2 AVX2 cores)
 # Settling a tie the interleaved rounds left (``Sweep.settle_ties``): the pick and this many rivals take turns block by
-# block for at most this long per speed figure (the text demo's 20 % p50 gap was settled in 15 pairs, about 1 s; a
-# batch figure within a few % stays undecided and takes the whole time), plus loading them.
+# block for at most this long per speed figure (the text demo's 20 % p50 gap was settled in 10-15 pairs, about 1 s; a
+# batch figure within a few % stays undecided and takes the whole time), plus loading them. Under a time budget the
+# duel takes what is left (the finish reserves nothing for it: a 3-minute image race then measured no INT8 variant),
+# and none under DUEL_MIN_SECONDS a figure.
 DUEL_RIVALS = 2
 DUEL_SECONDS_PER_FIGURE = 8.0
-DUEL_SECONDS = 2 * DUEL_SECONDS_PER_FIGURE + 4.0
+DUEL_LOAD_SECONDS = 4.0
+DUEL_MIN_SECONDS = 2.0
+
+
+def closing_seconds(targets: int) -> float:
+    """The very end of a sweep: the picks' profiles and the report."""
+    return targets * 5.0 + 5.0
 
 
 def finish_estimate(rounds: int, targets: int, contenders: int | None = None, axes: bool = False,
                     remeasured: int | None = None) -> float:
     """Seconds the end of a sweep takes after the last screening: cold starts of a few contenders, the side-by-side
     re-measure of up to three candidates per target computing on a CPU (``remeasured`` of the ``targets``: a server
-    CPU's and an edge device's; a GPU target's figures are not re-measured here) with the baseline (two phases of 1.5 s and a load each), a duel that settles a tie, profiles of the picks,
+    CPU's and an edge device's; a GPU target's figures are not re-measured here) with the baseline (two phases of 1.5 s and a load each), profiles of the picks,
     the report; with ``axes``, the family's own axes of each target's pick and the baseline. ``contenders``: how many
     variants besides the baseline could be re-measured (a budgeted run that has measured three reserves for three, not
     for the catalogue)."""
     per = 3 * max(1, targets if remeasured is None else remeasured)
     candidates = min(6, per, contenders if contenders is not None else 6) + 1
-    return (min(4, candidates) * 4.0 + candidates * rounds * 4.0 + targets * 5.0 + 5.0 + DUEL_SECONDS
+    return (min(4, candidates) * 4.0 + candidates * rounds * 4.0 + closing_seconds(targets)
             + (AXES_SECONDS * (min(targets, candidates) + 1) if axes else 0.0))
 
 

@@ -739,9 +739,15 @@ class Sweep:
         return interleaved.model_copy(update={"variants": {**interleaved.variants, **alternated},
                                               "order": [*interleaved.order, *alternated]})
 
-    @property
-    def duel_seconds(self) -> float:
-        return 0.5 if self.settings.quick else racing.DUEL_SECONDS_PER_FIGURE
+    def duel_seconds(self, figures: int) -> float:
+        """How long a duel may take per figure: ``racing.DUEL_SECONDS_PER_FIGURE``, or what the time budget leaves after
+        loading the duel and the finish (profiles, the report), split between its figures."""
+        most = 0.5 if self.settings.quick else racing.DUEL_SECONDS_PER_FIGURE
+        budget = self.settings.budget_seconds
+        if budget is None:
+            return most
+        left = budget - self.elapsed() - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(len(self.targets))
+        return min(most, left / max(1, figures))
 
     def settle_ties(self, targets: list[Target], records: list[Record], reference: Record | None, interleaved: Interleaved,
                     kind: str | None) -> Interleaved:
@@ -756,11 +762,16 @@ class Sweep:
             pairs = [(a, b, f) for f in asked for i, a in enumerate(names) for b in names[i + 1:]]
             if not pairs or all(interleaved.duel(f, a, b) for a, b, f in pairs):
                 break
+            seconds = self.duel_seconds(len(asked))
+            if seconds < racing.DUEL_MIN_SECONDS:
+                self.problems.append(f"the tie of {', '.join(names)} was not settled block by block: the time budget "
+                                     f"({self.settings.budget}) ran out; the simplest recipe of them is picked")
+                break
             self.progress.step(f"settling a tie: {', '.join(names)} taking turns block by block")
             job = DuelJob(sessions=[OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime,
                                              options=by_name[n].options) for n in names],
                           data=str(self.dir.eval_data), batch_size=self.interleave_protocol.batch_size, figures=asked,
-                          seconds=self.duel_seconds, tie_gap=noise.TIE_GAP, min_pairs=3 if self.settings.quick else 8)
+                          seconds=seconds, tie_gap=noise.TIE_GAP, min_pairs=3 if self.settings.quick else 8)
             try:
                 launched = self.executor.submit(launch, job, self.dir.work_root / "duel", resources=self.kinds.get(kind),
                                                 what="duel").result()
