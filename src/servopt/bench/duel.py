@@ -92,8 +92,9 @@ def take_turns(sessions: dict, data: Dataset, batch_size: int, figures: list[str
             prepared = {n: [s.prepare(data.slice(i, i + 1)) for i in range(min(len(data), 32))] for n, s in sessions.items()}
         else:
             prepared = {n: [s.prepare(data.batch(batch_size, offset=o * batch_size)) for o in range(2)] for n, s in sessions.items()}
-        # warm each on this figure's inputs, and size the block from the typical call
-        per_call = statistics.median(_block(s, prepared[n], 0, 3, "throughput_ips") for n, s in sessions.items())
+        # warm each on this figure's inputs, and size the block from the slowest's call (a cycle: about BLOCK_SECONDS
+        # per variant, however far apart they are)
+        per_call = max(_block(s, prepared[n], 0, 3, "throughput_ips") for n, s in sessions.items())
         calls = max(3 if what == "p50_ms" else 1, round(BLOCK_SECONDS[what] / max(per_call / 1e9, 1e-6)))
         logs: dict[tuple[str, str], list[float]] = {pair: [] for pair in combinations(names, 2)}
         start, wall = time.perf_counter(), time.time()

@@ -427,25 +427,43 @@ def interleave_candidates(targets: list[Target], records: list[Record], ref: Rec
 
 
 def unsettled(targets: list[Target], records: list[Record], ref: Record | None, family: Family, interleaved: Interleaved,
-              rivals: int) -> tuple[list[str], list[str]]:
-    """The ties a duel could settle: per target computing on a CPU whose pick the interleaved rounds left tied, the pick
-    and up to ``rivals`` of the variants tied with it (in the interleaved process, not alternated from one of their
-    own); and the speed figures those targets use. ([], []) when there is none."""
-    names: list[str] = []
+              rivals: int, most: int = 4) -> tuple[list[str], list[str]]:
+    """The close calls a duel should settle: per target computing on a CPU, its pick and up to ``rivals`` variants that
+    could be it — tied with it, or as good on the fixed bounds (passing where it passes; missing no quality or size
+    bound by more where nothing passes) and within ``SELECTION_DRIFT`` of it on a speed figure's medians over the
+    rounds (three rounds seconds apart put two equal INT8 models 20 % apart on p50 in each, 2026-11-27: a lead of the
+    rounds is no more settled than a tie) —, the tied first, then the closest on the objective; each in the
+    interleaved process, not alternated from an environment of its own; ``most`` in all; and the speed figures those
+    targets use. ([], []) when there is none."""
+    picks: list[str] = []
+    others: list[str] = []
     figures: set[str] = set()
+
+    def joined(name: str | None) -> bool:
+        v = interleaved.variants.get(name or "")
+        return v is not None and v.method == "interleaved"
+
+    def apart(dim: str, pick: str, other: str) -> float:
+        """How many times slower ``other`` is than ``pick`` on the rounds' medians (below 1: faster)."""
+        a, b = interleaved.variants[pick], interleaved.variants[other]
+        return b.p50_ms / a.p50_ms if dim == "p50_ms" else a.throughput_ips / b.throughput_ips
+
     for t in targets:
         if t.device.computes_on is not Device.CPU:
             continue
         d = decide(t, records, ref, family, interleaved)
         pick = d.recommended or d.nearest
-
-        def joined(name: str | None) -> bool:
-            v = interleaved.variants.get(name or "")
-            return v is not None and v.method == "interleaved"
-
-        others = [n for n in d.tied if n != pick and joined(n)]
-        if not joined(pick) or not others:
+        if not joined(pick) or d.verdict is None:
             continue
-        names += [n for n in [pick, *others[:rivals]] if n not in names]
-        figures.update(speed_dims(t))
+        dims = speed_dims(t)
+        close = [v.variant for v in d.verdicts if v.variant != pick and joined(v.variant) and (v.variant in d.tied or (
+                 (v.passes if d.recommended else _no_worse_fixed(v, d.verdict))
+                 and any(apart(dim, pick, v.variant) <= SELECTION_DRIFT for dim in dims)))]
+        close.sort(key=lambda n: (n not in d.tied, apart(_objective_dim(t), pick, n)))
+        if not close:
+            continue
+        picks.append(pick)
+        others += close[:rivals]
+        figures.update(dims)
+    names = list(dict.fromkeys([*picks, *others]))[:most]  # every target's pick first; one process takes them all in turn
     return names, [f for f in ("p50_ms", "throughput_ips") if f in figures]

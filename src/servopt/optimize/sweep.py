@@ -739,15 +739,16 @@ class Sweep:
         return interleaved.model_copy(update={"variants": {**interleaved.variants, **alternated},
                                               "order": [*interleaved.order, *alternated]})
 
-    def duel_seconds(self, figures: int) -> float:
+    def duel_seconds(self, figures: int) -> float | None:
         """How long a duel may take per figure: ``racing.DUEL_SECONDS_PER_FIGURE``, or what the time budget leaves after
-        loading the duel and the finish (profiles, the report), split between its figures."""
+        loading the duel and the finish (profiles, the report), split between its figures; None when that is under
+        ``racing.DUEL_MIN_SECONDS``."""
         most = 0.5 if self.settings.quick else racing.DUEL_SECONDS_PER_FIGURE
         budget = self.settings.budget_seconds
         if budget is None:
             return most
-        left = budget - self.elapsed() - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(len(self.targets))
-        return min(most, left / max(1, figures))
+        left = (budget - self.elapsed() - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(len(self.targets))) / max(1, figures)
+        return min(most, left) if left >= min(most, racing.DUEL_MIN_SECONDS) else None
 
     def settle_ties(self, targets: list[Target], records: list[Record], reference: Record | None, interleaved: Interleaved,
                     kind: str | None) -> Interleaved:
@@ -763,7 +764,7 @@ class Sweep:
             if not pairs or all(interleaved.duel(f, a, b) for a, b, f in pairs):
                 break
             seconds = self.duel_seconds(len(asked))
-            if seconds < racing.DUEL_MIN_SECONDS:
+            if seconds is None:
                 self.problems.append(f"the tie of {', '.join(names)} was not settled block by block: the time budget "
                                      f"({self.settings.budget}) ran out; the simplest recipe of them is picked")
                 break
