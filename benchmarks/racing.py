@@ -31,11 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from servopt.bench.jobs import DuelJob, OpenSpec
 from servopt.bench.launcher import launch
 from servopt.machine import cpu_features, cpu_model
-from servopt.optimize.noise import TIE_GAP, duel_lead
+from servopt.optimize.noise import duel_lead
 from servopt.optimize.rundir import RunDir, load_run
+from servopt.optimize.sweep import duel_job
 from servopt.settings import parse_duration
 
 TOLERANCE = 0.03
@@ -75,9 +75,7 @@ def side_by_side(full_out: Path, objective: str, theirs: str, mine: str) -> tupl
     if theirs not in by_name or mine not in by_name:
         return None
     what = "throughput_ips" if objective == "throughput" else "p50_ms"
-    job = DuelJob(sessions=[OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
-                            for n in (mine, theirs)], data=str(RunDir(full_out).eval_data), figures=[what],
-                  seconds=DUEL_SECONDS, tie_gap=TIE_GAP)
+    job = duel_job([mine, theirs], by_name, RunDir(full_out).eval_data, [what], DUEL_SECONDS)
     launched = launch(job, full_out / "work" / f"agreement-{mine}-vs-{theirs}")
     if launched.result is None or not launched.result.duels:
         return None

@@ -19,15 +19,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from servopt.bench.jobs import DuelJob, OpenSpec
 from servopt.bench.launcher import launch
 from servopt.contracts import Interleaved, Record
 from servopt.families import FAMILIES
 from servopt.families.base import Family
 from servopt.optimize.decide import decide, unsettled
-from servopt.optimize.noise import TIE_GAP
 from servopt.optimize.racing import DUEL_RIVALS, DUEL_SECONDS_PER_FIGURE
 from servopt.optimize.rundir import RunDir, load_run
+from servopt.optimize.sweep import duel_job
 
 
 def settle(run: Path, targets: list, records: list[Record], ref: Record, family: Family, interleaved: Interleaved) -> Interleaved:
@@ -35,19 +34,16 @@ def settle(run: Path, targets: list, records: list[Record], ref: Record, family:
     by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
     for _ in range(2):
         names, asked = unsettled(targets, records, ref, family, interleaved, DUEL_RIVALS)
-        pairs = [(a, b, f) for f in asked for i, a in enumerate(names) for b in names[i + 1:]]
-        if not pairs or all(interleaved.duel(f, a, b) for a, b, f in pairs):
+        if interleaved.covers(names, asked):
             break
-        job = DuelJob(sessions=[OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
-                                for n in names], data=str(RunDir(run).eval_data), figures=asked,
-                      seconds=DUEL_SECONDS_PER_FIGURE, tie_gap=TIE_GAP)
+        job = duel_job(names, by_name, RunDir(run).eval_data, asked, DUEL_SECONDS_PER_FIGURE)
         launched = launch(job, run / "work" / "redecide-duel")
         if launched.result is None:
             raise SystemExit(f"{run}: the duel failed: {launched.error}")
         for d in launched.result.duels:
             lo, hi = d.time_ratio_interval
             print(f"  duel {d.what}: {d.a} / {d.b} time {d.time_ratio:.3f} [{lo:.3f}, {hi:.3f}] in {d.pairs} pairs: {d.verdict}")
-        interleaved = interleaved.model_copy(update={"duels": [*interleaved.duels, *launched.result.duels]})
+        interleaved = interleaved.with_duels(launched.result.duels)
     return interleaved
 
 

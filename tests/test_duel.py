@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from servopt.bench import duel
 from servopt.bench.jobs import DuelJob
-from servopt.contracts import Duel, Interleaved, SideBySide
+from servopt.contracts import Duel, Interleaved
 from servopt.families import FAMILIES
 from servopt.optimize.decide import decide, unsettled
 from servopt.optimize.targets import Target
-from test_racing import _int8, _sbs, rec
+from test_racing import _int8, _rounds, rec
 
 IMAGES = FAMILIES.get("image-classification")
 Z, GAP, MIN = DuelJob.model_fields["z"].default, 0.03, DuelJob.model_fields["min_pairs"].default
@@ -110,13 +111,10 @@ def _race_1() -> tuple[list, Interleaved]:
     plain = _int8("ort-int8-dynamic-per-channel", 279, ["ort-quantize-dynamic"], p50=2.36)
     fused = _int8("ort-transformers-int8-dynamic", 306, ["ort-transformers-optimize", "ort-quantize-dynamic"], p50=2.26)
 
-    def side(tp: list[float], p50: list[float]) -> SideBySide:
-        return _sbs(tp).model_copy(update={"p50_ms": sorted(p50)[1], "p50_ms_rounds": p50})
-
     il = Interleaved(reference="ort-fp32", rounds=3, order=[], variants={
-        "ort-fp32": side([195, 196, 126], [3.65, 4.6, 5.37]),
-        "ort-int8-dynamic-per-channel": side([272, 279, 299], [3.34, 2.21, 2.36]),
-        "ort-transformers-int8-dynamic": side([268, 362, 306], [2.26, 1.58, 2.43])})
+        "ort-fp32": _rounds([195, 196, 126], [3.65, 4.6, 5.37]),
+        "ort-int8-dynamic-per-channel": _rounds([272, 279, 299], [3.34, 2.21, 2.36]),
+        "ort-transformers-int8-dynamic": _rounds([268, 362, 306], [2.26, 1.58, 2.43])})
     return [ref, plain, fused], il
 
 
@@ -158,13 +156,10 @@ def test_a_lead_of_the_rounds_within_the_drift_goes_to_a_duel_too():
     u8u8 = _int8("ort-int8-static-qop-u8u8-rr", 283, ["ort-quantize-static"], p50=4.38)
     edge = Target(name="edge", hardware="a76", device="edge", objective="latency", max_size_mb=3, max_p50_ms=15)
 
-    def side(tp: list[float], p50: list[float]) -> SideBySide:
-        return _sbs(tp).model_copy(update={"p50_ms": sorted(p50)[1], "p50_ms_rounds": p50})
-
     il = Interleaved(reference="ort-fp32", rounds=3, order=[], variants={
-        "ort-fp32": side([183, 200, 150], [4.91, 4.89, 6.36]),
-        "ort-int8-static-qop-u8s8-rr": side([297, 288, 296], [3.5, 3.62, 3.36]),
-        "ort-int8-static-qop-u8u8-rr": side([311, 283, 246], [4.12, 4.91, 4.38])})
+        "ort-fp32": _rounds([183, 200, 150], [4.91, 4.89, 6.36]),
+        "ort-int8-static-qop-u8s8-rr": _rounds([297, 288, 296], [3.5, 3.62, 3.36]),
+        "ort-int8-static-qop-u8u8-rr": _rounds([311, 283, 246], [4.12, 4.91, 4.38])})
     records = [ref, u8s8, u8u8]
     assert decide(edge, records, ref, IMAGES, il).recommended == "ort-int8-static-qop-u8s8-rr"  # the rounds' lead
     names, figures = unsettled([edge], records, ref, IMAGES, il, rivals=1)
@@ -174,7 +169,7 @@ def test_a_lead_of_the_rounds_within_the_drift_goes_to_a_duel_too():
     d = decide(edge, records, ref, IMAGES, il.model_copy(update={"duels": [even]}))
     assert d.recommended == "ort-int8-static-qop-u8u8-rr" and set(d.tied) == {u8s8.name, u8u8.name}, d.reason
     # beyond the drift (a variant 2× slower on every figure the target uses) there is nothing to settle
-    slow = il.model_copy(update={"variants": {**il.variants, "ort-int8-static-qop-u8u8-rr": side([140, 141, 142], [7.5, 7.6, 7.7])}})
+    slow = il.model_copy(update={"variants": {**il.variants, "ort-int8-static-qop-u8u8-rr": _rounds([140, 141, 142], [7.5, 7.6, 7.7])}})
     assert unsettled([edge], records, ref, IMAGES, slow, rivals=1) == ([], [])
 
 
@@ -196,3 +191,27 @@ def test_under_a_time_budget_a_duel_takes_only_what_is_left():
     left = 300 - 268 - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(3)
     assert Sweep.duel_seconds(sweep(300, 268), 2) == pytest.approx(left / 2) and left / 2 >= racing.DUEL_MIN_SECONDS
     assert Sweep.duel_seconds(sweep(300, 285), 2) is None
+
+
+def test_a_duel_job_takes_its_variants_environment_and_a_new_duel_replaces_the_old_one():
+    """The duel runs the variants as the interleaved rounds do (a torch variant's allocator settings travel with the
+    process); a later duel of the same pair and figure, either way round, replaces the earlier one, and ``covers``
+    says when every pair has had its duel."""
+    from servopt.contracts import Artifact
+    from servopt.optimize.sweep import duel_job
+
+    by_name = {n: _int8(n, 300, ["ort-quantize-static"]).model_copy(update={
+        "artifact": Artifact(format="onnx", path=f"/m/{n}.onnx"), "env": env}) for n, env in
+        [("x", {"MALLOC_CONF": "background_thread:true"}), ("y", {}), ("z", {})]}
+    job = duel_job(["x", "y"], by_name, Path("/d.npz"), ["p50_ms"], 3.0)
+    assert [s.name for s in job.sessions] == ["x", "y"] and job.env == {"MALLOC_CONF": "background_thread:true"}
+    assert job.figures == ["p50_ms"] and job.seconds == 3.0 and job.tie_gap == GAP
+
+    def d(a: str, b: str, what: str, said: str) -> Duel:
+        return Duel(a=a, b=b, what=what, pairs=10, time_ratio=1.0, time_ratio_interval=[0.9, 1.1], verdict=said)
+
+    il = Interleaved(reference="x", rounds=3, order=[], variants={}).with_duels([d("x", "y", "p50_ms", "undecided"), d("x", "z", "p50_ms", "tie")])
+    again = il.with_duels([d("y", "x", "p50_ms", "a")])
+    assert len(again.duels) == 2 and again.duel("p50_ms", "x", "y").verdict == "a"
+    assert again.covers(["x", "y", "z"], ["p50_ms"]) is False  # y and z never met
+    assert again.covers(["x", "y"], ["p50_ms"]) and not again.covers(["x", "y"], ["p50_ms", "throughput_ips"])

@@ -367,8 +367,8 @@ def test_the_ties_the_rounds_left_are_settled_block_by_block(quick_run):
             continue
         d = decide(stored.target, records, ref, family, il)
         assert (d.recommended, d.nearest, d.tied) == (stored.recommended, stored.nearest, stored.tied)
-    assert "Ties settled block by block" in (quick_run / "report.md").read_text()
-    assert "Ties settled block by block" in (quick_run / "report.html").read_text()
+    assert "Close calls settled block by block" in (quick_run / "report.md").read_text()
+    assert "Close calls settled block by block" in (quick_run / "report.html").read_text()
 
 
 @pytest.mark.slow

@@ -369,6 +369,11 @@ def _sbs(tp_rounds: list[float], p50: float = 3.0) -> SideBySide:
                       throughput_rounds=tp_rounds, p50_ratio_vs_reference=0.5, throughput_ratio_vs_reference=2.0, flagged_rounds=0)
 
 
+def _rounds(tp: list[float], p50: list[float]) -> SideBySide:
+    """Three side-by-side rounds of throughput and p50, their medians."""
+    return _sbs(tp).model_copy(update={"p50_ms": sorted(p50)[1], "p50_ms_rounds": p50})
+
+
 @pytest.mark.parametrize(("leader_rounds", "tie"), [
     ([440, 441, 442, 443, 444, 445], False),  # ahead in every round by about 6 %: faster
     ([440, 441, 400, 443, 444, 445], True),   # behind in one round: this machine cannot tell them apart
@@ -456,12 +461,9 @@ def test_a_nearest_miss_slower_beyond_noise_on_a_speed_figure_gives_way():
     fused = _int8("ort-transformers-int8-dynamic", 347, ["ort-transformers-optimize", "ort-quantize-dynamic"], p50=1.56)
     strict = Target(name="cpu", hardware="h", device="cpu", objective="throughput", max_p50_ms=3, min_throughput_ips=1000)
 
-    def side(tp: list[float], p50: list[float]) -> SideBySide:
-        return _sbs(tp).model_copy(update={"p50_ms": sorted(p50)[1], "p50_ms_rounds": p50})
-
     il = Interleaved(reference="ort-fp32", rounds=3, order=[], variants={
-        "ort-fp32": _sbs([200] * 3, 6.0), "ort-int8-dynamic-per-channel": side([355, 353, 322], [1.89, 1.9, 2.44]),
-        "ort-transformers-int8-dynamic": side([365, 320, 347], [1.47, 1.56, 1.84])})
+        "ort-fp32": _sbs([200] * 3, 6.0), "ort-int8-dynamic-per-channel": _rounds([355, 353, 322], [1.89, 1.9, 2.44]),
+        "ort-transformers-int8-dynamic": _rounds([365, 320, 347], [1.47, 1.56, 1.84])})
     d = decide(strict, [ref, plain, fused], ref, IMAGES, il)
     assert d.nearest == "ort-transformers-int8-dynamic" and d.tied == ["ort-transformers-int8-dynamic"], d.reason
     assert "ort-int8-dynamic-per-channel misses by the least" in d.reason and "slower beyond noise" in d.reason

@@ -421,7 +421,6 @@ class Duels(Contract):
     seconds: float
     environment: Environment | None = None
     phases: list[Phase] = Field(default_factory=list)
-    cache_key: str | None = None
 
 
 class Interleaved(Contract):
@@ -433,13 +432,22 @@ class Interleaved(Contract):
     environment: Environment | None = None
     phases: list[Phase] = Field(default_factory=list)
     cache_key: str | None = None
-    # variants the rounds could not tell apart, settled block by block (``Sweep.settle_ties``); their verdicts replace
-    # the rounds' for the pairs and figures they cover
+    # the close calls the rounds left, settled block by block (``Sweep.settle_ties``); their verdicts replace the
+    # rounds' for the pairs and figures they cover
     duels: list[Duel] = Field(default_factory=list)
 
     def duel(self, what: str, a: str, b: str) -> Duel | None:
         """The duel of ``a`` and ``b`` on ``what``, either way round."""
         return next((d for d in self.duels if d.what == what and {d.a, d.b} == {a, b}), None)
+
+    def covers(self, names: list[str], figures: list[str]) -> bool:
+        """Whether every pair of ``names`` has had its duel on every one of ``figures``."""
+        return all(self.duel(f, a, b) for f in figures for i, a in enumerate(names) for b in names[i + 1:])
+
+    def with_duels(self, new: list[Duel]) -> Interleaved:
+        """These figures with ``new`` duels, which replace any earlier one of the same pair and figure."""
+        kept = [d for d in self.duels if not any(x.what == d.what and {x.a, x.b} == {d.a, d.b} for x in new)]
+        return self.model_copy(update={"duels": [*kept, *new]})
 
 
 class OpTime(Contract):

@@ -46,9 +46,7 @@ def verdict(log_ratios: list[float], tie_gap: float, z: float, min_pairs: int) -
     """(verdict, median, low, high) of the per-pair log(a's time / b's time). ``a`` (or ``b``) when the interval lies
     on its side of 1 and the median lead is ``tie_gap`` or more; ``tie`` when the interval shows a lead smaller than
     that, or lies within ``tie_gap`` either way; else ``undecided`` (more pairs could tell)."""
-    s = sorted(log_ratios)
-    if not s:
-        return "undecided", 0.0, -math.inf, math.inf
+    s = sorted(log_ratios)  # at least one pair: a duel runs one cycle before it looks
     m = statistics.median(s)
     lo, hi = median_interval(s, z)
     if len(s) < min_pairs:
@@ -92,9 +90,11 @@ def take_turns(sessions: dict, data: Dataset, batch_size: int, figures: list[str
             prepared = {n: [s.prepare(data.slice(i, i + 1)) for i in range(min(len(data), 32))] for n, s in sessions.items()}
         else:
             prepared = {n: [s.prepare(data.batch(batch_size, offset=o * batch_size)) for o in range(2)] for n, s in sessions.items()}
-        # warm each on this figure's inputs, and size the block from the slowest's call (a cycle: about BLOCK_SECONDS
-        # per variant, however far apart they are)
-        per_call = max(_block(s, prepared[n], 0, 3, "throughput_ips") for n, s in sessions.items())
+        # warm each on this figure's inputs (the first calls on new shapes are slow), then size the block from the
+        # slowest's call (a cycle: about BLOCK_SECONDS per variant, however far apart they are)
+        for n, s in sessions.items():
+            _block(s, prepared[n], 0, 3, what)
+        per_call = max(_block(s, prepared[n], 0, 5, "p50_ms") for n, s in sessions.items())
         calls = max(3 if what == "p50_ms" else 1, round(BLOCK_SECONDS[what] / max(per_call / 1e9, 1e-6)))
         logs: dict[tuple[str, str], list[float]] = {pair: [] for pair in combinations(names, 2)}
         start, wall = time.perf_counter(), time.time()

@@ -135,8 +135,8 @@ class InterleaveJob(JobBase):
 
 @register_job
 class DuelJob(JobBase):
-    """Variants the interleaved rounds could not tell apart, taking turns block by block in one process
-    (``bench.duel``): every pair on every figure asked."""
+    """A target's pick and its rivals, the close calls the interleaved rounds leave, taking turns block by block in
+    one process (``bench.duel``): every pair on every figure asked."""
 
     kind: Literal["duel"] = "duel"
     result_type: ClassVar[type[Contract]] = Duels

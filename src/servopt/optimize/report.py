@@ -274,7 +274,7 @@ class DuelRow:
 
 
 def duel_rows(il: Interleaved | None) -> list[DuelRow]:
-    """The ties the rounds left, settled block by block (``Sweep.settle_ties``): a's time per call over b's."""
+    """The close calls the rounds left, settled block by block (``Sweep.settle_ties``): a's time per call over b's."""
     if il is None:
         return []
     said = {"a": "first ahead", "b": "second ahead", "tie": "tie", "undecided": "cannot tell (a tie)"}
@@ -448,7 +448,7 @@ Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
 |---|---|---|---|---|---|
 {% for r in interleaved %}| {{ r.name }} | {{ r.p50 }} | {{ r.tp }} | {{ r.p50_ratio }} | {{ r.tp_ratio }} | {{ r.flagged }} |
 {% endfor %}{% endif %}{% if duels %}
-## Ties settled block by block (the pick and its rivals taking turns every few tens of ms, one process)
+## Close calls settled block by block (the pick and its rivals taking turns every few tens of ms, one process)
 | figure | variants | pairs | time per call, first / second | interval | verdict |
 |---|---|---|---|---|---|
 {% for d in duels %}| {{ d.figure }} | {{ d.pair }} | {{ d.pairs }} | {{ d.ratio }} | {{ d.interval }} | {{ d.verdict }} |
@@ -554,8 +554,8 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 <p class="muted">Re-measured side by side in one process, {{ rounds }} interleaved rounds (A B … reference, A B … reference); medians of per-round ratios.</p>
 <table><tr><th>variant</th><th>p50 ms</th><th>batch-{{ batch }}/s</th><th>p50 vs ORT default</th><th>throughput vs ORT default</th><th>noisy rounds</th></tr>
 {% for r in interleaved %}<tr><td>{{ r.name }}</td><td>{{ r.p50 }}</td><td>{{ r.tp }}</td><td>{{ r.p50_ratio }}</td><td>{{ r.tp_ratio }}</td><td>{{ r.flagged }}</td></tr>{% endfor %}</table>{% endif %}
-{% if duels %}<h2>Ties settled block by block</h2>
-<p class="muted">The rounds above are seconds apart; variants they could not tell apart took turns every few tens of milliseconds in one process. A verdict needs the median's interval on one side of 1 and a lead of 3 % or more; otherwise the simplest recipe is picked.</p>
+{% if duels %}<h2>Close calls settled block by block</h2>
+<p class="muted">The rounds above are seconds apart; each pick and the rivals within their noise or drift took turns every few tens of milliseconds in one process. A verdict needs the median's interval on one side of 1 and a lead of 3 % or more; otherwise the simplest recipe is picked.</p>
 <table><tr><th>figure</th><th>variants</th><th>pairs</th><th>time per call, first / second</th><th>interval</th><th>verdict</th></tr>
 {% for d in duels %}<tr><td>{{ d.figure }}</td><td class="l">{{ d.pair }}</td><td>{{ d.pairs }}</td><td>{{ d.ratio }}</td><td>{{ d.interval }}</td><td>{{ d.verdict }}</td></tr>{% endfor %}</table>{% endif %}
 {% for c in capped %}<h2>Same-run ratios with the instruction set capped at {{ c.isa }}</h2>

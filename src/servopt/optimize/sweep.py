@@ -130,16 +130,39 @@ def _joining(names: list[str], by_name: dict[str, Record], leave_out: str | None
     return [n for n in names if n in by_name and n != leave_out and get_runtime(by_name[n].runtime).environment() is None]
 
 
-def interleave_job(names: list[str], by_name: dict[str, Record], reference: str, data: Path, protocol: Protocol, rounds: int,
-                   caps: dict[str, dict[str, str] | None] | None = None) -> InterleaveJob:
-    """``names`` (their records in ``by_name``) alternated in one process against ``reference``, on ``data``."""
+def _one_process(names: list[str], by_name: dict[str, Record], caps: dict[str, dict[str, str] | None] | None = None
+                 ) -> tuple[list[OpenSpec], dict[str, str]]:
+    """The sessions of ``names`` (their records in ``by_name``) for one process, and that process's environment."""
     env: dict[str, str] = {}
     for n in names:  # torch variants want their allocator settings (the others do not mind them), and the ISA caps
         env.update(by_name[n].env)
         env.update((caps or {}).get(n) or {})
     sessions = [OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
                 for n in names if by_name[n].artifact is not None]
+    return sessions, env
+
+
+def interleave_job(names: list[str], by_name: dict[str, Record], reference: str, data: Path, protocol: Protocol, rounds: int,
+                   caps: dict[str, dict[str, str] | None] | None = None) -> InterleaveJob:
+    """``names`` (their records in ``by_name``) alternated in one process against ``reference``, on ``data``."""
+    sessions, env = _one_process(names, by_name, caps)
     return InterleaveJob(sessions=sessions, reference=reference, data=str(data), protocol=protocol, rounds=rounds, env=env)
+
+
+def duel_job(names: list[str], by_name: dict[str, Record], data: Path, figures: list[str], seconds: float,
+             batch_size: int = 32, min_pairs: int = 8) -> DuelJob:
+    """``names`` taking turns block by block in one process on ``figures`` (``bench.duel``), a lead counting from
+    ``noise.TIE_GAP``."""
+    sessions, env = _one_process(names, by_name)
+    return DuelJob(sessions=sessions, data=str(data), batch_size=batch_size, figures=figures, seconds=seconds,
+                   tie_gap=noise.TIE_GAP, min_pairs=min_pairs, env=env)
+
+
+def _stored_interleaved(path: Path) -> Interleaved | None:
+    """An interleaved re-measure stored by this run (or an older servopt's, whose files also held its protocol)."""
+    if not path.exists():
+        return None
+    return Interleaved.model_validate({k: v for k, v in json.loads(path.read_text()).items() if k != "protocol"})
 
 
 def lost(record: dict) -> bool:
@@ -657,19 +680,24 @@ class Sweep:
             job = MeasureJob(session=OpenSpec(name=name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
                              data=str(self.dir.eval_data), family=self.model.spec.family_name, protocol=proto, env=rec.env)
             self.progress.step(f"measuring {name}'s batch × length grid{self._for(kind)}")
-            try:
-                launched = self.executor.submit(launch, job, self.dir.work(name, kind) / "axes", resources=self.kinds.get(kind),
-                                                what=f"axes {name}").result()
-            except Lost as e:
-                self.problems.append(f"the grid of {name} was not measured: {e}")
+            m = self._result_or_problem(job, self.dir.work(name, kind) / "axes", kind, f"axes {name}",
+                                        f"the grid of {name} was not measured")
+            if m is None:
                 continue
-            if launched.result is None:
-                self.problems.append(f"the grid of {name} was not measured: {launched.error}")
-                continue
-            m = launched.result
             self._update(u, rec.model_copy(update={"grid": m.grid, "length_batching": m.length_batching,
                                                    "phases": [*rec.phases, *m.phases]}),
                          fields=("grid", "length_batching", "phases"))
+
+    def _result_or_problem(self, job, folder: Path, kind: str | None, what: str, problem: str):
+        """A job's result, or None with ``problem`` and why noted for the report (the run goes on without it)."""
+        try:
+            launched = self.executor.submit(launch, job, folder, resources=self.kinds.get(kind), what=what).result()
+        except Lost as e:
+            self.problems.append(f"{problem}: {e}")
+            return None
+        if launched.result is None:
+            self.problems.append(f"{problem}: {launched.error}")
+        return launched.result
 
     # ------------------------------------------------------------------------------------------------ re-measures
     def run_interleave(self, names: list[str], records: list[Record], isa: str | None = None, kind: str | None = None) -> Interleaved | None:
@@ -685,10 +713,9 @@ class Sweep:
         cache_key = json.dumps([sorted(str(by_name[n].key) for n in names), self.interleave_rounds,
                                 self.interleave_protocol.model_dump(), isa])
         path, label = self.dir.interleave(kind, isa), self.dir.interleave_label(kind, isa)
-        if path.exists():
-            previous = Interleaved.model_validate({k: v for k, v in json.loads(path.read_text()).items() if k != "protocol"})
-            if previous.cache_key == cache_key:
-                return previous
+        previous = _stored_interleaved(path)
+        if previous is not None and previous.cache_key == cache_key:
+            return previous
         job = self._interleave_job(names, by_name, baseline, self.interleave_protocol, self.interleave_rounds, caps)
         try:
             launched = self.executor.submit(launch, job, self.dir.work_root / label, resources=self.kinds.get(kind), what=label).result()
@@ -752,43 +779,33 @@ class Sweep:
 
     def settle_ties(self, targets: list[Target], records: list[Record], reference: Record | None, interleaved: Interleaved,
                     kind: str | None) -> Interleaved:
-        """Where the interleaved rounds left a CPU or edge target's pick tied with other variants (the rounds are
-        seconds apart, and a round moves a figure by more than the gaps that matter), the pick and up to
-        ``racing.DUEL_RIVALS`` of them take turns block by block in one process (``bench.duel``) on the target's speed
-        figures; the duels' verdicts replace the rounds' for the pairs they cover (``decide.surely_ahead``). Cached in
-        the interleaved file (a rerun that finds every pair settled measures nothing)."""
+        """The close calls the interleaved rounds leave (the rounds are seconds apart, and a round moves a figure by
+        more than the gaps that matter): each CPU or edge target's pick and up to ``racing.DUEL_RIVALS`` rivals
+        (``decide.unsettled``: tied with it, or within the drift) take turns block by block in one process
+        (``bench.duel``) on the target's speed figures; the duels' verdicts replace the rounds' for the pairs they
+        cover (``decide.surely_ahead``). Stored with the rounds (a rerun that finds every pair settled measures
+        nothing); under a time budget, only in the time it leaves."""
         by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
-        for _ in range(2):  # a duel can move a pick; the new pick's ties get theirs
+        for _ in range(2):  # a duel can move a pick; the new pick's close calls get theirs
             names, asked = unsettled(targets, records, reference, self.family, interleaved, racing.DUEL_RIVALS)
-            pairs = [(a, b, f) for f in asked for i, a in enumerate(names) for b in names[i + 1:]]
-            if not pairs or all(interleaved.duel(f, a, b) for a, b, f in pairs):
+            if interleaved.covers(names, asked):
                 break
             seconds = self.duel_seconds(len(asked))
             if seconds is None:
-                self.problems.append(f"the tie of {', '.join(names)} was not settled block by block: the time budget "
+                self.problems.append(f"the close call of {', '.join(names)} was not settled block by block: the time budget "
                                      f"({self.settings.budget}) ran out; the simplest recipe of them is picked")
                 break
-            self.progress.step(f"settling a tie: {', '.join(names)} taking turns block by block")
-            job = DuelJob(sessions=[OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime,
-                                             options=by_name[n].options) for n in names],
-                          data=str(self.dir.eval_data), batch_size=self.interleave_protocol.batch_size, figures=asked,
-                          seconds=seconds, tie_gap=noise.TIE_GAP, min_pairs=3 if self.settings.quick else 8)
-            try:
-                launched = self.executor.submit(launch, job, self.dir.work_root / "duel", resources=self.kinds.get(kind),
-                                                what="duel").result()
-            except Lost as e:
-                self.problems.append(f"the tie of {', '.join(names)} was not settled: {e}")
+            self.progress.step(f"settling a close call: {', '.join(names)} taking turns block by block")
+            job = duel_job(names, by_name, self.dir.eval_data, asked, seconds, self.interleave_protocol.batch_size,
+                           min_pairs=3 if self.settings.quick else 8)
+            result = self._result_or_problem(job, self.dir.work_root / "duel", kind, "duel",
+                                             f"the close call of {', '.join(names)} was not settled")
+            if result is None:
                 break
-            if launched.result is None:
-                self.problems.append(f"the tie of {', '.join(names)} was not settled: {launched.error}")
-                break
-            new = launched.result.duels
-            settled = [*(d for d in interleaved.duels if not any(x.what == d.what and {x.a, x.b} == {d.a, d.b} for x in new)), *new]
-            path = self.dir.interleave(kind)
-            stored = json.loads(path.read_text())
-            stored["duels"] = [d.model_dump() for d in settled]
-            write_json_atomic(path, stored)
-            interleaved = interleaved.model_copy(update={"duels": settled})
+            interleaved = interleaved.with_duels(result.duels)
+            stored = _stored_interleaved(self.dir.interleave(kind))
+            if stored is not None:  # kept with the rounds it settles: a resumed run measures it again only if they change
+                write_json_atomic(self.dir.interleave(kind), stored.model_copy(update={"duels": interleaved.duels}))
         return interleaved
 
     def run_capped(self, records: list[Record], reference: Record | None, kind: str | None, targets: list[Target]) -> dict[str, Interleaved]:
