@@ -47,7 +47,10 @@ def test_variants_are_judged_by_their_embeddings(text_run):
     assert ort["quality"]["pairs"]["pairs"] == 125 and ort["quality"]["pairs"]["spearman"] > 0.8
     assert recs["torch-eager"]["quality"]["pairs"]["spearman"] == pytest.approx(ort["quality"]["pairs"]["spearman"], abs=1e-3)
     fused = recs["ort-transformers"]
-    assert fused["status"] == "ok" and fused["artifact"]["report"]["fusions"].get("Attention", 0) == 6
+    fusions = fused["artifact"]["report"]["fusions"]
+    assert fused["status"] == "ok" and fusions.get("Attention", 0) == 6
+    # fusions whose CPU kernels are slower than what they replace are left unmade (runtimes.onnxruntime_runtime)
+    assert not fusions.get("SkipLayerNormalization") and not fusions.get("BiasGelu") and fusions.get("LayerNormalization")
     assert [g["sequence"] for g in ort["grid"]] == [16, 128] and ort["length_batching"]["sorted_waste"] < ort["length_batching"]["first_come_waste"]
     for name in ("torch-eager", "ort-fp32"):  # cold start feeds inputs made from the signature: token types must be valid
         cold = recs[name]["cold_start"]

@@ -68,9 +68,9 @@ class _GpuBuild:
     ran_options: ClassVar[dict[str, dict[str, str]]] = {}
     asked: ClassVar[list] = []
 
-    def __init__(self, path, sess_options=None, providers=None) -> None:
+    def __init__(self, path, sess_options=None, providers=None, disabled_optimizers=None) -> None:
         type(self).asked = list(providers or [])
-        self.real = REAL_SESSION(path, sess_options=sess_options, providers=[CPU])
+        self.real = REAL_SESSION(path, sess_options=sess_options, providers=[CPU], disabled_optimizers=disabled_optimizers)
 
     def get_providers(self) -> list[str]:
         return list(self.ran)

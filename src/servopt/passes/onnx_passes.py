@@ -61,20 +61,32 @@ class OrtTransformersOptimize(Pass):
     class Params(PassParams):
         model_type: Literal["bert", "bart", "gpt2", "vit", "t5"] = "bert"  # the fusion patterns (BERT covers MiniLM/BGE/E5)
         opt_level: int = 0  # 0: the Python fusions only; ONNX Runtime applies its own graph optimizations at load
+        # Also make the fusions whose CPU kernels are slower than what they replace (a graph for a GPU provider); the
+        # CPU provider does not make them either (onnxruntime_runtime.CPU_SLOW_FUSIONS says which and why).
+        cpu_slow_fusions: bool = False
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
-        import logging
-
-        from onnxruntime.transformers.optimizer import optimize_model
-
-        logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
         extra = ctx.source.spec.extra
         heads, hidden = int(extra.get("num_heads") or 0), int(extra.get("hidden_size") or 0)  # 0: detected from the graph
-        optimized = optimize_model(str(artifact.path), model_type=params.model_type, num_heads=heads, hidden_size=hidden,
-                                   opt_level=params.opt_level)
-        fused = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
-        optimized.save_model_to_file(str(out_dir / "model.onnx"))
+        fused = fuse_transformer(Path(artifact.path), out_dir / "model.onnx", params, heads, hidden)
         return PassOutput(format="onnx", file="model.onnx", report={"fusions": fused, "model_type": params.model_type})
+
+
+def fuse_transformer(src: Path, dst: Path, params: OrtTransformersOptimize.Params, heads: int = 0, hidden: int = 0) -> dict[str, int]:
+    """Write ``dst``: ``src`` through ONNX Runtime's transformer optimizer; returns the fusions made (operator → count)."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from servopt.runtimes.onnxruntime_runtime import CPU_SLOW_FUSIONS
+
+    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+    fusions = FusionOptions(params.model_type)
+    for flag in () if params.cpu_slow_fusions else CPU_SLOW_FUSIONS.values():
+        setattr(fusions, flag, False)
+    optimized = optimize_model(str(src), model_type=params.model_type, num_heads=heads, hidden_size=hidden,
+                               opt_level=params.opt_level, optimization_options=fusions)
+    optimized.save_model_to_file(str(dst))
+    return {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
 
 
 @register_pass

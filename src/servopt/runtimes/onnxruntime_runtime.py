@@ -17,6 +17,15 @@ from servopt.machine import Device, gpu_present
 from servopt.runtimes.base import Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 GRAPH_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+CPU = "CPUExecutionProvider"
+# Fusions whose CPU kernels run slower than the operators they replace, so the CPU provider does not make them. Keys:
+# ONNX Runtime's graph-optimizer names (``disabled_optimizers``); values: the transformer optimizer's FusionOptions flag
+# that makes the same operator offline. SkipLayerNormalization's CPU kernel is a scalar loop with a division per
+# element (contrib_ops/cpu/skip_layer_norm.cc), where Add + LayerNormalization run vectorized: 0.30 vs 0.07 ms on a
+# [1, 128, 384] tensor. all-MiniLM-L6-v2's fused dynamic INT8 without both: 0.89-0.91x the model call's time at one
+# thread (sentences, batches of 32, 128 tokens), 0.90-0.97x at two (within the noise), the same embeddings (mean cosine
+# to fp32 0.99244 vs 0.99246): ORT 1.32, AMD EPYC AVX2, benchmarks/cpu_fusions.py (docs/benchmarks.md).
+CPU_SLOW_FUSIONS = {"SkipLayerNormFusion": "enable_skip_layer_norm", "BiasGeluFusion": "enable_bias_gelu"}
 
 
 class OrtOptions(RuntimeOptions):
@@ -34,6 +43,13 @@ class OrtOptions(RuntimeOptions):
     # The precision the variant means to run (None: whatever the graph holds). Checked against what ran: an fp16 or
     # INT8 variant whose graph or provider runs something else fails verification instead of being timed as one.
     precision: Literal["fp32", "fp16", "bf16", "int8"] | None = None
+    # Make the fusions ``CPU_SLOW_FUSIONS`` names on the CPU provider too (to measure what they cost).
+    cpu_slow_fusions: bool = False
+
+
+def disabled_fusions(options: OrtOptions, provider: str) -> list[str]:
+    """The graph optimizers a session on ``provider`` runs without (see ``CPU_SLOW_FUSIONS``)."""
+    return [] if options.cpu_slow_fusions or provider != CPU else list(CPU_SLOW_FUSIONS)
 
 
 def session_options(options: OrtOptions, profile_prefix: str | None = None):
@@ -106,10 +122,12 @@ class OrtSession(Session):
             raise UserError(f"trt_fp16 asks TensorRT for FP16 kernels, but the providers are {self.requested}",
                             fix=f"put {TRT} in the providers option")
         available = ort.get_available_providers()
-        chosen = [p for p in self.requested if p in available] or ["CPUExecutionProvider"]
+        chosen = [p for p in self.requested if p in available] or [CPU]
         providers = [(p, provider_options(p, options)) if provider_options(p, options) else p for p in chosen]
+        self.disabled = disabled_fusions(options, chosen[0])
         try:
-            self.sess = ort.InferenceSession(path, sess_options=session_options(options, profile_prefix), providers=providers)
+            self.sess = ort.InferenceSession(path, sess_options=session_options(options, profile_prefix), providers=providers,
+                                             disabled_optimizers=self.disabled)
         except Exception as e:
             raise UserError(f"ONNX Runtime cannot load {path}: {str(e).splitlines()[0]}", fix="check the model file") from e
         self.input_names = [i.name for i in self.sess.get_inputs()]
@@ -132,7 +150,7 @@ class OrtSession(Session):
             precision_actual=precision_ran(graph, actual[0], ran_options.get(actual[0], {})),
             threads=so.intra_op_num_threads or "default",
             details={"graph_optimization_level": self.options.graph_optimization_level, "providers": actual,
-                     "provider_options": ran_options, "graph_precision": graph,
+                     "provider_options": ran_options, "graph_precision": graph, "disabled_fusions": self.disabled,
                      "precision_source": "the graph's operators and the options of the provider that ran"},
         )
 
