@@ -194,6 +194,18 @@ def test_a_collected_batch_is_split_into_calls_of_similar_length():
     assert all(a.shape == (1, 1) for a in answers)  # each caller got its own row back
 
 
+def test_a_call_stops_merging_past_max_call_tokens():
+    """Six queued 120-token requests under a 256-token call bound run as three calls of two (a bigger call is no faster
+    per token on a CPU, and its requests wait for all of it); without the bound, as one call. A request over the bound
+    alone still runs (the bound stops merging, it refuses nothing)."""
+    seen, answers = _batched_by_length((120,) * 6, max_batch=32, max_call_tokens=256)
+    assert seen == [[120, 120]] * 3 and len(answers) == 6
+    seen, _ = _batched_by_length((120,) * 6, max_batch=32)
+    assert seen == [[120] * 6]
+    seen, _ = _batched_by_length((300, 10, 12), max_batch=32, max_call_tokens=256, max_padding=None)
+    assert sorted(seen) == [[10, 12], [300]], seen
+
+
 # --- a tiny encoder: fast, and its embedding tables make an out-of-range id a real runtime error ----------------------
 
 TINY_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "mat", "a", "dog", "ran"]  # vocabulary of 12
@@ -341,6 +353,16 @@ def test_a_request_over_the_token_budget_is_split_into_calls_that_fit(tiny_encod
         alone = [_embedding(httpx.post(f"{s.url}/v2/models/tiny/infer", json={"inputs": [{**body["inputs"][0], "shape": [1], "data": [t]}]}))
                  for t in texts]
         np.testing.assert_allclose(_embedding(whole), np.concatenate(alone), rtol=1e-5, atol=1e-6)
+
+
+def test_a_cpu_served_text_model_bounds_its_calls(tiny_encoder):
+    """The server passes max_call_tokens to a CPU runtime's batcher (0: the memory budget alone bounds a call)."""
+    from servopt.settings import ServeSettings
+
+    with LiveServer(tiny_encoder, ServeSettings(max_delay_us=0), name="tiny") as s:
+        assert s.batcher("tiny").call_tokens == ServeSettings().max_call_tokens == 512
+    with LiveServer(tiny_encoder, ServeSettings(max_delay_us=0, max_call_tokens=0), name="tiny") as s:
+        assert s.batcher("tiny").call_tokens == ServeSettings().max_batch_tokens
 
 
 def test_one_text_over_the_token_budget_is_413(tiny_encoder):

@@ -186,7 +186,8 @@ class DynamicBatcher:
                  max_delay_us: int = 2000, max_queue: int = 256, stats: BatchStats | None = None,
                  length: Callable[[dict[str, np.ndarray]], int | None] | None = None, max_batch_tokens: int | None = None,
                  max_padding: float | None = None, latency_budget_s: float | None = None,
-                 service: ServiceTime | None = None, solo_fn: Callable[[dict[str, np.ndarray]], np.ndarray] | None = None) -> None:
+                 service: ServiceTime | None = None, solo_fn: Callable[[dict[str, np.ndarray]], np.ndarray] | None = None,
+                 max_call_tokens: int | None = None) -> None:
         self.run_fns = run_fns
         # A model call with every core, taken instead of an instance's when the call would run alone (no other call in
         # flight, nothing queued): instances split the cores for throughput, which a lone request does not need.
@@ -194,6 +195,9 @@ class DynamicBatcher:
         self.collate = collate or _concatenate
         self.length = length or (lambda _feed: None)
         self.max_batch_tokens = max_batch_tokens
+        # sequence models: padded tokens past which a call stops merging (its first request always goes); the bound a
+        # call is cut at is the lower of the two
+        self.call_tokens = min((t for t in (max_batch_tokens, max_call_tokens) if t), default=None)
         self.max_padding = max_padding  # sequence models: padded tokens per real token one model call may carry
         self.max_batch = max(1, max_batch)
         self.max_delay = max_delay_us / 1e6
@@ -246,8 +250,8 @@ class DynamicBatcher:
         left = sum(max(0.0, self.service.seconds(units, calls) - (now - started))
                    for units, calls, started in self._running.values())
         calls = math.ceil(self.queued_samples / self.max_batch)
-        if self.max_batch_tokens:
-            calls = max(calls, math.ceil(self.queued_units / self.max_batch_tokens))
+        if self.call_tokens:
+            calls = max(calls, math.ceil(self.queued_units / self.call_tokens))
         return (left + self.service.seconds(self.queued_units, calls)) / workers
 
     def check_size(self, samples: int, length: int = 0) -> None:
@@ -316,6 +320,7 @@ class DynamicBatcher:
         deadline = self.queue[0].enqueued + self.max_delay
         # Wait for company only while some is on its way: a lone request (concurrency 1) is not taxed max_delay.
         while (self.queued_samples < self.max_batch and self.arriving > 0
+               and not (self.call_tokens and self.queued_units >= self.call_tokens)
                and (remaining := deadline - time.perf_counter()) > 0):
             self._wakeup.clear()
             try:
@@ -347,7 +352,7 @@ class DynamicBatcher:
 
     def _take(self) -> list[_Pending]:
         """The next batch: the oldest request, then (FIFO, or nearest in length for sequence models) as many others as
-        fit ``max_batch`` samples and ``max_batch_tokens`` padded tokens."""
+        fit ``max_batch`` samples and ``call_tokens`` padded tokens."""
         self._sweep(time.perf_counter())
         if not self.queue:
             return []
@@ -363,7 +368,7 @@ class DynamicBatcher:
                 if not first.length:
                     break  # FIFO: no overtaking for models without a sequence axis
                 continue
-            if self.max_batch_tokens and first.length and width * (samples + p.size) > self.max_batch_tokens:
+            if self.call_tokens and first.length and width * (samples + p.size) > self.call_tokens:
                 continue
             batch.append(p)
             taken.add(id(p))

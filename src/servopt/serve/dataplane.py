@@ -23,6 +23,7 @@ import numpy as np
 
 from servopt import __version__
 from servopt.errors import UserError
+from servopt.machine import Device
 from servopt.serve.batcher import Arrival, BatchStats, DynamicBatcher, Overloaded, ServiceTime, ShuttingDown, TooLarge
 from servopt.serve.metrics import Metrics
 from servopt.serve.model import ServedModel
@@ -74,7 +75,8 @@ class DataPlane:
                                max_delay_us=s.max_delay_us if s.batching else 0, max_queue=s.max_queue, stats=stats,
                                length=m.family.sequence_length, max_batch_tokens=s.max_batch_tokens, max_padding=s.max_padding,
                                latency_budget_s=s.latency_budget_ms / 1000 if s.latency_budget_ms else None, service=service,
-                               solo_fn=self._runner(m.solo) if m.solo is not None else None)
+                               solo_fn=self._runner(m.solo) if m.solo is not None else None,
+                               max_call_tokens=s.max_call_tokens if m.backend.device == Device.CPU else None)
             b.start()
             self.batchers[name] = b
         self.ready = True
