@@ -441,17 +441,11 @@ def ensure_servopt_run(args, model_dir: Path, work: Path) -> Path:
 # ------------------------------------------------------------------------------------------ side processes
 
 
-class _Session:
-    def __init__(self, sess) -> None:
-        self.sess = sess
-
-    def run(self, feed: dict) -> np.ndarray:
-        return self.sess.run(None, feed)[0]
-
 
 def offline_worker(argv: list[str]) -> None:
-    """The offline side of served vs offline: an ONNX Runtime session on servopt's INT8 file directly (default options),
-    servopt's tokenizer, length-sorted batches of 32 (``text_speed.servopt_encoder``); answers ``text_peers`` blocks."""
+    """The offline side of served vs offline: servopt's INT8 file opened as servopt's runtime opens it (its default
+    options: every core, the graph optimizations it makes on a CPU), servopt's tokenizer, length-sorted batches of 32
+    (``text_speed.servopt_encoder``); answers ``text_peers`` blocks."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", default="")
     ap.add_argument("--onnx", required=True)
@@ -461,16 +455,20 @@ def offline_worker(argv: list[str]) -> None:
     import onnxruntime as ort
 
     import text_speed
+    from servopt.contracts import Artifact
     from servopt.models.sources import load_model
     from servopt.optimize.rundir import load_config
+    from servopt.runtimes import open_session
 
     spec = load_config(Path(a.run)).spec if a.run else load_model(Path(a.onnx)).spec
-    sess = ort.InferenceSession(a.onnx, providers=["CPUExecutionProvider"])
-    encode, _ = text_speed.servopt_encoder(spec, _Session(sess))
+    session = open_session(Artifact(format="onnx", path=a.onnx), "onnxruntime")
+    encode, _ = text_speed.servopt_encoder(spec, session)
     inputs = json.loads(Path(a.inputs).read_text(encoding="utf-8"))
     encode(inputs["texts"], 32)
+    info = session.info()
     text_peers.serve({"offline": encode}, inputs, {"side": "offline", "pid": os.getpid(), "onnx": a.onnx,
-                                                 "providers": sess.get_providers(), "onnxruntime": ort.__version__}, out)
+                                                 "providers": info.details["providers"], "onnxruntime": ort.__version__,
+                                                 "disabled_fusions": info.details["disabled_fusions"]}, out)
 
 
 def reference_worker(argv: list[str]) -> None:
