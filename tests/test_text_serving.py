@@ -365,6 +365,17 @@ def test_a_cpu_served_text_model_bounds_its_calls(tiny_encoder):
         assert s.batcher("tiny").call_tokens == ServeSettings().max_batch_tokens
 
 
+def test_a_gpu_served_text_model_merges_up_to_the_memory_budget(tiny_encoder, monkeypatch):
+    """A GPU pays for bigger calls: a runtime computing on one gets no call bound, only max_batch_tokens."""
+    from servopt.machine import Device
+    from servopt.runtimes import get_runtime
+    from servopt.settings import ServeSettings
+
+    monkeypatch.setattr(type(get_runtime("onnxruntime")), "device", Device.GPU)
+    with LiveServer(tiny_encoder, ServeSettings(max_delay_us=0), name="tiny") as s:
+        assert s.batcher("tiny").call_tokens == ServeSettings().max_batch_tokens
+
+
 def test_one_text_over_the_token_budget_is_413(tiny_encoder):
     from servopt.settings import ServeSettings
 

@@ -113,7 +113,8 @@ def serve(
             require_ray()
         model, packaged = _served(source, target, variant, nearest, name, runtime, parse_options(option))
         settings = serve_settings(packaged, host=host, port=port, grpc_port=grpc_port, max_batch=max_batch,
-                                  max_call_tokens=max_call_tokens, max_delay_us=max_delay_us, max_queue=max_queue, latency_budget_ms=latency_budget_ms,
+                                  max_call_tokens=max_call_tokens, max_delay_us=max_delay_us, max_queue=max_queue,
+                                  latency_budget_ms=latency_budget_ms,
                                   batching=False if no_batching else None,
                                   instances=instances, threads=threads, request_timeout_s=timeout, max_body_mb=max_body_mb,
                                   api_key=api_key, limit_concurrency=limit_concurrency)

@@ -181,7 +181,7 @@ class OnnxRuntime(Runtime):
     triton_platform = "onnxruntime_onnx"
     requirements = ("onnxruntime",)
     libraries = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino")
-    default_providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    default_providers: tuple[str, ...] = (CPU,)
 
     def serving_options(self, options: OrtOptions) -> OrtOptions:
         return options.model_copy(update={"allow_spinning": False})
@@ -197,7 +197,7 @@ class OnnxRuntimeCuda(OnnxRuntime):
     name = "onnxruntime-cuda"
     device = Device.GPU
     requirements = ("onnxruntime-gpu",)
-    default_providers = ("CUDAExecutionProvider", "CPUExecutionProvider")
+    default_providers = ("CUDAExecutionProvider", CPU)
 
     def environment(self):
         """``onnxruntime-gpu`` in an environment of its own, so a GPU host never has the CPU build overwritten."""
