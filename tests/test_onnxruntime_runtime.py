@@ -63,3 +63,24 @@ def test_the_transformer_optimizer_knows_every_flag():
     options = FusionOptions("bert")
     for flag in CPU_SLOW_FUSIONS.values():
         assert isinstance(getattr(options, flag), bool), flag
+
+
+def test_spinning_as_the_options_set_it(tmp_path):
+    """Servers do not spin unless the user bounds it; the bound reaches ORT's session config and what ran says it."""
+    from servopt.runtimes.onnxruntime_runtime import OnnxRuntime, session_options
+
+    rt = OnnxRuntime()
+    served = rt.serving_options(OrtOptions())
+    assert served.allow_spinning is False
+    bounded = rt.serving_options(OrtOptions(spin_duration_us=100))
+    assert bounded.allow_spinning and bounded.spin_duration_us == 100
+    so = session_options(bounded)
+    assert so.get_session_config_entry("session.intra_op.spin_duration_us") == "100"
+    assert session_options(served).get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    artifact = Artifact(format="onnx", path=str(residual_block(tmp_path / "r.onnx")))
+    ran = {o: open_session(artifact, "onnxruntime", rt.serving_options(OrtOptions(**kw))).info().details["intra_op_spinning"]
+           for o, kw in {"off": {}, "bounded": {"spin_duration_us": 100}}.items()}
+    assert ran == {"off": "off", "bounded": "100 us"}
+    assert open_session(artifact, "onnxruntime").info().details["intra_op_spinning"] == "ORT default"
+    with pytest.raises(Exception, match="spin_duration_us"):
+        rt.parse_options({"spin_duration_us": 0})

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from servopt.contracts import Artifact, OpProfile, SessionInfo
 from servopt.errors import UserError
@@ -34,6 +35,9 @@ class OrtOptions(RuntimeOptions):
     inter_op_threads: int | None = None
     # Idle intra-op threads spin-wait by default; in a server they would steal the cores the event loop needs.
     allow_spinning: bool = True
+    # How long an idle intra-op thread spins before it sleeps (``session.intra_op.spin_duration_us``, ONNX Runtime
+    # 1.26+); None: ORT's own spin count (servers: no spinning, see ``serving_options``).
+    spin_duration_us: int | None = Field(default=None, ge=1)
     providers: list[str] | None = None
     optimized_model_filepath: str | None = None  # write the optimized graph (the offline-optimization pass)
     # x86 without VNNI: U8U8 kernels instead of U8S8 ones, which saturate there (``CpuFeatures.int8_saturates``).
@@ -52,6 +56,13 @@ def disabled_fusions(options: OrtOptions, provider: str) -> list[str]:
     return [] if options.cpu_slow_fusions or provider != CPU else list(CPU_SLOW_FUSIONS)
 
 
+def spinning(options: OrtOptions) -> str:
+    """What a session's idle intra-op threads do, as its options set it (for what ran)."""
+    if not options.allow_spinning:
+        return "off"
+    return f"{options.spin_duration_us} us" if options.spin_duration_us is not None else "ORT default"
+
+
 def session_options(options: OrtOptions, profile_prefix: str | None = None):
     import onnxruntime as ort
 
@@ -63,6 +74,8 @@ def session_options(options: OrtOptions, profile_prefix: str | None = None):
         so.inter_op_num_threads = int(options.inter_op_threads)
     if not options.allow_spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif options.spin_duration_us is not None:
+        so.add_session_config_entry("session.intra_op.spin_duration_us", str(int(options.spin_duration_us)))
     if options.x64_quant_precision:
         so.add_session_config_entry("session.x64quantprecision", "1")
     if options.optimized_model_filepath:
@@ -151,6 +164,7 @@ class OrtSession(Session):
             threads=so.intra_op_num_threads or "default",
             details={"graph_optimization_level": self.options.graph_optimization_level, "providers": actual,
                      "provider_options": ran_options, "graph_precision": graph, "disabled_fusions": self.disabled,
+                     "intra_op_spinning": spinning(self.options),
                      "precision_source": "the graph's operators and the options of the provider that ran"},
         )
 
@@ -184,6 +198,10 @@ class OnnxRuntime(Runtime):
     default_providers: tuple[str, ...] = (CPU,)
 
     def serving_options(self, options: OrtOptions) -> OrtOptions:
+        # Not spinning at all, unless the user bounds it (``-o spin_duration_us=N``): a bounded spin made a lone
+        # two-thread call 0.88x the time offline but not served (benchmarks/serve_spin.py, docs/benchmarks.md).
+        if options.spin_duration_us is not None:
+            return options
         return options.model_copy(update={"allow_spinning": False})
 
     def open(self, artifact: Artifact, options: OrtOptions) -> Session:
