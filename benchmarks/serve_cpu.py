@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rawhttp import read_answer
 from servopt.serve.batcher import lower_priority
 from servopt.serve.harness import ServerProcess
 
@@ -202,23 +203,6 @@ def embedding_of(route: str, body: bytes) -> np.ndarray:
     return np.frombuffer(base64.b64decode(value), dtype="<f4") if isinstance(value, str) else np.asarray(value, dtype=np.float32)
 
 
-async def _answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    lower = head.lower()
-    at = lower.find(b"content-length:")
-    if at >= 0:
-        length = int(lower[at + 15:lower.index(b"\r\n", at)])
-        return status, await reader.readexactly(length)
-    if b"transfer-encoding: chunked" not in lower:
-        raise RuntimeError(f"an answer without Content-Length or chunks: {head[:200]!r}")
-    body = b""
-    while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):
-        body += (await reader.readexactly(size + 2))[:-2]
-    await reader.readuntil(b"\r\n")
-    return status, body
-
-
 async def closed_loop(port: int, route: str, concurrency: int, seconds: float, warmup: float,
                       server_cpu: Callable[[], float] = lambda: 0.0) -> dict:
     """``concurrency`` keep-alive connections, each sending the next request when its answer is in; the server's CPU
@@ -234,7 +218,7 @@ async def closed_loop(port: int, route: str, concurrency: int, seconds: float, w
             while not phase["stop"]:
                 start = time.perf_counter()
                 writer.write(request)
-                status, body = await _answer(reader)
+                status, body, _ = await read_answer(reader)
                 if phase["timed"]:
                     if status == 200:
                         latencies.append(time.perf_counter() - start)
@@ -260,7 +244,7 @@ def one(port: int, route: str) -> bytes:
     async def go() -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request_bytes(route, port))
-        status, body = await _answer(reader)
+        status, body, _ = await read_answer(reader)
         writer.close()
         if status != 200:
             raise RuntimeError(f"{route}: HTTP {status}: {body[:300]!r}")

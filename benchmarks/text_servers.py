@@ -20,9 +20,11 @@ all-MiniLM-L6-v2 as dynamic INT8 per-channel in both servers, on ONNX Runtime in
   (``OptimizationConfig`` has no ``optimize_with_onnxruntime_only``) and it goes on with the unoptimized model (the
   log line is kept in the JSON).
 
-The client is the same for both: this process, asyncio + aiohttp keep-alive connections, OpenAI's
-``POST /v1/embeddings`` (``{"model", "input": [...], "encoding_format": "base64"}``), bodies encoded once, the next
-body of a shuffled pool per request; nothing read from a server's own metrics. Readiness is the first 200 from that
+The client is the same for both: this process, keep-alive connections, OpenAI's ``POST /v1/embeddings`` (``{"model",
+"input": [...], "encoding_format": "base64"}``), bodies encoded once, the next body of a shuffled pool per request;
+nothing read from a server's own metrics. Closed loops use ``rawhttp.py`` (HTTP/1.1 over asyncio streams: it shares
+the 2 cores with the server, and aiohttp's CPU per request was 3x its; ``--client aiohttp`` for the old client), the
+Poisson loop aiohttp (its rate is low). Each cell reports the client's own CPU per request. Readiness is the first 200 from that
 same endpoint (start time = process start to first embedding).
 
 A round starts each server alone (the other is stopped), in an order that flips every round, and runs every cell:
@@ -66,6 +68,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import rawhttp  # noqa: E402  (stdlib: the closed loops' client)
 import text_peers  # noqa: E402  (stdlib + numpy: the shared block loop, the worker protocol)
 
 ENV_NAME = "infinity-peers"
@@ -278,6 +281,7 @@ def step_figures(raw: dict, texts_per_request: int, ncpu: int = 1) -> dict:
             "texts_per_s": ok * texts_per_request / wall if wall else 0.0,
             "p50_ms": float(np.nanpercentile(lat, 50)), "p99_ms": float(np.nanpercentile(lat, 99)),
             "server_cpu_s": round(server_cpu_s, 3), "server_cpu_ms_per_request": server_cpu_s * 1000 / ok if ok else None,
+            "client_cpu_ms_per_request": raw["cpu_deltas"][2] * 1000 / ok if ok and len(raw["cpu_deltas"]) == 3 else None,
             "others_share": others,
             **({"dropped_by_client": raw["dropped_by_client"]} if "dropped_by_client" in raw else {})}
 
@@ -525,13 +529,15 @@ def measure_server(srv: Server, pools: dict, args, round_no: int) -> dict:
             return srv.cpu_s(), text_peers.machine_busy_s(), text_peers.own_cpu_s()
 
         if cell["mode"] == "closed":
-            raw = asyncio.run(closed_loop(srv.url, bodies, cell["concurrency"], args.seconds, args.warmup, probe))
+            loop = rawhttp.closed_loop if args.client == "raw" else closed_loop
+            raw = asyncio.run(loop(srv.url, bodies, cell["concurrency"], args.seconds, args.warmup, probe))
         else:
             raw = asyncio.run(poisson_loop(srv.url, bodies, cell["rate"], args.seconds, args.warmup, round_no, probe))
         fig = step_figures(raw, cell["texts"], os.cpu_count() or 1)
         out[cell["name"]] = fig
         print(f"  {srv.label:9} {cell['name']:22} {fig['req_per_s']:8.1f} req/s {fig['texts_per_s']:8.1f} texts/s  p50 {fig['p50_ms']:7.1f} ms "
-              f"p99 {fig['p99_ms']:7.1f} ms  CPU {fig['server_cpu_ms_per_request'] or float('nan'):6.2f} ms/req  errors {fig['errors'] or 'none'}"
+              f"p99 {fig['p99_ms']:7.1f} ms  CPU {fig['server_cpu_ms_per_request'] or float('nan'):6.2f} ms/req "
+              f"(client {fig['client_cpu_ms_per_request'] or float('nan'):.2f})  errors {fig['errors'] or 'none'}"
               f"{'  NOISY: other processes used ' + format(fig['others_share'], '.0%') + ' of the machine' if (fig['others_share'] or 0) > 0.1 else ''}",
               flush=True)
     return out
@@ -540,7 +546,7 @@ def measure_server(srv: Server, pools: dict, args, round_no: int) -> dict:
 def summarize(rounds: list[dict], names: list[str]) -> dict:
     """Per server and cell: medians over rounds; servopt / Infinity ratios as medians of per-round ratios."""
     cell_names = list(rounds[0]["servers"][names[0]]["cells"]) if rounds and names and names[0] in rounds[0]["servers"] else []
-    keys = ("req_per_s", "texts_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_request")
+    keys = ("req_per_s", "texts_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_request", "client_cpu_ms_per_request")
 
     def series(server: str, cell: str, key: str) -> list[float | None]:
         return [((r["servers"].get(server) or {}).get("cells") or {}).get(cell, {}).get(key) for r in rounds]
@@ -632,6 +638,8 @@ def main() -> None:
     ap.add_argument("--servopt-b-args", default=None,
                     help="also run servopt a second way, as server 'servopt-b', with these options instead of --servopt-args "
                          "(a same-run A/B of a serving setting, e.g. '--max-queue 1024 --threads 1'); ratios servopt / servopt-b")
+    ap.add_argument("--client", choices=("raw", "aiohttp"), default="raw",
+                    help="the closed loops' HTTP client: rawhttp.py (default; the least CPU taken from the servers' cores) or aiohttp")
     ap.add_argument("--cells", default="*", help="only the cells matching these comma-separated globs (e.g. 'c*-n1-*,poisson*')")
     ap.add_argument("--infinity-python", default=None, help="the python of an environment with infinity-emb (default: made)")
     ap.add_argument("--infinity-model", type=Path, default=None, help="a model folder with a *quantize*.onnx for Infinity")

@@ -1,0 +1,92 @@
+"""The benchmarks' closed-loop HTTP client: keep-alive HTTP/1.1 over asyncio streams, requests built once as bytes.
+
+Written by hand because the load client shares the machine's 2 cores with the server it measures: every millisecond of
+CPU it spends per request is taken from the server, and a CPU-bound server's requests/s falls with it. aiohttp spent
+0.36-0.42 ms of CPU per one-sentence embeddings request here, this client 0.12-0.13 ms (AMD EPYC AVX2, against
+``servopt serve`` at concurrency 32: the server then answered 1.10-1.23x the requests/s; docs/benchmarks.md). It
+speaks only what the servers it measures answer: a status line, headers, a body by Content-Length or in chunks; a
+connection the server closes is opened again and the request counted as an error of its kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+
+def request_bytes(url: str, body: bytes, content_type: str = "application/json") -> bytes:
+    """One POST to ``url`` (``http://host:port/path``) carrying ``body``, as the bytes sent on the wire."""
+    parts = urlsplit(url)
+    head = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """Status, body and whether the server asked to close, of the next answer on ``reader``."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    lower = head.lower()
+    close = b"connection: close" in lower
+    at = lower.find(b"content-length:")
+    if at >= 0:
+        length = int(lower[at + 15:lower.index(b"\r\n", at)])
+        return status, await reader.readexactly(length), close
+    if b"transfer-encoding: chunked" not in lower:
+        raise ConnectionError(f"an answer without Content-Length or chunks: {head[:200]!r}")
+    body = b""
+    while size := int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16):
+        body += (await reader.readexactly(size + 2))[:-2]
+    await reader.readuntil(b"\r\n")
+    return status, body, close
+
+
+async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration: float, warmup: float,
+                      probe: Callable[[], tuple[float, ...]] = lambda: (0.0,)) -> dict:
+    """``concurrency`` keep-alive connections, each sending the next body (in turn from ``bodies``) as soon as its answer
+    is in: ``warmup`` seconds untimed, then ``duration`` timed. ``probe()`` (CPU counters) is read as the timed part
+    starts and ends. Returns the requests answered 200, their latencies (ms), the others by status or exception name."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    wires = [request_bytes(url, b) for b in bodies]
+    counter = iter(range(10**12))
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter] | None] = [None] * concurrency
+
+    async def client(i: int, until: float, record: bool) -> None:
+        """Requests until ``until`` (the last one is waited for, as aiohttp's loop in text_servers.py did)."""
+        while time.perf_counter() < until:
+            if conns[i] is None:
+                conns[i] = await asyncio.open_connection(host, port)
+            reader, writer = conns[i]
+            t0 = time.perf_counter()
+            try:
+                writer.write(wires[next(counter) % len(wires)])
+                status, _, close = await asyncio.wait_for(read_answer(reader), 120)
+                kind = str(status)
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as e:
+                kind, close = type(e).__name__, True
+            if record and kind == "200":
+                lat.append((time.perf_counter() - t0) * 1000)
+            elif record:
+                errors[kind] = errors.get(kind, 0) + 1
+            if close:
+                writer.close()
+                conns[i] = None
+
+    try:
+        if warmup > 0:
+            end = time.perf_counter() + warmup
+            await asyncio.gather(*(client(i, end, False) for i in range(concurrency)))
+        p0, start = probe(), time.perf_counter()
+        await asyncio.gather(*(client(i, start + duration, True) for i in range(concurrency)))
+        wall = time.perf_counter() - start
+        deltas = [b - a for a, b in zip(p0, probe(), strict=True)]
+    finally:
+        for conn in conns:
+            if conn is not None:
+                conn[1].close()
+    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "cpu_deltas": deltas}
