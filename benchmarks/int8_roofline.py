@@ -4,15 +4,17 @@ Issue 19 asks for a served MiniLM at 2x Infinity's requests/s on single 128-toke
 same model in dynamic INT8 on ONNX Runtime: the model call is most of the request. This measures, at one thread and at
 every core:
 
-- the model call: an INT8 file's operators under ORT's profiler on one text of ``--tokens`` tokens; the multiply-adds
-  of its INT8 matrix products (every ``MatMulInteger``/``QAttention`` weight, K x N, times the tokens) over the time
-  of the operators that do them (``DynamicQuantizeMatMul``, ``MatMulIntegerToFloat``, ``QAttention``);
+- the model call on one text of ``--tokens`` tokens: its p50 (no profiler), and from ORT's profiler the share of
+  operator time spent in the operators doing INT8 matrix products (``DynamicQuantizeMatMul``,
+  ``MatMulIntegerToFloat``, ``QAttention``; the profiler slows multi-thread calls, so only its shares are used);
+  their multiply-adds (every ``MatMulInteger``/``QAttention`` weight, K x N, times the tokens) over p50 x that share
+  is the rate the model's products run at;
 - the kernel's own rate: one ``DynamicQuantizeMatMul`` of 1024 x 1024 x 1024 (S8 weights), the best case for MLAS.
 
-Prints both rates (GMAC/s), their ratio, and the model call's time, p50, against the time its INT8 products alone
-would take at the kernel's best rate.
+Prints both rates (GMAC/s), their ratio, and the call's p50 against the time its INT8 products alone would take at
+the kernel's best rate. The two take turns block by block (``--rounds``); the ratio is the median of per-round ratios.
 
-    python benchmarks/int8_roofline.py --model RUN/artifacts/<quantize-dynamic>/model.onnx [--tokens 128] [--seconds 5]
+    python benchmarks/int8_roofline.py --model RUN/artifacts/<quantize-dynamic>/model.onnx [--tokens 128] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def main() -> None:
     ap.add_argument("--model", type=Path, required=True, help="a servopt-built dynamic INT8 text encoder (.onnx)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, nargs="*", default=[1, os.cpu_count() or 1])
-    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=1.0, help="per block: the model, then the kernel, each round")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
@@ -104,9 +107,13 @@ def main() -> None:
           f"{args.tokens} tokens")
     rows = []
     for threads in args.threads:
-        s = session(args.model, threads)
+        s, g = session(args.model, threads), session(gemm, threads)
         feed = {k: v for k, v in feed_all.items() if k in {i.name for i in s.get_inputs()}}
-        call = p50(lambda s=s, feed=feed: s.run(None, feed), args.seconds)
+        calls, kernels = [], []
+        for _ in range(args.rounds):  # interleaved: the machine's speed drifts by tens of % between minutes
+            calls.append(p50(lambda s=s, feed=feed: s.run(None, feed), args.seconds))
+            kernels.append(p50(lambda g=g: g.run(None, {"A": a}), args.seconds))
+        call, kernel = statistics.median(calls), statistics.median(kernels)
         prof = session(args.model, threads, profile=str(tmp / f"p{threads}"))
         for _ in range(30):
             prof.run(None, feed)
@@ -115,19 +122,19 @@ def main() -> None:
         for ev in events:
             if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time"):
                 op_us[ev["args"]["op_name"]] += ev["dur"] / 30
-        products = sum(v for k, v in op_us.items() if k in INT8_PRODUCTS) / 1e6
-        g = session(gemm, threads)
-        kernel = p50(lambda g=g: g.run(None, {"A": a}), args.seconds)
+        share = sum(v for k, v in op_us.items() if k in INT8_PRODUCTS) / sum(op_us.values())
         kernel_rate = size ** 3 / kernel / 1e9
-        model_rate = macs / products / 1e9
-        row = {"threads": threads, "call_p50_ms": call * 1e3, "int8_products_ms": products * 1e3,
-               "products_share": products / (sum(op_us.values()) / 1e6), "model_gmacs": model_rate,
-               "kernel_gmacs": kernel_rate, "model_over_kernel": model_rate / kernel_rate,
+        model_rate = macs / (call * share) / 1e9
+        per_round = sorted((macs / (c * share)) / (size ** 3 / k) for c, k in zip(calls, kernels, strict=True))
+        row = {"threads": threads, "call_p50_ms": call * 1e3, "products_share": share, "model_gmacs": model_rate,
+               "kernel_gmacs": kernel_rate, "model_over_kernel": statistics.median(per_round),
+               "model_over_kernel_range": [per_round[0], per_round[-1]],
                "products_at_kernel_rate_ms": macs / kernel_rate / 1e6}
         rows.append(row)
-        print(f"threads {threads}: call p50 {row['call_p50_ms']:.2f} ms, INT8 products {row['int8_products_ms']:.2f} ms "
-              f"({100 * row['products_share']:.0f} % of operator time) at {model_rate:.1f} GMAC/s; the kernel at "
-              f"{size}^3: {kernel_rate:.1f} GMAC/s (model / kernel {row['model_over_kernel']:.2f}); the products at the "
+        print(f"threads {threads}: call p50 {row['call_p50_ms']:.2f} ms, {100 * share:.0f} % of it in INT8 products, "
+              f"at {model_rate:.1f} GMAC/s; the kernel at "
+              f"{size}^3: {kernel_rate:.1f} GMAC/s (model / kernel {row['model_over_kernel']:.2f}, rounds "
+              f"{per_round[0]:.2f}-{per_round[-1]:.2f}); the products at the "
               f"kernel's rate would take {row['products_at_kernel_rate_ms']:.2f} ms", flush=True)
     if args.out:
         args.out.write_text(json.dumps({"cpu": cpu_model(), "flags": sorted(cpu_features().flags), "tokens": args.tokens,

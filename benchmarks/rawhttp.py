@@ -5,7 +5,8 @@ CPU it spends per request is taken from the server, and a CPU-bound server's req
 0.36-0.42 ms of CPU per one-sentence embeddings request here, this client 0.12-0.13 ms (AMD EPYC AVX2, against
 ``servopt serve`` at concurrency 32: the server then answered 1.10-1.23x the requests/s; docs/benchmarks.md). It
 speaks only what the servers it measures answer: a status line, headers, a body by Content-Length or in chunks; a
-connection the server closes is opened again and the request counted as an error of its kind.
+connection the server closed while idle (uvicorn's keep-alive timeout, 5 s: a client done with its phase waits for
+the slowest) is opened again before the next request; one closed under a request counts as an error of its kind.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration:
     async def client(i: int, until: float, record: bool) -> None:
         """Requests until ``until`` (the last one is waited for, as aiohttp's loop in text_servers.py did)."""
         while time.perf_counter() < until:
+            if conns[i] is not None and conns[i][0].at_eof():  # closed by the server while idle (keep-alive timeout)
+                conns[i][1].close()
+                conns[i] = None
             if conns[i] is None:
                 conns[i] = await asyncio.open_connection(host, port)
             reader, writer = conns[i]

@@ -1,5 +1,5 @@
-"""Pure parts of the text benchmarks (benchmarks/text_peers.py, benchmarks/text_servers.py, benchmarks/rawhttp.py): no
-peer environment, no model; the raw client against a few lines of asyncio server."""
+"""Pure parts of the text benchmarks (text_peers.py, text_servers.py, rawhttp.py, int8_roofline.py under benchmarks/):
+no peer environment, no model; the raw client against a few lines of asyncio server, the roofline's graphs tiny."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import int8_roofline
 import rawhttp
 import text_peers
 import text_servers
@@ -178,3 +179,28 @@ def test_raw_client_reads_every_answer_shape_and_counts_errors() -> None:
     assert set(seen) == {b"plain", b"chunked", b"busy", b"close"}
     wire = rawhttp.request_bytes("http://127.0.0.1:9/v1/embeddings", b"{}")
     assert wire.startswith(b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:9\r\n") and wire.endswith(b"Content-Length: 2\r\n\r\n{}")
+
+
+# ------------------------------------------------------------------------------------------ int8_roofline.py
+
+
+def test_roofline_counts_int8_products_and_its_kernel_computes_one(tmp_path: Path) -> None:
+    """Multiply-adds per token are the K x N of each INT8 weight; the kernel graph is a real dynamic INT8 product."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((8, 4), np.int8), "w")
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("MatMulInteger", ["xq", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, ["t", 4])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    assert int8_roofline.int8_macs_per_token(tmp_path / "m.onnx") == 32
+
+    path = int8_roofline.kernel_graph(tmp_path / "k.onnx", 16, 8)
+    a = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"A": a})[0]
+    model = onnx.load(path)
+    b = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "B")).astype(np.float32) * 0.01
+    assert y.shape == (4, 8) and np.corrcoef(y.ravel(), (a @ b).ravel())[0, 1] > 0.95
