@@ -203,4 +203,4 @@ def test_roofline_counts_int8_products_and_its_kernel_computes_one(tmp_path: Pat
     y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"A": a})[0]
     model = onnx.load(path)
     b = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "B")).astype(np.float32) * 0.01
-    assert y.shape == (4, 8) and np.corrcoef(y.ravel(), (a @ b).ravel())[0, 1] > 0.95
+    assert y.shape == (4, 8) and np.corrcoef(y.ravel(), (a @ b).ravel())[0, 1] > 0.99
