@@ -215,3 +215,39 @@ def test_a_duel_job_takes_its_variants_environment_and_a_new_duel_replaces_the_o
     assert len(again.duels) == 2 and again.duel("p50_ms", "x", "y").verdict == "a"
     assert again.covers(["x", "y", "z"], ["p50_ms"]) is False  # y and z never met
     assert again.covers(["x", "y"], ["p50_ms"]) and not again.covers(["x", "y"], ["p50_ms", "throughput_ips"])
+
+
+def test_a_resumed_run_duels_no_more_than_the_first_did(tmp_path, monkeypatch):
+    """``settle_ties`` runs at most ``racing.DUEL_SETTLE_ROUNDS`` duel jobs, and stores how many with the rounds: a
+    resumed run whose last duel left the new pick with a close call (each duel moving the pick) measures nothing
+    more, where it used to run one more duel (a CI flake of test_resume_measures_nothing_again)."""
+    from types import SimpleNamespace
+
+    from servopt.contracts import Duels
+    from servopt.optimize import racing, sweep
+    from servopt.optimize.sweep import Sweep, _stored_interleaved
+    from servopt.results import write_json_atomic
+
+    path = tmp_path / "interleave.json"
+    write_json_atomic(path, Interleaved(reference="r", rounds=3, order=[], variants={}))
+    pairs = iter([["a", "b"], ["b", "c"], ["c", "d"], ["d", "e"]])  # every duel leaves another close call
+    monkeypatch.setattr(sweep, "unsettled", lambda *a, **k: (next(pairs), ["p50_ms"]))
+    monkeypatch.setattr(sweep, "duel_job", lambda names, *a, **k: names)
+    jobs: list[list[str]] = []
+
+    def result(self, names, *a):
+        jobs.append(names)
+        return Duels(duels=[Duel(a=names[0], b=names[1], what="p50_ms", pairs=9, time_ratio=1.2,
+                                 time_ratio_interval=[1.1, 1.3], verdict="b")], seconds=1.0)
+
+    fake = SimpleNamespace(dir=SimpleNamespace(interleave=lambda kind: path, eval_data=tmp_path / "d.npz", work_root=tmp_path),
+                           duel_seconds=lambda n: 1.0, settings=SimpleNamespace(quick=True), problems=[],
+                           interleave_protocol=SimpleNamespace(batch_size=8), family=None,
+                           progress=SimpleNamespace(step=lambda s: None))
+    fake._result_or_problem = lambda *a: result(fake, *a)
+    first = Sweep.settle_ties(fake, [], [], None, _stored_interleaved(path), None)
+    assert len(jobs) == racing.DUEL_SETTLE_ROUNDS and first.settle_rounds == racing.DUEL_SETTLE_ROUNDS
+    stored = _stored_interleaved(path)
+    assert stored.settle_rounds == racing.DUEL_SETTLE_ROUNDS and len(stored.duels) == racing.DUEL_SETTLE_ROUNDS
+    again = Sweep.settle_ties(fake, [], [], None, stored, None)
+    assert len(jobs) == racing.DUEL_SETTLE_ROUNDS and again.duels == stored.duels  # the resume measured nothing

@@ -435,6 +435,9 @@ class Interleaved(Contract):
     # the close calls the rounds left, settled block by block (``Sweep.settle_ties``); their verdicts replace the
     # rounds' for the pairs and figures they cover
     duels: list[Duel] = Field(default_factory=list)
+    # how many duel jobs ``Sweep.settle_ties`` ran on these rounds: a resumed run goes on from there, and measures
+    # nothing more once the first reached its bound (its last duel may have left the new pick with close calls)
+    settle_rounds: int = 0
 
     def duel(self, what: str, a: str, b: str) -> Duel | None:
         """The duel of ``a`` and ``b`` on ``what``, either way round."""

@@ -141,6 +141,7 @@ AXES_SECONDS = 12.0  # a text encoder's batch × length grid and length batching
 # duel takes what is left (the finish reserves nothing for it: a 3-minute image race then measured no INT8 variant),
 # and none under DUEL_MIN_SECONDS a figure.
 DUEL_RIVALS = 2
+DUEL_SETTLE_ROUNDS = 2  # duel jobs per run: a duel can move a pick, and the new pick's close calls get one more
 DUEL_SECONDS_PER_FIGURE = 8.0
 DUEL_LOAD_SECONDS = 4.0
 DUEL_MIN_SECONDS = 2.0

@@ -783,10 +783,10 @@ class Sweep:
         more than the gaps that matter): each CPU or edge target's pick and up to ``racing.DUEL_RIVALS`` rivals
         (``decide.unsettled``: tied with it, or within the drift) take turns block by block in one process
         (``bench.duel``) on the target's speed figures; the duels' verdicts replace the rounds' for the pairs they
-        cover (``decide.surely_ahead``). Stored with the rounds (a rerun that finds every pair settled measures
-        nothing); under a time budget, only in the time it leaves."""
+        cover (``decide.surely_ahead``). Stored with the rounds, with how many duel jobs ran (a resumed run measures
+        nothing the first run settled or stopped at); under a time budget, only in the time it leaves."""
         by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
-        for _ in range(2):  # a duel can move a pick; the new pick's close calls get theirs
+        while interleaved.settle_rounds < racing.DUEL_SETTLE_ROUNDS:
             names, asked = unsettled(targets, records, reference, self.family, interleaved, racing.DUEL_RIVALS)
             if interleaved.covers(names, asked):
                 break
@@ -802,10 +802,11 @@ class Sweep:
                                              f"the close call of {', '.join(names)} was not settled")
             if result is None:
                 break
-            interleaved = interleaved.with_duels(result.duels)
+            interleaved = interleaved.with_duels(result.duels).model_copy(update={"settle_rounds": interleaved.settle_rounds + 1})
             stored = _stored_interleaved(self.dir.interleave(kind))
             if stored is not None:  # kept with the rounds it settles: a resumed run measures it again only if they change
-                write_json_atomic(self.dir.interleave(kind), stored.model_copy(update={"duels": interleaved.duels}))
+                write_json_atomic(self.dir.interleave(kind), stored.model_copy(
+                    update={"duels": interleaved.duels, "settle_rounds": interleaved.settle_rounds}))
         return interleaved
 
     def run_capped(self, records: list[Record], reference: Record | None, kind: str | None, targets: list[Target]) -> dict[str, Interleaved]:
