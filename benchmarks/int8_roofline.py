@@ -25,14 +25,15 @@ import os
 import statistics
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from servopt.contracts import Artifact
 from servopt.machine import cpu_features, cpu_model
+from servopt.runtimes import open_session
 
 INT8_PRODUCTS = {"DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "MatMulInteger"}
 
@@ -48,19 +49,6 @@ def int8_macs_per_token(path: Path) -> int:
             if dims and len(dims) == 2:
                 total += dims[0] * dims[1]
     return total
-
-
-def session(path: Path | str, threads: int, profile: str | None = None):
-    import onnxruntime as ort
-
-    from servopt.runtimes.onnxruntime_runtime import CPU_SLOW_FUSIONS
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.log_severity_level = 3
-    if profile:
-        so.enable_profiling, so.profile_file_prefix = True, profile
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"], disabled_optimizers=list(CPU_SLOW_FUSIONS))
 
 
 def p50(run, seconds: float) -> float:
@@ -109,22 +97,17 @@ def main() -> None:
           f"{args.tokens} tokens")
     rows = []
     for threads in args.threads:
-        s, g = session(args.model, threads), session(gemm, threads)
-        feed = {k: v for k, v in feed_all.items() if k in {i.name for i in s.get_inputs()}}
+        # Opened as servopt opens them (its CPU graph optimizations and fusion policy); ORT's profiler by operator type.
+        s = open_session(Artifact(format="onnx", path=str(args.model)), "onnxruntime", {"intra_op_threads": threads})
+        g = open_session(Artifact(format="onnx", path=str(gemm)), "onnxruntime", {"intra_op_threads": threads})
+        feed = {k: v for k, v in feed_all.items() if k in s.input_names}
         calls, kernels = [], []
         for _ in range(args.rounds):  # interleaved: the machine's speed drifts by tens of % between minutes
-            calls.append(p50(lambda s=s, feed=feed: s.run(None, feed), args.seconds))
-            kernels.append(p50(lambda g=g: g.run(None, {"A": a}), args.seconds))
+            calls.append(p50(lambda s=s, feed=feed: s.run(feed), args.seconds))
+            kernels.append(p50(lambda g=g: g.run({"A": a}), args.seconds))
         call, kernel = statistics.median(calls), statistics.median(kernels)
-        prof = session(args.model, threads, profile=str(tmp / f"p{threads}"))
-        for _ in range(30):
-            prof.run(None, feed)
-        events = json.loads(Path(prof.end_profiling()).read_text())
-        op_us: dict[str, float] = defaultdict(float)
-        for ev in events:
-            if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time"):
-                op_us[ev["args"]["op_name"]] += ev["dur"] / 30
-        share = sum(v for k, v in op_us.items() if k in INT8_PRODUCTS) / sum(op_us.values())
+        ops = s.profile([feed], runs=30, top=1000).ops
+        share = sum(o.share for o in ops if o.op in INT8_PRODUCTS)
         kernel_rate = size ** 3 / kernel / 1e9
         model_rate = macs / (call * share) / 1e9
         per_round = sorted((macs / (c * share)) / (size ** 3 / k) for c, k in zip(calls, kernels, strict=True))
