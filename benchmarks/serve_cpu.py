@@ -8,10 +8,10 @@ process, with two single-thread instances by default (what a throughput target's
 
 A neutral client sends one short sentence per request over keep-alive connections at each concurrency (1 and 32 by
 default) on three routes: OpenAI ``/v1/embeddings`` with ``encoding_format`` base64 and float, and OIP v2 ``infer``
-with a BYTES input in JSON. The client is a few lines of asyncio over raw HTTP/1.1 (request bytes built once, answers
-read by Content-Length, every status and the first answer's embedding checked): it shares the 2 cores with the
-server, and a full HTTP client library would spend several times its CPU per request there, which would be taken
-from the server's figures. Per step: requests/s, p50/p99, server CPU per request (``/proc/<pid>/stat`` over the timed
+with a BYTES input in JSON. The client is ``rawhttp.py`` (keep-alive HTTP/1.1 over asyncio streams, request bytes built
+once; every status counted, the first answer's embedding checked): it shares the 2 cores with the server, and a full
+HTTP client library would spend several times its CPU per request there, which would be taken from the server's
+figures. Per step: requests/s, p50/p99, server CPU per request (``/proc/<pid>/stat`` over the timed
 window), the client's own CPU and everyone else's (``/proc/stat`` minus both), the server's mean batch.
 
 Offline, in this process with the server idle: the same sessions the server opens (same options and threads),
@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rawhttp import read_answer
+import rawhttp
 from servopt.serve.batcher import lower_priority
 from servopt.serve.harness import ServerProcess
 
@@ -182,17 +182,15 @@ def offline_block(offline: Offline, seconds: float) -> dict:
 # ------------------------------------------------------------------------------------------------ the client
 
 
-def request_bytes(route: str, port: int) -> bytes:
+def route_request(route: str, port: int) -> tuple[str, bytes]:
+    """The URL and JSON body of one single-sentence request on ``route``."""
     if route == "oip-json":
         path = f"/v2/models/{NAME}/infer"
         body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [SENTENCE]}]}
     else:
         path = "/v1/embeddings"
         body = {"model": NAME, "input": SENTENCE, "encoding_format": route.split("-", 1)[1]}
-    raw = json.dumps(body).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(raw)}\r\n\r\n").encode()
-    return head + raw
+    return f"http://127.0.0.1:{port}{path}", json.dumps(body).encode()
 
 
 def embedding_of(route: str, body: bytes) -> np.ndarray:
@@ -205,46 +203,21 @@ def embedding_of(route: str, body: bytes) -> np.ndarray:
 
 async def closed_loop(port: int, route: str, concurrency: int, seconds: float, warmup: float,
                       server_cpu: Callable[[], float] = lambda: 0.0) -> dict:
-    """``concurrency`` keep-alive connections, each sending the next request when its answer is in; the server's CPU
-    (``server_cpu``), ours and the machine's are read as the timed window opens and closes."""
-    request = request_bytes(route, port)
-    latencies: list[float] = []
-    errors: Counter[str] = Counter()
-    phase = {"timed": False, "stop": False}
-
-    async def conn() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            while not phase["stop"]:
-                start = time.perf_counter()
-                writer.write(request)
-                status, body, _ = await read_answer(reader)
-                if phase["timed"]:
-                    if status == 200:
-                        latencies.append(time.perf_counter() - start)
-                    else:
-                        errors[f"http {status}: {body[:120]!r}"] += 1
-        finally:
-            writer.close()
-
-    tasks = [asyncio.create_task(conn()) for _ in range(concurrency)]
-    await asyncio.sleep(warmup)
-    phase["timed"] = True
-    marks = (time.perf_counter(), own_cpu(), busy_jiffies(), server_cpu())
-    await asyncio.sleep(seconds)
-    phase["timed"] = False
-    ends = (time.perf_counter(), own_cpu(), busy_jiffies(), server_cpu())
-    phase["stop"] = True
-    await asyncio.gather(*tasks)
-    return {"wall": ends[0] - marks[0], "client_cpu": ends[1] - marks[1], "busy_s": (ends[2] - marks[2]) / os.sysconf("SC_CLK_TCK"),
-            "server_cpu": ends[3] - marks[3], "latencies": latencies, "errors": dict(errors)}
+    """``rawhttp.closed_loop`` on ``route``; the server's CPU (``server_cpu``), ours and the machine's are read as the
+    timed window opens and closes."""
+    url, body = route_request(route, port)
+    out = await rawhttp.closed_loop(url, [body], concurrency, seconds, warmup,
+                                    lambda: (own_cpu(), busy_jiffies() / os.sysconf("SC_CLK_TCK"), server_cpu()))
+    client, busy, server = out["cpu_deltas"]
+    return {"wall": out["wall_s"], "client_cpu": client, "busy_s": busy, "server_cpu": server,
+            "latencies_ms": out["latencies_ms"], "errors": out["errors"]}
 
 
 def one(port: int, route: str) -> bytes:
     async def go() -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request_bytes(route, port))
-        status, body, _ = await read_answer(reader)
+        writer.write(rawhttp.request_bytes(*route_request(route, port)))
+        status, body, _ = await rawhttp.read_answer(reader)
         writer.close()
         if status != 200:
             raise RuntimeError(f"{route}: HTTP {status}: {body[:300]!r}")
@@ -276,7 +249,7 @@ def step(server: ServerProcess, route: str, concurrency: int, seconds: float, wa
     finally:
         loop.close()
     calls1, samples1 = server_batches(server.url)
-    lat = np.asarray(result.pop("latencies")) * 1000
+    lat = np.asarray(result.pop("latencies_ms"))
     ok = len(lat)
     server_cpu = result.pop("server_cpu")
     wall = result["wall"]
