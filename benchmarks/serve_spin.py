@@ -20,16 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from cpu_fusions import EXPORT, QUANTIZE, default_model
-from servopt.data.text import DEMO_SENTENCES, read_texts
+from cpu_fusions import pick_chain, setup
 from servopt.families.text import _rows, tokenizer_of
 from servopt.machine import cpu_features, cpu_model
-from servopt.models.sources import load_model
 from servopt.passes.base import BuildContext, build_chain, source_artifact
 from servopt.runtimes import open_session
 from servopt.serve.batcher import lower_priority
@@ -81,13 +78,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
-    model = load_model(args.model or default_model())
+    model, shipped, work = setup(args.model, args.work, "serve-spin-")
     spec = model.spec
-    shipped = read_texts(DEMO_SENTENCES)
-    work = args.work or Path(tempfile.mkdtemp(prefix="serve-spin-"))
-    work.mkdir(parents=True, exist_ok=True)
-    ctx = BuildContext(source=model)
-    built = build_chain(source_artifact(model), [EXPORT, ("ort-transformers-optimize", {}), QUANTIZE], work, ctx)
+    built = build_chain(source_artifact(model), pick_chain(), work, BuildContext(source=model))
     long = exact_length_texts(tokenizer_of(spec), " ".join(shipped).split(), 1, 128)
     cases = {"one shipped sentence": _rows(spec, shipped[:1], "sentence"), "one 128-token text": _rows(spec, long, "long")}
     sessions = {way: open_session(built, "onnxruntime", options) for way, options in WAYS.items()}
