@@ -153,5 +153,4 @@ class NncfQuantizeOnnx(Pass):
         src = preprocess_for_quantization(str(artifact.path), out_dir)
         report = nncf_quantize_onnx(src, out_dir / "model.onnx", params, ctx.calibration)
         Path(out_dir / "preprocessed.onnx").unlink(missing_ok=True)
-        Path(out_dir / "no_value_info.onnx").unlink(missing_ok=True)
         return PassOutput(format="onnx", file="model.onnx", report=report)

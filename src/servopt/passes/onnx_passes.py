@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -206,17 +208,55 @@ class StaticParams(PassParams):
     nodes_to_exclude: list[str] = Field(default_factory=list)
 
 
+# Where ONNX Runtime's symbolic shape inference saves a model whose shapes it could not complete, before it raises:
+# the working directory, with the weights beside it as a uuid-named .data file (90 MB each for MiniLM; every text
+# encoder exported with dynamic axes ends there). One lock: two builds in parallel would write the same name.
+SYMBOLIC_LEFTOVER = "sym_shape_infer_temp.onnx"
+_PREPROCESS_LOCK = threading.Lock()
+
+
 def preprocess_for_quantization(src: str, out_dir: Path) -> str:
-    """ONNX Runtime's recommended pre-processing (shape inference, folding); the original if it fails."""
+    """ONNX Runtime's recommended pre-processing (shape inference, folding); the original if it fails. Whatever the
+    library leaves in the working directory when it fails is removed, and so is the copy it read: a build writes only
+    its own folder, and keeps there only what it made (the caller removes ``preprocessed.onnx`` once quantized)."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     pre = out_dir / "preprocessed.onnx"
+    with _PREPROCESS_LOCK:
+        started = time.time()
+        try:
+            quant_pre_process(strip_value_info(src, out_dir), str(pre))
+            return str(pre)
+        except Exception as e:  # noqa: BLE001 - the pre-processing is an optimization, not a requirement
+            log.warning("quantization pre-processing skipped: %s", e)
+            return src
+        finally:
+            (out_dir / "no_value_info.onnx").unlink(missing_ok=True)  # read only by the pre-processing (a full copy)
+            remove_symbolic_leftover(started)
+
+
+def remove_symbolic_leftover(since: float, folder: Path | None = None) -> list[Path]:
+    """Delete ``SYMBOLIC_LEFTOVER`` and the external-data files it names from ``folder`` (the working directory), if
+    written at or after ``since`` (so a user's own older file of that name stays); returns what was deleted."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
     try:
-        quant_pre_process(strip_value_info(src, out_dir), str(pre))
-        return str(pre)
-    except Exception as e:  # noqa: BLE001 - the pre-processing is an optimization, not a requirement
-        log.warning("quantization pre-processing skipped: %s", e)
-        return src
+        folder = folder or Path.cwd()
+        model_file = folder / SYMBOLIC_LEFTOVER
+        if not model_file.is_file() or model_file.stat().st_mtime < since - 1:
+            return []
+        model = onnx.load(str(model_file), load_external_data=False)
+    except Exception:  # noqa: BLE001 - a cwd gone or a file half-written: nothing this build can safely remove
+        return []
+    names = {ExternalDataInfo(t).location for t in model.graph.initializer if uses_external_data(t)}
+    removed = []
+    for path in [*(folder / n for n in sorted(names) if n and Path(n).name == n), model_file]:
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime >= since - 1:
+                path.unlink()
+                removed.append(path)
+    return removed
 
 
 def quantize_static_onnx(src: str, dst: Path, params: StaticParams, calibration: Dataset | None,
