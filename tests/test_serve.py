@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -621,3 +622,29 @@ def test_a_failed_metrics_push_is_counted_not_swallowed():
 
     asyncio.run(two_rounds())
     assert Replica.plane.metrics.push_errors._value.get() >= 2
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/comm").exists(), reason="Linux only: thread names and per-thread niceness")
+def test_inference_threads_carry_their_name_to_the_os_and_run_below_the_event_loop():
+    """serve_cpu.py splits a server's CPU by thread name (inference vs event loop); py-spy and top -H show it too."""
+    from servopt.serve.batcher import INFERENCE_NICENESS, DynamicBatcher
+
+    seen: list[tuple[str, int]] = []
+
+    def run(feed):
+        seen.append((Path("/proc/thread-self/comm").read_text().strip(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return feed["x"]
+
+    async def scenario():
+        b = DynamicBatcher([run], max_batch=1, max_delay_us=0)
+        b.start()
+        await b.submit({"x": np.ones((1, 2), np.float32)})
+        await b.stop()
+
+    loop_niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    asyncio.run(scenario())
+    name, niceness = seen[0]
+    assert name == "servopt-infer_0"
+    # setpriority sets an absolute niceness; a process already nicer than that (unprivileged) keeps its own
+    assert niceness == INFERENCE_NICENESS or (loop_niceness > INFERENCE_NICENESS and niceness == loop_niceness)
+    assert Path("/proc/thread-self/comm").read_text().strip() != "servopt-infer_0"  # the caller's own name is untouched
