@@ -82,6 +82,27 @@ def own_cpu() -> float:
     return t.user + t.system
 
 
+def thread_cpu(pid: int) -> tuple[float, float]:
+    """(event-loop thread, inference threads) CPU seconds of server ``pid`` so far. uvicorn runs the loop on the main
+    thread; the model calls run on threads named ``servopt-infer_N`` at the OS level (``batcher.name_native_thread``;
+    a server from before that names none, so its model calls count as neither). Threads of neither kind (ONNX
+    Runtime's intra-op pool of a multi-thread instance, the tokenizer's) are in neither figure."""
+    tick, loop, infer = os.sysconf("SC_CLK_TCK"), 0.0, 0.0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                comm = (task / "comm").read_text().strip()
+            except OSError:  # the thread ended meanwhile
+                continue
+            seconds = (int(fields[11]) + int(fields[12])) / tick
+            if task.name == str(pid):
+                loop += seconds
+            elif comm.startswith("servopt-infer"):
+                infer += seconds
+    return loop, infer
+
+
 # ------------------------------------------------------------------------------------------------ the model
 
 
@@ -202,15 +223,15 @@ def embedding_of(route: str, body: bytes) -> np.ndarray:
 
 
 async def closed_loop(port: int, route: str, concurrency: int, seconds: float, warmup: float,
-                      server_cpu: Callable[[], float] = lambda: 0.0) -> dict:
-    """``rawhttp.closed_loop`` on ``route``; the server's CPU (``server_cpu``), ours and the machine's are read as the
-    timed window opens and closes."""
+                      server_cpu: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0)) -> dict:
+    """``rawhttp.closed_loop`` on ``route``; the server's CPU (``server_cpu``: the process, its event-loop thread, its
+    inference threads), ours and the machine's are read as the timed window opens and closes."""
     url, body = route_request(route, port)
     out = await rawhttp.closed_loop(url, [body], concurrency, seconds, warmup,
-                                    lambda: (own_cpu(), busy_jiffies() / os.sysconf("SC_CLK_TCK"), server_cpu()))
-    client, busy, server = out["cpu_deltas"]
-    return {"wall": out["wall_s"], "client_cpu": client, "busy_s": busy, "server_cpu": server,
-            "latencies_ms": out["latencies_ms"], "errors": out["errors"]}
+                                    lambda: (own_cpu(), busy_jiffies() / os.sysconf("SC_CLK_TCK"), *server_cpu()))
+    client, busy, server, loop, infer = out["cpu_deltas"]
+    return {"wall": out["wall_s"], "client_cpu": client, "busy_s": busy, "server_cpu": server, "loop_cpu": loop,
+            "inference_cpu": infer, "latencies_ms": out["latencies_ms"], "errors": out["errors"]}
 
 
 def one(port: int, route: str) -> bytes:
@@ -245,7 +266,8 @@ def step(server: ServerProcess, route: str, concurrency: int, seconds: float, wa
         loop.close()
         loop = uvloop.new_event_loop()
     try:
-        result = loop.run_until_complete(closed_loop(server.port, route, concurrency, seconds, warmup, server.cpu_seconds))
+        result = loop.run_until_complete(closed_loop(server.port, route, concurrency, seconds, warmup,
+                                                     lambda: (server.cpu_seconds(), *thread_cpu(server.proc.pid))))
     finally:
         loop.close()
     calls1, samples1 = server_batches(server.url)
@@ -256,6 +278,8 @@ def step(server: ServerProcess, route: str, concurrency: int, seconds: float, wa
     return {"route": route, "concurrency": concurrency, "ok": ok, "errors": result["errors"], "rps": ok / wall,
             "p50_ms": float(np.percentile(lat, 50)) if ok else None, "p99_ms": float(np.percentile(lat, 99)) if ok else None,
             "server_cpu_ms_per_request": server_cpu / ok * 1000 if ok else None,
+            "loop_cpu_ms_per_request": result["loop_cpu"] / ok * 1000 if ok else None,
+            "inference_cpu_ms_per_request": result["inference_cpu"] / ok * 1000 if ok else None,
             "server_cores": server_cpu / wall, "client_cores": result["client_cpu"] / wall,
             "others_cores": max(0.0, result["busy_s"] - server_cpu - result["client_cpu"]) / wall,
             "mean_batch": (samples1 - samples0) / (calls1 - calls0) if calls1 > calls0 else None}
@@ -394,7 +418,8 @@ def main() -> None:
                         st = step(running[label], route, c, args.seconds, args.warmup)
                         row["servers"][label]["steps"].append(st)
                         print(f"round {r + 1} {label:>16} {route:>13} c={c:<3} {st['rps']:7.1f} req/s  p50 {st['p50_ms']:6.2f} ms  "
-                              f"p99 {st['p99_ms']:6.2f} ms  server CPU {st['server_cpu_ms_per_request']:5.2f} ms/req  "
+                              f"p99 {st['p99_ms']:6.2f} ms  server CPU {st['server_cpu_ms_per_request']:5.2f} ms/req (loop "
+                              f"{st['loop_cpu_ms_per_request']:.2f}, model calls {st['inference_cpu_ms_per_request']:.2f})  "
                               f"batch {st['mean_batch'] or 0:4.1f}  cores: server {st['server_cores']:.2f} client "
                               f"{st['client_cores']:.2f} others {st['others_cores']:.2f}" + (f"  errors {st['errors']}" if st["errors"] else ""),
                               flush=True)
@@ -439,12 +464,19 @@ def summarize(report: dict, routes: list[str], levels: list[int]) -> None:
                 line = {"rps": statistics.median(each("rps")), "p50_ms": statistics.median(each("p50_ms")),
                         "p99_ms": statistics.median(each("p99_ms")), "server_cpu_ms_per_request": statistics.median(cpu_req),
                         "server_cpu_over_model_cpu": statistics.median(a / b for a, b in zip(cpu_req, model_cpu, strict=True)),
+                        "loop_cpu_ms_per_request": statistics.median(each("loop_cpu_ms_per_request")),
+                        "inference_cpu_ms_per_request": statistics.median(each("inference_cpu_ms_per_request")),
+                        # the same request's CPU over its model calls' CPU as the server ran them (not a warm loop)
+                        "server_cpu_over_served_calls": statistics.median(
+                            a / b if b else float("nan") for a, b in zip(cpu_req, each("inference_cpu_ms_per_request"), strict=True)),
                         "served_over_offline": statistics.median(
                             rps / row["offline"]["texts_per_s_batch32"] for rps, row in zip(each("rps"), rounds, strict=True))}
                 summary[f"{label} {route} c={c}"] = line
                 print(f"  {label:>16} {route:>13} c={c:<3} {line['rps']:7.1f} req/s  p50 {line['p50_ms']:6.2f}  p99 {line['p99_ms']:6.2f} ms  "
                       f"server CPU {line['server_cpu_ms_per_request']:5.2f} ms/req = {line['server_cpu_over_model_cpu']:.2f}× the model's "
-                      f"(goal ≤ 1.5×)  served/offline {line['served_over_offline']:.0%}" + ("  (goal ≥ 85 %)" if c == max(levels) else ""))
+                      f"offline (goal ≤ 1.5×), {line['server_cpu_over_served_calls']:.2f}× its served calls' (loop "
+                      f"{line['loop_cpu_ms_per_request']:.2f}, calls {line['inference_cpu_ms_per_request']:.2f} ms)  "
+                      f"served/offline {line['served_over_offline']:.0%}" + ("  (goal ≥ 85 %)" if c == max(levels) else ""))
     if len(labels) == 2:
         before, after = labels
         for c in levels:

@@ -204,3 +204,34 @@ def test_roofline_counts_int8_products_and_its_kernel_computes_one(tmp_path: Pat
     model = onnx.load(path)
     b = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "B")).astype(np.float32) * 0.01
     assert y.shape == (4, 8) and np.corrcoef(y.ravel(), (a @ b).ravel())[0, 1] > 0.99
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc only")
+def test_thread_cpu_counts_a_named_inference_thread_while_it_runs() -> None:
+    """serve_cpu.py's split of a server's CPU: the main thread (the event loop) and the threads named servopt-infer*
+    (read while they live: an ended thread leaves /proc, as the server's executor threads do not)."""
+    import threading
+    import time
+
+    import serve_cpu
+    from servopt.serve.batcher import name_native_thread
+
+    done, measured = threading.Event(), threading.Event()
+
+    def burn() -> None:
+        name_native_thread()
+        end = time.process_time() + 0.4
+        while time.process_time() < end:
+            pass
+        done.set()
+        measured.wait(10)
+
+    loop0, infer0 = serve_cpu.thread_cpu(os.getpid())
+    t = threading.Thread(target=burn, name="servopt-infer_7")
+    t.start()
+    done.wait(10)
+    loop1, infer1 = serve_cpu.thread_cpu(os.getpid())
+    measured.set()
+    t.join()
+    assert infer1 - infer0 >= 0.3
+    assert loop1 - loop0 < 0.2  # the main thread waited
