@@ -387,9 +387,18 @@ def test_summary_and_report(quick_run):
     from servopt.machine import cpu_features, richer
 
     if richer(cpu_features().level, "avx2"):
-        capped = summary["capped"]["avx2"]
-        assert capped["environment"]["isa_cap"] == "AVX2"
-        assert capped["variants"]["ort-fp32"]["isa_cap"] is None, "ONNX Runtime cannot be held to an ISA"
+        capped = summary["capped"].get("avx2")
+        if capped is None:  # the model trains per machine: its cpu-server candidates may all be ONNX Runtime's
+            from servopt.machine import Isa
+            from servopt.runtimes import get_runtime
+
+            assert "cpu-server: no candidate's runtime can be held to avx2; its figures stand uncapped" in summary["problems"]
+            runtimes = {json.loads(line)["name"]: json.loads(line)["runtime"] for line in (quick_run / "results.jsonl").read_text().splitlines()}
+            pick = summary["targets"][0]["recommended"] or summary["targets"][0]["nearest"]
+            assert get_runtime(runtimes[pick]).isa_cap_env(Isa.AVX2) is None, "a pick that can be capped was not re-measured capped"
+        else:
+            assert capped["environment"]["isa_cap"] == "AVX2"
+            assert capped["variants"]["ort-fp32"]["isa_cap"] is None, "ONNX Runtime cannot be held to an ISA"
         assert "instruction set" in summary["targets"][0]["reason"]
     html = (quick_run / "report.html").read_text()
     for section in ("Verdict per target", "Same-run ratios", "Latency against accuracy", "Every variant", "Throughput",
