@@ -125,6 +125,7 @@ def checkout(rev: str, cache: Path) -> Path:
     sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], capture_output=True, text=True, check=True).stdout.strip()
     out = cache / f"src-{sha}"
     if not (out / "src" / "servopt").is_dir():
+        cache.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=cache))
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", sha, "src"], capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)

@@ -577,7 +577,8 @@ def print_report(rep: dict) -> None:
     print(f"servopt: {' '.join(rep['servers']['servopt']['command'][2:]) if 'servopt' in rep['servers'] else '-'}")
     print(f"infinity: {' '.join(rep['servers']['infinity']['command'][1:]) if 'infinity' in rep['servers'] else '-'}")
     if "servopt-b" in rep["servers"]:
-        print(f"servopt-b: {' '.join(rep['servers']['servopt-b']['command'][2:])}")
+        rev = f" (the code of {rep['servopt_b_rev']['rev']})" if rep.get("servopt_b_rev") else ""
+        print(f"servopt-b: {' '.join(rep['servers']['servopt-b']['command'][2:])}{rev}")
     s = rep["summary"]
     for name, per in s["per_server"].items():
         cos = per["cosine"] or {}
@@ -638,6 +639,9 @@ def main() -> None:
     ap.add_argument("--servopt-b-args", default=None,
                     help="also run servopt a second way, as server 'servopt-b', with these options instead of --servopt-args "
                          "(a same-run A/B of a serving setting, e.g. '--max-queue 1024 --threads 1'); ratios servopt / servopt-b")
+    ap.add_argument("--servopt-b-rev", default=None,
+                    help="also run servopt as 'servopt-b' from this git revision's src (e.g. main): a same-run A/B of a code "
+                         "change; it takes --servopt-b-args if given, else --servopt-args")
     ap.add_argument("--client", choices=("raw", "aiohttp"), default="raw",
                     help="the closed loops' HTTP client: rawhttp.py (default; the least CPU taken from the servers' cores) or aiohttp")
     ap.add_argument("--cells", default="*", help="only the cells matching these comma-separated globs (e.g. 'c*-n1-*,poisson*')")
@@ -655,7 +659,7 @@ def main() -> None:
     names = [n for n in args.servers.split(",") if n]
     if not set(names) <= {"servopt", "infinity"}:
         raise SystemExit(f"--servers takes servopt and/or infinity, not {args.servers!r}")
-    if args.servopt_b_args is not None:
+    if args.servopt_b_args is not None or args.servopt_b_rev:
         names.append("servopt-b")
     feats = cpu_features()
     rep: dict = {"what": "servopt serve vs Infinity, all-MiniLM-L6-v2 INT8, OpenAI /v1/embeddings, same client (issue 19)",
@@ -684,6 +688,11 @@ def main() -> None:
         spec, onnx_file, variant_env = load_model(args.servopt_onnx).spec, args.servopt_onnx.resolve(), {}
         rep["servopt_variant"] = {"name": onnx_file.name, "file": str(onnx_file)}
     so_env = {**os.environ, **variant_env, "PYTHONPATH": str(HERE.parent / "src")}
+    if args.servopt_b_rev:
+        from serve_cpu import checkout
+
+        b_src = checkout(args.servopt_b_rev, work / "revisions")
+        rep["servopt_b_rev"] = {"rev": args.servopt_b_rev, "src": str(b_src)}
 
     inf_python = None
     if "infinity" in names:
@@ -733,8 +742,10 @@ def main() -> None:
             for name in (names if r % 2 == 0 else names[::-1]):
                 port = free_port()
                 if name.startswith("servopt"):
-                    extra = args.servopt_b_args if name == "servopt-b" else args.servopt_args
-                    cmd, env, cwd = servopt_command(args, run, port, extra), so_env, HERE.parent
+                    b = name == "servopt-b"
+                    extra = args.servopt_b_args if b and args.servopt_b_args is not None else args.servopt_args
+                    env = {**so_env, "PYTHONPATH": str(b_src)} if b and args.servopt_b_rev else so_env
+                    cmd, cwd = servopt_command(args, run, port, extra), HERE.parent
                 else:
                     cmd, env, cwd = infinity_command(inf_python, port, args.infinity_args), infinity_env(work), inf_model
                 rep["servers"].setdefault(name, {"command": cmd, "cwd": str(cwd)})

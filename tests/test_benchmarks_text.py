@@ -235,3 +235,12 @@ def test_thread_cpu_counts_a_named_inference_thread_while_it_runs() -> None:
     t.join()
     assert infer1 - infer0 >= 0.3
     assert loop1 - loop0 < 0.2  # the main thread waited
+
+
+def test_a_revisions_src_is_checked_out_into_a_cache_made_on_demand(tmp_path: Path) -> None:
+    """serve_cpu.py --before and text_servers.py --servopt-b-rev run another revision's server from its src."""
+    import serve_cpu
+
+    src = serve_cpu.checkout("HEAD", tmp_path / "not-yet" / "revisions")
+    assert (src / "servopt" / "serve" / "batcher.py").is_file()
+    assert serve_cpu.checkout("HEAD", tmp_path / "not-yet" / "revisions") == src  # cached: archived once
