@@ -293,6 +293,19 @@ def test_same_variants_and_verdicts_as_on_one_machine(ray_run, trained, digits, 
 
 
 @pytest.mark.slow
+def test_kinds_settling_close_calls_at_once_each_launch_into_their_own_folder(ray_run):
+    """Two jobs launched into one folder read each other's job.json: the kinds' duels (and alternating re-measures)
+    run at once on a cluster, so each kind has its own (a shared `work/duel` gave a kind the other's duel)."""
+    from servopt.optimize.targets import kind_slug
+
+    duels = [t for t in _tasks(ray_run) if t["what"] == "duel"]
+    for t in duels:
+        (kind,) = [k for k in t["resources"] if k in KINDS.values()]
+        assert (ray_run / "work" / "duel" / kind_slug(kind) / "job.json").exists()
+    assert not (ray_run / "work" / "duel" / "job.json").exists()
+
+
+@pytest.mark.slow
 def test_resume_measures_nothing_again(ray_run, cluster, trained, digits, targets_file):  # noqa: F811
     before, tasks_before = (ray_run / "results.jsonl").read_text(), len(_tasks(ray_run))
     result = runner.invoke(app, [*_cmd(trained["path"], digits, ray_run, targets_file), "--ray", cluster["address"]])

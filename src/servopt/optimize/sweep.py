@@ -755,7 +755,7 @@ class Sweep:
                     for n in [self.baseline.name, *own]}
             self.progress.step(f"re-measuring {', '.join(own)} process by process with the baseline")
             try:
-                future = self.executor.submit(alternate, jobs, self.interleave_rounds, self.dir.work_root / "alternating",
+                future = self.executor.submit(alternate, jobs, self.interleave_rounds, self.dir.work("alternating", kind),
                                               resources=self.kinds.get(kind), what="alternating re-measure")
                 alternated = ratios(future.result(), self.baseline.name, anchor)
             except (AlternationFailed, Lost) as e:
@@ -798,7 +798,9 @@ class Sweep:
             self.progress.step(f"settling a close call: {', '.join(names)} taking turns block by block")
             job = duel_job(names, by_name, self.dir.eval_data, asked, seconds, self.interleave_protocol.batch_size,
                            min_pairs=3 if self.settings.quick else 8)
-            result = self._result_or_problem(job, self.dir.work_root / "duel", kind, "duel",
+            # a folder per kind: on a cluster the kinds settle their close calls at once, and two jobs launched into
+            # one folder read each other's job.json (a kind got the other's duel, and a resumed run dueled again)
+            result = self._result_or_problem(job, self.dir.work("duel", kind), kind, "duel",
                                              f"the close call of {', '.join(names)} was not settled")
             if result is None:
                 break
