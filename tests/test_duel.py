@@ -240,7 +240,8 @@ def test_a_resumed_run_duels_no_more_than_the_first_did(tmp_path, monkeypatch):
         return Duels(duels=[Duel(a=names[0], b=names[1], what="p50_ms", pairs=9, time_ratio=1.2,
                                  time_ratio_interval=[1.1, 1.3], verdict="b")], seconds=1.0)
 
-    fake = SimpleNamespace(dir=SimpleNamespace(interleave=lambda kind: path, eval_data=tmp_path / "d.npz", work_root=tmp_path),
+    fake = SimpleNamespace(dir=SimpleNamespace(interleave=lambda kind: path, eval_data=tmp_path / "d.npz", work_root=tmp_path,
+                                               work=lambda name, kind=None: tmp_path / name),
                            duel_seconds=lambda n: 1.0, settings=SimpleNamespace(quick=True), problems=[],
                            interleave_protocol=SimpleNamespace(batch_size=8), family=None,
                            progress=SimpleNamespace(step=lambda s: None))
