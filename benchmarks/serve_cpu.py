@@ -50,8 +50,9 @@ from pathlib import Path
 import numpy as np
 
 import rawhttp
-from servopt.serve.batcher import lower_priority
+from servopt.serve.batcher import INFERENCE_THREAD_PREFIX, lower_priority
 from servopt.serve.harness import ServerProcess
+from text_servers import proc_cpu_ticks
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCE = "How do I make my model faster to serve?"
@@ -87,20 +88,19 @@ def thread_cpu(pid: int) -> tuple[float, float]:
     thread; the model calls run on threads named ``servopt-infer_N`` at the OS level (``batcher.name_native_thread``;
     a server from before that names none, so its model calls count as neither). Threads of neither kind (ONNX
     Runtime's intra-op pool of a multi-thread instance, the tokenizer's) are in neither figure."""
-    tick, loop, infer = os.sysconf("SC_CLK_TCK"), 0.0, 0.0
+    loop = infer = 0
     with contextlib.suppress(OSError):
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-                comm = (task / "comm").read_text().strip()
+                ticks, comm = proc_cpu_ticks((task / "stat").read_text()), (task / "comm").read_text().strip()
             except OSError:  # the thread ended meanwhile
                 continue
-            seconds = (int(fields[11]) + int(fields[12])) / tick
             if task.name == str(pid):
-                loop += seconds
-            elif comm.startswith("servopt-infer"):
-                infer += seconds
-    return loop, infer
+                loop += ticks
+            elif comm.startswith(INFERENCE_THREAD_PREFIX):
+                infer += ticks
+    tick = os.sysconf("SC_CLK_TCK")
+    return loop / tick, infer / tick
 
 
 # ------------------------------------------------------------------------------------------------ the model

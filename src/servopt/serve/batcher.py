@@ -127,6 +127,7 @@ def lower_priority() -> None:
 
 
 PR_SET_NAME = 15  # <linux/prctl.h>
+INFERENCE_THREAD_PREFIX = "servopt-infer"  # the model-call threads' names: servopt-infer_0, _1, … (≤ 15 bytes)
 
 
 def name_native_thread() -> None:
@@ -238,7 +239,7 @@ class DynamicBatcher:
 
     def start(self) -> None:
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=len(self.run_fns), thread_name_prefix="servopt-infer",
+        self._executor = ThreadPoolExecutor(max_workers=len(self.run_fns), thread_name_prefix=INFERENCE_THREAD_PREFIX,
                                             initializer=inference_thread_setup)
         self._tasks = [asyncio.create_task(self._worker(i, fn)) for i, fn in enumerate(self.run_fns)]
 
