@@ -350,6 +350,14 @@ def servopt_command(args, run: Path | None, port: int, extra: str) -> list[str]:
     return [sys.executable, "-m", "servopt", "serve", *source, "--name", MODEL_NAME, "--port", str(port), *extra.split()]
 
 
+def servopt_side(name: str, args, env: dict, b_src: Path | None) -> tuple[str, dict]:
+    """The ``servopt serve`` options and environment of server ``name``: ``servopt-b`` takes ``--servopt-b-args`` when
+    given, and with ``--servopt-b-rev`` that revision's src (``b_src``) as its PYTHONPATH; ``servopt`` this tree's."""
+    b = name == "servopt-b"
+    extra = args.servopt_b_args if b and args.servopt_b_args is not None else args.servopt_args
+    return extra, {**env, "PYTHONPATH": str(b_src)} if b and b_src is not None else env
+
+
 def infinity_command(python: Path, port: int, extra: str) -> list[str]:
     cli = python.parent / "infinity_emb"
     return [str(cli), "v2", "--model-id", ".", "--engine", "optimum", "--device", "cpu", "--pooling-method", "mean",
@@ -688,6 +696,7 @@ def main() -> None:
         spec, onnx_file, variant_env = load_model(args.servopt_onnx).spec, args.servopt_onnx.resolve(), {}
         rep["servopt_variant"] = {"name": onnx_file.name, "file": str(onnx_file)}
     so_env = {**os.environ, **variant_env, "PYTHONPATH": str(HERE.parent / "src")}
+    b_src = None
     if args.servopt_b_rev:
         from serve_cpu import checkout
 
@@ -742,9 +751,7 @@ def main() -> None:
             for name in (names if r % 2 == 0 else names[::-1]):
                 port = free_port()
                 if name.startswith("servopt"):
-                    b = name == "servopt-b"
-                    extra = args.servopt_b_args if b and args.servopt_b_args is not None else args.servopt_args
-                    env = {**so_env, "PYTHONPATH": str(b_src)} if b and args.servopt_b_rev else so_env
+                    extra, env = servopt_side(name, args, so_env, b_src)
                     cmd, cwd = servopt_command(args, run, port, extra), HERE.parent
                 else:
                     cmd, env, cwd = infinity_command(inf_python, port, args.infinity_args), infinity_env(work), inf_model

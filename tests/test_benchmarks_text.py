@@ -244,3 +244,15 @@ def test_a_revisions_src_is_checked_out_into_a_cache_made_on_demand(tmp_path: Pa
     src = serve_cpu.checkout("HEAD", tmp_path / "not-yet" / "revisions")
     assert (src / "servopt" / "serve" / "batcher.py").is_file()
     assert serve_cpu.checkout("HEAD", tmp_path / "not-yet" / "revisions") == src  # cached: archived once
+
+
+def test_servopt_b_runs_the_other_revisions_code_with_its_own_or_the_shared_options(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    env = {"PYTHONPATH": "this/src", "HF_HUB_OFFLINE": "1"}
+    rev = SimpleNamespace(servopt_args="--max-queue 1024", servopt_b_args=None)
+    assert text_servers.servopt_side("servopt", rev, env, tmp_path) == ("--max-queue 1024", env)
+    extra, b_env = text_servers.servopt_side("servopt-b", rev, env, tmp_path)
+    assert extra == "--max-queue 1024" and b_env == {**env, "PYTHONPATH": str(tmp_path)}
+    setting = SimpleNamespace(servopt_args="--max-queue 1024", servopt_b_args="--threads 1")
+    assert text_servers.servopt_side("servopt-b", setting, env, None) == ("--threads 1", env)
