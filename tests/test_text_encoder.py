@@ -621,7 +621,8 @@ def test_quantization_preprocessing_leaves_nothing_in_the_working_directory(tmp_
     folder, _ = tiny_bert
     info = H.inspect_encoder(folder)
     model = tmp_path / "bert.onnx"
-    X.export_module(H.load_sentence_encoder(info), H.encoder_spec(info), model, X.token_plan(H.encoder_spec(info), lengths=(7, 32), batches=(1, 2)))
+    spec = H.encoder_spec(info)
+    X.export_module(H.load_sentence_encoder(info), spec, model, X.token_plan(spec, lengths=(7, 32), batches=(1, 2)))
     cwd, out = tmp_path / "cwd", tmp_path / "build"
     cwd.mkdir(), out.mkdir()
     monkeypatch.chdir(cwd)
