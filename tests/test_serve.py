@@ -372,6 +372,19 @@ import servopt.cli  # the CLI, serve and loadtest commands included
 """)
 
 
+def test_serve_cli_passes_the_text_batching_settings(onnx_model, monkeypatch):
+    """--max-call-tokens and --max-padding reach the server's settings; a negative share is refused naming the flag."""
+    import servopt.serve.server
+
+    seen = []
+    monkeypatch.setattr(servopt.serve.server, "run_server", lambda models, settings: seen.append(settings))
+    r = CliRunner().invoke(cli_app, ["serve", str(onnx_model), "--max-padding", "0.1", "--max-call-tokens", "256"])
+    assert r.exit_code == 0, r.output
+    assert seen[0].max_padding == 0.1 and seen[0].max_call_tokens == 256
+    r = CliRunner().invoke(cli_app, ["serve", str(onnx_model), "--max-padding", "-1"])
+    assert r.exit_code == 2 and "--max-padding" in r.output and not seen[1:]
+
+
 def test_serve_cli_refuses_non_servable(tmp_path):
     path = tmp_path / "m.pt"
     torch.save(TinyNet.build().state_dict(), path)

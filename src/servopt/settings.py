@@ -39,7 +39,7 @@ class ServeSettings(BaseSettings):
     # wait: all-MiniLM-L6-v2 INT8 on one AVX2 core, 2.16 ms a 13-token text at 8 a call vs 2.11 at 32; a 128-token
     # text 24.8 ms alone vs 26.8 at 32 a call. 0: only max_batch and max_batch_tokens bound a call (GPU runtimes).
     max_call_tokens: int = Field(default=512, ge=0)
-    max_padding: float | None = 0.25  # text models: a merged batch is split into model calls padding at most this share
+    max_padding: float | None = Field(default=0.25, ge=0)  # text models: a merged batch is split into model calls padding at most this share
     api_key: str | None = None  # SERVOPT_API_KEY: require 'Authorization: Bearer KEY'
     limit_concurrency: int | None = None  # uvicorn's limit on connections + requests in progress
 

@@ -69,6 +69,9 @@ def serve(
     max_call_tokens: Annotated[int | None, typer.Option(
         help="text models on a CPU: padded tokens past which a model call stops merging requests; 0: no such bound "
              "[default: 512]")] = None,
+    max_padding: Annotated[float | None, typer.Option(
+        help="text models: a merged batch is split into model calls that pad at most this share of their tokens "
+             "[default: 0.25]")] = None,
     max_delay_us: Annotated[int | None, typer.Option(help="how long a request may wait to be batched, µs [default: 2000]")] = None,
     max_queue: Annotated[int | None, typer.Option(help="samples allowed to wait; past it 503 + Retry-After, a request of more "
                                                      "samples 413 [default: 256]")] = None,
@@ -113,7 +116,7 @@ def serve(
             require_ray()
         model, packaged = _served(source, target, variant, nearest, name, runtime, parse_options(option))
         settings = serve_settings(packaged, host=host, port=port, grpc_port=grpc_port, max_batch=max_batch,
-                                  max_call_tokens=max_call_tokens, max_delay_us=max_delay_us, max_queue=max_queue,
+                                  max_call_tokens=max_call_tokens, max_padding=max_padding, max_delay_us=max_delay_us, max_queue=max_queue,
                                   latency_budget_ms=latency_budget_ms,
                                   batching=False if no_batching else None,
                                   instances=instances, threads=threads, request_timeout_s=timeout, max_body_mb=max_body_mb,
