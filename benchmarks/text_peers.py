@@ -86,7 +86,10 @@ def workload(inputs: dict, name: str) -> tuple[list[str], int]:
 
     b32x128: 32 texts of exactly 128 tokens, batch 32. b1short: one short sentence, batch 1. texts: the shipped
     sentences with their real lengths, batch 32 (each side batches them its own way: ST's encode sorts by character
-    length, servopt by token length)."""
+    length, servopt by token length). pool:NAME:B: the texts of ``inputs["pools"][NAME]``, batch B."""
+    if name.startswith("pool:"):
+        _, pool, batch = name.split(":")
+        return list(inputs["pools"][pool]), int(batch)
     if name == "b32x128":
         return list(inputs["b32x128"]), 32
     if name == "b1short":

@@ -36,7 +36,10 @@ servopt's tokenizer, length-sorted batches of 32, the same texts). Per cell: req
 side), and the server's CPU per request from ``/proc/<pid>/stat`` (user + system of the server and its children);
 per server: start time, peak memory (``VmHWM`` of its processes) and its embeddings' cosine to the original model's
 (transformers ``AutoModel`` + mean pooling + L2 norm on the real weights). Ratios are servopt / Infinity per round,
-reported as the median over rounds.
+reported as the median over rounds. Each round also times the model alone on each closed-loop cell's texts (no
+server, no client; calls of the cell's texts × concurrency, at most 32): what a server costing nothing but its model
+calls would serve, each server's share of it, and it over Infinity's texts/s, the most any server running this model
+could show against Infinity in that cell (``model_alone_workload``).
 
     # full run (the lead's): about 30-35 min on 2 cores after the one-time builds and environment
     PYTHONPATH=src HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/text_servers.py --rounds 3 --seconds 10
@@ -79,6 +82,7 @@ SERVOPT_ARGS = "--max-queue 1024 --latency-budget-ms 0"
 CONCURRENCY = (1, 8, 32)
 TEXTS_PER_REQUEST = (1, 16)
 LENGTHS = ("short", "128")
+MAX_BATCH = 32  # servopt serve's default --max-batch
 SHORT_TOKENS = (8, 16)  # the shipped sentences with this many tokens (special tokens included) are the short texts
 
 
@@ -180,6 +184,17 @@ def cells(rate: float) -> list[dict]:
         out.append({"name": f"poisson{rate:g}-n1-short", "mode": "poisson", "rate": rate, "texts": 1, "length": "short"})
     out.append({"name": "c32-n1-shipped", "mode": "closed", "concurrency": 32, "texts": 1, "length": "shipped"})
     return out
+
+
+def model_alone_workload(cell: dict) -> str | None:
+    """The offline workload (``text_peers.workload``) bounding a closed-loop cell from above: the cell's texts through
+    the model alone, no server and no client, in calls as large as the loop's requests could be merged into (their
+    texts × concurrency, at most ``servopt serve``'s default ``--max-batch``). A server that cost nothing but its model
+    calls would serve at most this many texts/s, so its ratio to a peer's texts/s is the most any server running this
+    model could show against that peer. None: an open loop, or texts of mixed lengths (served / offline covers those)."""
+    if cell["mode"] != "closed" or cell["length"] not in LENGTHS:
+        return None
+    return f"pool:{cell['length']}:{min(cell['texts'] * cell['concurrency'], MAX_BATCH)}"
 
 
 def median_ratio(a: list[float | None], b: list[float | None]) -> float | None:
@@ -551,6 +566,28 @@ def measure_server(srv: Server, pools: dict, args, round_no: int) -> dict:
     return out
 
 
+def model_alone_summary(rounds: list[dict], cell_names: list[str], names: list[str]) -> dict:
+    """Per closed-loop cell: the model alone's texts/s (median over rounds) and, per server, the server's texts/s over
+    it and it over Infinity's (``model_alone_workload``), each the median of per-round ratios."""
+    by_name = {c["name"]: c for c in cells(0)}
+    out: dict = {}
+    for cell in cell_names:
+        w = model_alone_workload(by_name[cell]) if cell in by_name else None
+        alone = [(r.get("model_alone") or {}).get(w) for r in rounds] if w else []
+        if not any(alone):
+            continue
+
+        def served(server: str, cell: str = cell) -> list[float | None]:
+            return [((r["servers"].get(server) or {}).get("cells") or {}).get(cell, {}).get("texts_per_s") for r in rounds]
+
+        row = {"workload": w, "texts_per_s": statistics.median([a for a in alone if a]),
+               "share": {s: median_ratio(served(s), alone) for s in names}}
+        if "infinity" in names:
+            row["over_infinity"] = median_ratio(alone, served("infinity"))
+        out[cell] = row
+    return out
+
+
 def summarize(rounds: list[dict], names: list[str]) -> dict:
     """Per server and cell: medians over rounds; servopt / Infinity ratios as medians of per-round ratios."""
     cell_names = list(rounds[0]["servers"][names[0]]["cells"]) if rounds and names and names[0] in rounds[0]["servers"] else []
@@ -569,6 +606,7 @@ def summarize(rounds: list[dict], names: list[str]) -> dict:
         if "servopt" in names and other in names:
             out[f"servopt_over_{other}"] = {c: {k: median_ratio(series("servopt", c, k), series(other, c, k)) for k in keys}
                                             for c in cell_names}
+    out["model_alone"] = model_alone_summary(rounds, cell_names, names)
     out["per_server"] = {s: {"start_s": med([(r["servers"].get(s) or {}).get("start_s") for r in rounds]),
                              "peak_rss_mb": med([(r["servers"].get(s) or {}).get("peak_rss_mb") for r in rounds]),
                              "served_over_offline": med([(r["servers"].get(s) or {}).get("served_over_offline") for r in rounds]),
@@ -617,6 +655,18 @@ def print_report(rep: dict) -> None:
 
             row += f"   {x('req_per_s'):>7} {x('p50_ms'):>6} {x('p99_ms'):>6} {x('server_cpu_ms_per_request'):>6}"
         print(row)
+    if s.get("model_alone"):
+        print("\nThe model alone (servopt's INT8 file in an ONNX Runtime session, no server, no client; the cell's texts in calls "
+              "of texts x concurrency, at most 32): its texts/s, each server's share of it, and it over Infinity's texts/s "
+              "(the most a server running this model could show against Infinity here)")
+        print("cell".ljust(22) + f"{'workload':>14}{'texts/s':>10}" + "".join(f"{n + ' share':>17}" for n in names)
+              + ("  alone / infinity" if "infinity" in names else ""))
+        for cell, a in s["model_alone"].items():
+            line = cell.ljust(22) + f"{a['workload'].removeprefix('pool:'):>14}{a['texts_per_s']:>10.1f}"
+            line += "".join(f"{'-' if a['share'][n] is None else format(a['share'][n], '.0%'):>17}" for n in names)
+            if "over_infinity" in a:
+                line += f"  {'-' if a['over_infinity'] is None else format(a['over_infinity'], '.2f') + 'x':>17}"
+            print(line)
 
 
 MODES = {"--infinity-build": infinity_build, "--offline-worker": offline_worker, "--reference-worker": reference_worker}
@@ -726,7 +776,9 @@ def main() -> None:
     pools = texts_for(model_dir, spec)
     rep["texts"] = pools.pop("info")
     (work / "texts.json").write_text(json.dumps(pools["shipped"]), encoding="utf-8")
-    (work / "inputs.json").write_text(json.dumps({"texts": pools["shipped"], "short": "", "b32x128": []}), encoding="utf-8")
+    (work / "inputs.json").write_text(json.dumps({"texts": pools["shipped"], "short": "", "b32x128": [],
+                                                  "pools": {k: pools[k] for k in LENGTHS}}), encoding="utf-8")
+    alone = sorted({w for c in selected(cells(args.rate), args.cells) if (w := model_alone_workload(c))})
     print("the original's embeddings (transformers, mean pooling) …", flush=True)
     subprocess.run([sys.executable, str(Path(__file__).resolve()), "--reference-worker", "--model", str(model_dir), "--texts",
                     str(work / "texts.json"), "--out", str(work / "reference.npy")], check=True, env={**os.environ, **OFFLINE_ENV})
@@ -748,6 +800,16 @@ def main() -> None:
                 raise RuntimeError(f"offline block failed: {ans.get('error')}")
             row["offline_texts_per_s"] = len(pools["shipped"]) * len(ans["times_ns"]) / (sum(ans["times_ns"]) / 1e9)
             print(f"round {r + 1}: offline (ONNX Runtime session, batches of 32) {row['offline_texts_per_s']:.1f} texts/s", flush=True)
+            row["model_alone"] = {}
+            for w in alone:
+                ans = offline.ask({"op": "block", "backend": "offline", "workload": w, "min_calls": 3, "min_seconds": args.seconds / 2,
+                                   "max_seconds": max(args.seconds * 2, 15.0)}, 900)
+                if not ans.get("ok"):
+                    raise RuntimeError(f"offline block {w} failed: {ans.get('error')}")
+                row["model_alone"][w] = ans["items_per_call"] * len(ans["times_ns"]) / (sum(ans["times_ns"]) / 1e9)
+            if alone:
+                print("  the model alone, texts/s: " + ", ".join(f"{w.removeprefix('pool:')} {v:.1f}" for w, v in row["model_alone"].items()),
+                      flush=True)
             for name in (names if r % 2 == 0 else names[::-1]):
                 port = free_port()
                 if name.startswith("servopt"):

@@ -91,6 +91,32 @@ def test_cells_cover_the_matrix_and_filter() -> None:
     assert [c["name"] for c in text_servers.selected(cells, "c1-n1-*, poisson*")] == ["c1-n1-short", "c1-n1-128", "poisson50-n1-short"]
 
 
+def test_the_model_alone_bounds_each_closed_cell_with_the_calls_its_requests_could_merge_into() -> None:
+    by_name = {c["name"]: c for c in text_servers.cells(50)}
+    assert text_servers.model_alone_workload(by_name["c1-n1-short"]) == "pool:short:1"
+    assert text_servers.model_alone_workload(by_name["c8-n1-128"]) == "pool:128:8"
+    assert text_servers.model_alone_workload(by_name["c1-n16-128"]) == "pool:128:16"
+    assert text_servers.model_alone_workload(by_name["c32-n16-short"]) == "pool:short:32"  # servopt's --max-batch
+    assert text_servers.model_alone_workload(by_name["poisson50-n1-short"]) is None
+    assert text_servers.model_alone_workload(by_name["c32-n1-shipped"]) is None  # served / offline covers it
+    inputs = {"pools": {"short": ["a", "b"], "128": ["c"]}}
+    assert text_peers.workload(inputs, "pool:short:8") == (["a", "b"], 8)
+
+    def rnd(alone: float, servopt: float, infinity: float) -> dict:
+        return {"model_alone": {"pool:128:1": alone},
+                "servers": {"servopt": {"cells": {"c1-n1-128": {"texts_per_s": servopt}}},
+                            "infinity": {"cells": {"c1-n1-128": {"texts_per_s": infinity}}}}}
+
+    rounds = [rnd(140.0, 100.0, 70.0), rnd(120.0, 90.0, 80.0), rnd(130.0, 110.0, 50.0)]
+    s = text_servers.summarize(rounds, ["servopt", "infinity"])["model_alone"]["c1-n1-128"]
+    assert s["workload"] == "pool:128:1" and s["texts_per_s"] == 130.0
+    assert s["over_infinity"] == 2.0  # per round 2.0, 1.5, 2.6: the most any server of this model could show
+    assert s["share"]["servopt"] == 0.75  # per round 0.714, 0.75, 0.846
+    rounds[0].pop("model_alone")  # a run from before the model-alone blocks: no row, no error
+    assert "c1-n1-128" in text_servers.summarize(rounds, ["servopt"])["model_alone"]
+    assert text_servers.summarize([rounds[0]], ["servopt"])["model_alone"] == {}
+
+
 def test_ratios_are_medians_of_per_round_ratios() -> None:
     assert text_servers.median_ratio([200, 100, 300], [100, 100, 100]) == 2.0
     assert text_servers.median_ratio([None, 100], [100, None]) is None
