@@ -5,16 +5,22 @@ same model in dynamic INT8 on ONNX Runtime: the model call is most of the reques
 every core:
 
 - the model call on one text of ``--tokens`` tokens: its p50 (no profiler), and from ORT's profiler the share of
-  operator time spent in the operators doing INT8 matrix products (``DynamicQuantizeMatMul``,
-  ``MatMulIntegerToFloat``, ``QAttention``; the profiler slows multi-thread calls, so only its shares are used);
-  their multiply-adds (every ``MatMulInteger``/``QAttention`` weight, K x N, times the tokens) over p50 x that share
-  is the rate the model's products run at;
+  operator time spent in the operators that are INT8 matrix products only (``DynamicQuantizeMatMul``,
+  ``MatMulIntegerToFloat``, ``MatMulInteger``; the profiler slows multi-thread calls, so only its shares are used);
+  their multiply-adds (every ``MatMulInteger`` weight, K x N, times the tokens) over p50 x that share is the rate
+  the model's products run at;
+- ``QAttention``, apart: it is the Q/K/V projection (an INT8 product) and the attention itself (softmax(QK^T)V per
+  head, in fp32) in one operator. Its projection is counted at the rate of the other products; the rest of its time
+  is the attention, reported as its share of the call (a quarter of the call at 128 tokens on a Zen 4 EPYC, where
+  counting all of QAttention as INT8 product work had put the products' rate too low);
 - the kernel's own rate: one ``DynamicQuantizeMatMul`` of 1024 x 1024 x 1024 (S8 weights), the best case for MLAS.
 
-Prints both rates (GMAC/s), their ratio, and the call's p50 against the time its INT8 products alone would take at
-the kernel's best rate. The two take turns block by block (``--rounds``); the ratio is the median of per-round ratios.
+Prints both rates (GMAC/s), their ratio, and the call's p50 against the call with every INT8 product (projections
+included) at the kernel's best rate and the rest unchanged. The two take turns block by block (``--rounds``); the
+ratio is the median of per-round ratios.
 
-    python benchmarks/int8_roofline.py --model RUN/artifacts/<quantize-dynamic>/model.onnx [--tokens 128] [--rounds 5]
+    python benchmarks/int8_roofline.py --model RUN/artifacts/<quantize-dynamic>/model.onnx [--tokens 128] [--rounds 5] \
+        [--against WORK/infinity-model/model_quantized.onnx]
 """
 
 from __future__ import annotations
@@ -35,20 +41,36 @@ from servopt.contracts import Artifact
 from servopt.machine import cpu_features, cpu_model
 from servopt.runtimes import open_session
 
-INT8_PRODUCTS = {"DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "MatMulInteger"}
+INT8_PRODUCTS = {"DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger"}  # nothing but the product
+ATTENTION = "QAttention"  # the Q/K/V projection (INT8) and the attention itself (fp32) in one operator
 
 
-def int8_macs_per_token(path: Path) -> int:
-    """Multiply-adds per token of the graph's INT8 matrix products: the K x N of each weight they multiply by."""
+def int8_macs_per_token(path: Path, ops: tuple[str, ...] = ("MatMulInteger", ATTENTION)) -> int:
+    """Multiply-adds per token of the graph's INT8 matrix products of type ``ops``: the K x N of each weight."""
     model = onnx.load(path)
     inits = {i.name: tuple(i.dims) for i in model.graph.initializer}
     total = 0
     for node in model.graph.node:
-        if node.op_type in ("MatMulInteger", "QAttention"):
+        if node.op_type in ops:
             dims = inits.get(node.input[1])
             if dims and len(dims) == 2:
                 total += dims[0] * dims[1]
     return total
+
+
+def split_call(call_s: float, product_share: float, attention_share: float, product_macs: float, projection_macs: float,
+               kernel_gmacs: float) -> dict:
+    """One call's time split: the INT8 products' rate (their multiply-adds over their time), the attention inside
+    ``QAttention`` (its time less its projection's at that rate), and the call with every product, projections
+    included, at the kernel's rate and the rest as it is."""
+    product_s = call_s * product_share
+    rate = product_macs / product_s if product_s > 0 else 0.0
+    projection_s = projection_macs / rate if rate else 0.0
+    attention_s = max(0.0, call_s * attention_share - projection_s)
+    rest_s = call_s - product_s - projection_s - attention_s
+    at_kernel_s = (product_macs + projection_macs) / (kernel_gmacs * 1e9) + attention_s + rest_s
+    return {"products_gmacs": rate / 1e9, "attention_share": attention_s / call_s, "rest_share": rest_s / call_s,
+            "call_at_kernel_rate_ms": at_kernel_s * 1e3}
 
 
 def p50(run, seconds: float) -> float:
@@ -83,10 +105,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="*", default=[1, os.cpu_count() or 1])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=1.0, help="per block: the model, then the kernel, each round")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="another INT8 encoder of the same model (e.g. text_servers.py's WORK/infinity-model/model_quantized.onnx, "
+                         "the one Infinity serves), its call timed in turn with this one: is the peer's model call any slower?")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
-    macs = int8_macs_per_token(args.model) * args.tokens
+    product_macs = int8_macs_per_token(args.model, ("MatMulInteger",)) * args.tokens
+    projection_macs = int8_macs_per_token(args.model, (ATTENTION,)) * args.tokens
+    macs = product_macs + projection_macs
     ids = np.random.default_rng(0).integers(1000, 20000, (1, args.tokens)).astype(np.int64)
     feed_all = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
     tmp = Path(tempfile.mkdtemp(prefix="int8-roofline-"))
@@ -101,26 +128,41 @@ def main() -> None:
         s = open_session(Artifact(format="onnx", path=str(args.model)), "onnxruntime", {"intra_op_threads": threads})
         g = open_session(Artifact(format="onnx", path=str(gemm)), "onnxruntime", {"intra_op_threads": threads})
         feed = {k: v for k, v in feed_all.items() if k in s.input_names}
-        calls, kernels = [], []
+        peer = open_session(Artifact(format="onnx", path=str(args.against)), "onnxruntime", {"intra_op_threads": threads}) if args.against else None
+        peer_feed = {k: v for k, v in feed_all.items() if peer and k in peer.input_names}
+        calls, kernels, peers = [], [], []
         for _ in range(args.rounds):  # interleaved: the machine's speed drifts by tens of % between minutes
             calls.append(p50(lambda s=s, feed=feed: s.run(feed), args.seconds))
             kernels.append(p50(lambda g=g: g.run({"A": a}), args.seconds))
+            if peer is not None:
+                peers.append(p50(lambda peer=peer, pf=peer_feed: peer.run(pf), args.seconds))
         call, kernel = statistics.median(calls), statistics.median(kernels)
         ops = s.profile([feed], runs=30, top=1000).ops
         share = sum(o.share for o in ops if o.op in INT8_PRODUCTS)
+        attention = sum(o.share for o in ops if o.op == ATTENTION)
         kernel_rate = size ** 3 / kernel / 1e9
-        model_rate = macs / (call * share) / 1e9
-        per_round = sorted((macs / (c * share)) / (size ** 3 / k) for c, k in zip(calls, kernels, strict=True))
-        row = {"threads": threads, "call_p50_ms": call * 1e3, "products_share": share, "model_gmacs": model_rate,
-               "kernel_gmacs": kernel_rate, "model_over_kernel": statistics.median(per_round),
-               "model_over_kernel_range": [per_round[0], per_round[-1]],
-               "products_at_kernel_rate_ms": macs / kernel_rate / 1e6}
+        split = split_call(call, share, attention, product_macs, projection_macs, kernel_rate)
+        per_round = sorted(split_call(c, share, attention, product_macs, projection_macs, 1.0)["products_gmacs"] / (size ** 3 / k / 1e9)
+                           for c, k in zip(calls, kernels, strict=True))
+        row = {"threads": threads, "call_p50_ms": call * 1e3, "products_share": share, "qattention_share": attention,
+               "model_gmacs": split["products_gmacs"], "kernel_gmacs": kernel_rate, "model_over_kernel": statistics.median(per_round),
+               "model_over_kernel_range": [per_round[0], per_round[-1]], "attention_share": split["attention_share"],
+               "rest_share": split["rest_share"], "products_at_kernel_rate_ms": macs / kernel_rate / 1e6,
+               "call_at_kernel_rate_ms": split["call_at_kernel_rate_ms"]}
+        if peers:
+            over = sorted(p / c for p, c in zip(peers, calls, strict=True))
+            row.update({"against_p50_ms": statistics.median(peers) * 1e3, "against_over_call": statistics.median(over),
+                        "against_over_call_range": [over[0], over[-1]]})
         rows.append(row)
-        print(f"threads {threads}: call p50 {row['call_p50_ms']:.2f} ms, {100 * share:.0f} % of it in INT8 products, "
-              f"at {model_rate:.1f} GMAC/s; the kernel at "
-              f"{size}^3: {kernel_rate:.1f} GMAC/s (model / kernel {row['model_over_kernel']:.2f}, rounds "
-              f"{per_round[0]:.2f}-{per_round[-1]:.2f}); the products at the "
-              f"kernel's rate would take {row['products_at_kernel_rate_ms']:.2f} ms", flush=True)
+        print(f"threads {threads}: call p50 {row['call_p50_ms']:.2f} ms: {100 * share:.0f} % in INT8 products (their rate "
+              f"{row['model_gmacs']:.1f} GMAC/s), {100 * attention:.0f} % in QAttention, of which the attention itself "
+              f"{100 * row['attention_share']:.0f} % of the call, the rest {100 * row['rest_share']:.0f} %; the kernel at "
+              f"{size}^3: {kernel_rate:.1f} GMAC/s (products / kernel {row['model_over_kernel']:.2f}, rounds "
+              f"{per_round[0]:.2f}-{per_round[-1]:.2f}); every product at the kernel's rate: the products "
+              f"{row['products_at_kernel_rate_ms']:.2f} ms, the call {row['call_at_kernel_rate_ms']:.2f} ms", flush=True)
+        if peers:
+            print(f"  {args.against.name}: call p50 {row['against_p50_ms']:.2f} ms, {row['against_over_call']:.2f}x this model's "
+                  f"(rounds {over[0]:.2f}-{over[-1]:.2f})", flush=True)
     if args.out:
         args.out.write_text(json.dumps({"cpu": cpu_model(), "flags": sorted(cpu_features().flags), "tokens": args.tokens,
                                         "int8_macs": macs, "rows": rows}, indent=1))

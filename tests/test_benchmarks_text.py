@@ -232,6 +232,30 @@ def test_roofline_counts_int8_products_and_its_kernel_computes_one(tmp_path: Pat
     assert y.shape == (4, 8) and np.corrcoef(y.ravel(), (a @ b).ravel())[0, 1] > 0.99
 
 
+def test_roofline_counts_qattention_apart_from_the_int8_products(tmp_path: Path) -> None:
+    """QAttention is an INT8 projection and an fp32 attention: its projection is timed at the other products' rate,
+    the rest of it is the attention (counting all of it as products put their rate too low)."""
+    # a 10 ms call: 50 % in products of 1 G multiply-adds (200 GMAC/s), 30 % in QAttention with a 0.2 G projection
+    split = int8_roofline.split_call(0.010, 0.5, 0.3, 1e9, 0.2e9, 400.0)
+    assert split["products_gmacs"] == pytest.approx(200.0)
+    assert split["attention_share"] == pytest.approx(0.2)  # 3 ms less the projection's 1 ms
+    assert split["rest_share"] == pytest.approx(0.2)
+    assert split["call_at_kernel_rate_ms"] == pytest.approx(3.0 + 2.0 + 2.0)  # 1.2 G at 400 GMAC/s, attention, rest
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.ones((8, 24), np.int8), "wqkv"), numpy_helper.from_array(np.ones((8, 4), np.int8), "w")]
+    nodes = [helper.make_node("QAttention", ["x", "wqkv"], ["a"], domain="com.microsoft"),
+             helper.make_node("MatMulInteger", ["a", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, ["t", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, ["t", 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]),
+              tmp_path / "m.onnx")
+    assert int8_roofline.int8_macs_per_token(tmp_path / "m.onnx") == 8 * 24 + 8 * 4
+    assert int8_roofline.int8_macs_per_token(tmp_path / "m.onnx", ("MatMulInteger",)) == 32
+    assert int8_roofline.int8_macs_per_token(tmp_path / "m.onnx", (int8_roofline.ATTENTION,)) == 192
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc only")
 def test_thread_cpu_counts_a_named_inference_thread_while_it_runs() -> None:
     """serve_cpu.py's split of a server's CPU: the main thread (the event loop) and the threads named servopt-infer*
