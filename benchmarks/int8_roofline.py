@@ -142,7 +142,7 @@ def main() -> None:
         attention = sum(o.share for o in ops if o.op == ATTENTION)
         kernel_rate = size ** 3 / kernel / 1e9
         split = split_call(call, share, attention, product_macs, projection_macs, kernel_rate)
-        per_round = sorted(split_call(c, share, attention, product_macs, projection_macs, 1.0)["products_gmacs"] / (size ** 3 / k / 1e9)
+        per_round = sorted(split_call(c, share, attention, product_macs, projection_macs, kernel_rate)["products_gmacs"] / (size ** 3 / k / 1e9)
                            for c, k in zip(calls, kernels, strict=True))
         row = {"threads": threads, "call_p50_ms": call * 1e3, "products_share": share, "qattention_share": attention,
                "model_gmacs": split["products_gmacs"], "kernel_gmacs": kernel_rate, "model_over_kernel": statistics.median(per_round),

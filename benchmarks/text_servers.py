@@ -82,7 +82,7 @@ SERVOPT_ARGS = "--max-queue 1024 --latency-budget-ms 0"
 CONCURRENCY = (1, 8, 32)
 TEXTS_PER_REQUEST = (1, 16)
 LENGTHS = ("short", "128")
-MAX_BATCH = 32  # servopt serve's default --max-batch
+MAX_BATCH = 32  # servopt serve's default --max-batch (not imported: this file also runs in Infinity's environment)
 SHORT_TOKENS = (8, 16)  # the shipped sentences with this many tokens (special tokens included) are the short texts
 
 
@@ -195,6 +195,13 @@ def model_alone_workload(cell: dict) -> str | None:
     if cell["mode"] != "closed" or cell["length"] not in LENGTHS:
         return None
     return f"pool:{cell['length']}:{min(cell['texts'] * cell['concurrency'], MAX_BATCH)}"
+
+
+def block_texts_per_s(answer: dict, what: str) -> float:
+    """Texts/s of one offline block answer (``text_peers.time_block``); a failed block stops the run, naming it."""
+    if not answer.get("ok"):
+        raise RuntimeError(f"offline block {what} failed: {answer.get('error')}")
+    return answer["items_per_call"] * len(answer["times_ns"]) / (sum(answer["times_ns"]) / 1e9)
 
 
 def median_ratio(a: list[float | None], b: list[float | None]) -> float | None:
@@ -657,7 +664,7 @@ def print_report(rep: dict) -> None:
         print(row)
     if s.get("model_alone"):
         print("\nThe model alone (servopt's INT8 file in an ONNX Runtime session, no server, no client; the cell's texts in calls "
-              "of texts x concurrency, at most 32): its texts/s, each server's share of it, and it over Infinity's texts/s "
+              f"of texts x concurrency, at most {MAX_BATCH}): its texts/s, each server's share of it, and it over Infinity's texts/s "
               "(the most a server running this model could show against Infinity here)")
         print("cell".ljust(22) + f"{'workload':>14}{'texts/s':>10}" + "".join(f"{n + ' share':>17}" for n in names)
               + ("  alone / infinity" if "infinity" in names else ""))
@@ -796,17 +803,13 @@ def main() -> None:
             row: dict = {"servers": {}}
             ans = offline.ask({"op": "block", "backend": "offline", "workload": "texts", "min_calls": 1, "min_seconds": args.seconds,
                                "max_seconds": max(args.seconds * 4, 30.0)}, 900)
-            if not ans.get("ok"):
-                raise RuntimeError(f"offline block failed: {ans.get('error')}")
-            row["offline_texts_per_s"] = len(pools["shipped"]) * len(ans["times_ns"]) / (sum(ans["times_ns"]) / 1e9)
+            row["offline_texts_per_s"] = block_texts_per_s(ans, "texts")
             print(f"round {r + 1}: offline (ONNX Runtime session, batches of 32) {row['offline_texts_per_s']:.1f} texts/s", flush=True)
             row["model_alone"] = {}
             for w in alone:
-                ans = offline.ask({"op": "block", "backend": "offline", "workload": w, "min_calls": 3, "min_seconds": args.seconds / 2,
-                                   "max_seconds": max(args.seconds * 2, 15.0)}, 900)
-                if not ans.get("ok"):
-                    raise RuntimeError(f"offline block {w} failed: {ans.get('error')}")
-                row["model_alone"][w] = ans["items_per_call"] * len(ans["times_ns"]) / (sum(ans["times_ns"]) / 1e9)
+                row["model_alone"][w] = block_texts_per_s(offline.ask(
+                    {"op": "block", "backend": "offline", "workload": w, "min_calls": 3, "min_seconds": args.seconds / 2,
+                     "max_seconds": max(args.seconds * 2, 15.0)}, 900), w)
             if alone:
                 print("  the model alone, texts/s: " + ", ".join(f"{w.removeprefix('pool:')} {v:.1f}" for w, v in row["model_alone"].items()),
                       flush=True)

@@ -99,8 +99,14 @@ def test_the_model_alone_bounds_each_closed_cell_with_the_calls_its_requests_cou
     assert text_servers.model_alone_workload(by_name["c32-n16-short"]) == "pool:short:32"  # servopt's --max-batch
     assert text_servers.model_alone_workload(by_name["poisson50-n1-short"]) is None
     assert text_servers.model_alone_workload(by_name["c32-n1-shipped"]) is None  # served / offline covers it
+    from servopt.settings import ServeSettings
+
+    assert ServeSettings().max_batch == text_servers.MAX_BATCH  # a copy (the file runs in Infinity's env): kept equal
     inputs = {"pools": {"short": ["a", "b"], "128": ["c"]}}
     assert text_peers.workload(inputs, "pool:short:8") == (["a", "b"], 8)
+    assert text_servers.block_texts_per_s({"ok": True, "items_per_call": 8, "times_ns": [10**9, 3 * 10**9]}, "w") == 4.0
+    with pytest.raises(RuntimeError, match="offline block pool:short:8 failed: boom"):
+        text_servers.block_texts_per_s({"ok": False, "error": "boom"}, "pool:short:8")
 
     def rnd(alone: float, servopt: float, infinity: float) -> dict:
         return {"model_alone": {"pool:128:1": alone},
