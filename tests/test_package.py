@@ -165,3 +165,27 @@ def test_a_package_never_copies_a_file_from_outside_the_models_folder(tmp_path, 
     with pytest.raises(UserError, match="lies outside"):
         packaging.package(model, tmp_path / "pkg", ServeSettings())
     assert not list((tmp_path / "pkg").rglob("secret.data"))
+
+
+def test_a_package_keeps_the_external_data_layout(tmp_path, no_wheel):
+    """ONNX names external data by its path relative to the model (``weights/w.data``): copied flat, the packaged
+    model would name a file that is not there and fail to load."""
+    model = from_file(_onnx_with_external_data(tmp_path / "src", "weights/w.data"), "ext")
+    packaging.package(model, tmp_path / "pkg", ServeSettings())
+    assert (tmp_path / "pkg" / "model" / "weights" / "w.data").is_file()
+    served, _ = from_package(tmp_path / "pkg")
+    served.load()
+    assert served.sessions[0].run({"x": np.zeros((1, 4), np.float32)}).tolist() == [[1.0] * 4]
+
+
+@pytest.mark.parametrize("content", [b"not a protobuf \xff\xff\xff", b""], ids=["garbage", "empty"])
+def test_an_onnx_file_whose_external_data_cannot_be_checked_is_refused(tmp_path, content):
+    """Fail closed: a file the check cannot parse is refused with its name, not waved through to a runtime or a
+    package copy."""
+    from servopt.serve.model import check_external_data
+
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=r"broken\.onnx is not a readable ONNX file") as e:
+        check_external_data(path)
+    assert "re-export" in (e.value.fix or "")

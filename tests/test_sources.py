@@ -248,3 +248,32 @@ def test_a_checkpoint_index_names_shards_inside_its_folder_only(tmp_path):
     index.write_text('{"weight_map": {"a": "../elsewhere.safetensors"}}')
     with pytest.raises(UserError, match="outside its folder"):
         weight_files(index)
+
+
+def test_model_files_lists_external_data_of_attribute_and_subgraph_tensors(tmp_path):
+    """External data is not only the initializers': a ``Constant``'s value and an ``If`` branch's tensors can be kept
+    outside the file too (``onnx.external_data_helper`` moves them all). Sizing or packaging only the initializers'
+    files would leave the model unloadable."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def const(out: str, tensor: str, value: float) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [out], value=numpy_helper.from_array(np.full((1, 4), value, np.float32), tensor))
+
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    then_branch = helper.make_graph([const("y", "then_t", 1.0)], "then", [], [out])
+    else_branch = helper.make_graph([const("y", "else_t", 2.0)], "else", [], [out])
+    graph = helper.make_graph(
+        [const("c", "c_t", 3.0), helper.make_node("ReduceSum", ["c"], ["s"], keepdims=0),
+         helper.make_node("Greater", ["s", "zero"], ["cond"]),
+         helper.make_node("If", ["cond"], ["y"], then_branch=then_branch, else_branch=else_branch)],
+        "attr", [], [out], [numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.external_data_helper.convert_model_to_external_data(model, all_tensors_to_one_file=False, size_threshold=0,
+                                                              convert_attribute=True)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    assert sorted(f.name for f in model_files(path)) == ["c_t", "else_t", "m.onnx", "then_t", "zero"]
+    assert {f.name for f in model_files(path)} == {p.name for p in tmp_path.iterdir()}  # every file the model occupies
+    out_y = open_session({"format": "onnx", "path": str(path)}, "onnxruntime").run({})
+    assert np.allclose(out_y, 1.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import pickle
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,36 @@ def weight_files(weights: Path) -> list[Path]:
     return [weights, *(weights.parent / s for s in shards)]
 
 
+def onnx_tensors(graph: Any) -> Iterator[Any]:
+    """Every tensor of an ONNX graph that can hold external data: initializers (sparse ones too) and node attribute
+    tensors, in subgraphs as well (as ``onnx.external_data_helper`` walks them: an ``If``/``Loop`` body or a
+    ``Constant`` can keep its weights outside the file)."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from onnx_tensors(attr.g)
+            for g in attr.graphs:
+                yield from onnx_tensors(g)
+
+
+def external_data(graph: Any) -> Iterator[tuple[str, str]]:
+    """(tensor name, ``location``) of every tensor of ``graph`` stored outside the ONNX file."""
+    import onnx
+
+    for tensor in onnx_tensors(graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            yield tensor.name, next((e.value for e in tensor.external_data if e.key == "location"), "")
+
+
 def model_files(onnx_path: Path) -> list[Path]:
-    """The ONNX file and every external-data file it references."""
+    """The ONNX file and every external-data file its graph references (initializers, attribute tensors, subgraphs),
+    each once, as paths under the file's folder (their relative layout kept: ``weights/model.onnx.data``)."""
     import onnx
 
     files = [onnx_path]
@@ -93,12 +122,8 @@ def model_files(onnx_path: Path) -> list[Path]:
         proto = onnx.load(str(onnx_path), load_external_data=False)
     except Exception:  # noqa: BLE001 - a broken file is reported where it is loaded
         return files
-    seen: set[str] = set()
-    for init in proto.graph.initializer:
-        for entry in init.external_data:
-            if entry.key == "location" and entry.value not in seen:
-                seen.add(entry.value)
-                files.append(onnx_path.parent / entry.value)
+    for location in dict.fromkeys(loc for _, loc in external_data(proto.graph) if loc):
+        files.append(onnx_path.parent / location)
     return [f for f in files if f.exists()]
 
 

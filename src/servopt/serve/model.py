@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,36 +127,23 @@ def inside(folder: Path, relative: str, what: str) -> Path:
     return path
 
 
-def _tensors(graph) -> Iterator[Any]:
-    """Every tensor of an ONNX graph that can hold external data: initializers and attribute tensors, subgraphs too."""
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield from (sparse.values, sparse.indices)
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from _tensors(attr.g)
-            for g in attr.graphs:
-                yield from _tensors(g)
-
-
 def check_external_data(path: Path) -> None:
     """An ONNX file's external data must lie in the file's folder (ONNX's own rule for the ``location`` field): a
-    model naming ``../../secret`` or ``/etc/…`` is refused before any runtime reads it, or a package copies it."""
+    model naming ``../../secret`` or ``/etc/…`` is refused before any runtime reads it, or a package copies it. A
+    file this cannot parse is refused too (fail closed): its external data could not be checked."""
     import onnx
+
+    from servopt.models.sources import external_data
 
     try:
         proto = onnx.load(str(path), load_external_data=False)
-    except Exception:  # noqa: BLE001 - an unreadable file is reported by the loader, with its own message
-        return
-    for tensor in _tensors(proto.graph):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        inside(path.parent, location, f"{path.name}: external data of tensor {tensor.name!r} at")
+        if not proto.HasField("graph"):  # protobuf reads an empty or truncated file as an empty model
+            raise ValueError("no graph")
+    except Exception as e:  # protobuf's DecodeError, OSError, …: all mean "not a readable ONNX file"
+        raise UserError(f"{path} is not a readable ONNX file ({type(e).__name__}: {e}), so its external data cannot be "
+                        "checked", fix=f"re-export the model, or restore {path.name} from where it was built") from e
+    for name, location in external_data(proto.graph):
+        inside(path.parent, location, f"{path.name}: external data of tensor {name!r} at")
 
 
 def from_file(path: Path, name: str | None, runtime: str | None = None, options: dict | None = None) -> ServedModel:

@@ -158,6 +158,14 @@ def _own_file(path: Path, folder: Path, what: str) -> Path:
     return path
 
 
+def _relative(path: Path, folder: Path) -> Path:
+    """``path`` relative to ``folder`` as the model names it (lexically), else through symbolic links resolved."""
+    try:
+        return path.relative_to(folder)
+    except ValueError:
+        return path.resolve().relative_to(folder.resolve())
+
+
 def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not empty", fix="choose a new --out folder or remove it")
@@ -178,7 +186,10 @@ def package(model: ServedModel, out: Path, settings: ServeSettings) -> Packaged:
     else:
         src = Path(str(model.artifact.path))
         for f in artifact_files(model.artifact):
-            shutil.copy2(_own_file(f, src.parent, f"{src.name} refers to"), out / "model" / f.name)
+            # Kept at its path relative to the model: ONNX names external data by that path (``weights/m.onnx.data``).
+            dest = out / "model" / _relative(_own_file(f, src.parent, f"{src.name} refers to"), src.parent)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, dest)
     spec = model.spec.model_copy(deep=True)
     for key in model.family.serving_files:  # e.g. the tokenizer: copied in, named relative to the package
         path = Path(str((spec.preprocessing or {}).get(key) or ""))
