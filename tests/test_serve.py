@@ -661,3 +661,15 @@ def test_inference_threads_carry_their_name_to_the_os_and_run_below_the_event_lo
     # setpriority sets an absolute niceness; a process already nicer than that (unprivileged) keeps its own
     assert niceness == INFERENCE_NICENESS or (loop_niceness > INFERENCE_NICENESS and niceness == loop_niceness)
     assert Path("/proc/thread-self/comm").read_text().strip() != "servopt-infer_0"  # the caller's own name is untouched
+
+
+def test_a_refusal_sent_to_a_client_names_files_not_server_paths():
+    """Whatever a family or loader writes into a UserError, the data plane cuts absolute paths to file names before
+    a client reads it; ratios, "and/or" and URLs stay as written."""
+    from servopt.errors import UserError
+    from servopt.serve.dataplane import client_message
+
+    e = UserError("input_ids holds 12 (from /srv/models/enc/config.json and '/home/me/tok/tokenizer.json'), mask 0/1",
+                  fix="see https://example.org/docs/x and/or /srv/models/")
+    text = client_message(e)
+    assert text == "input_ids holds 12 (from config.json and 'tokenizer.json'), mask 0/1 (see https://example.org/docs/x and/or )"

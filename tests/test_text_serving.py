@@ -403,3 +403,30 @@ def test_the_batcher_splits_by_token_budget_and_answers_in_order():
 
     out = asyncio.run(go())
     assert calls == [2, 2, 1] and out[:, 0].tolist() == [0, 1, 2, 3, 4]
+
+
+def _bad_text_requests(url: str) -> list[httpx.Response]:
+    """Every kind of bad input the text model's routes refuse: raw token ids, OpenAI token arrays, texts, /embed."""
+    rs = [httpx.post(f"{url}/v2/models/tiny/infer", json=body) for body, _ in BAD_IDS.values()]
+    for bad in ([[2, 40, 3]], [-1, 5], [[2, 99999, 3], [2, 3]], [True], [[]]):
+        rs.append(httpx.post(f"{url}/v1/embeddings", json={"model": "tiny", "input": bad}))
+    body, headers = _bytes_request([b"\xff\xfe not utf-8"])
+    rs.append(httpx.post(f"{url}/v2/models/tiny/infer", content=body, headers=headers))
+    long = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["the " * 100]}], "parameters": {"truncate": False}}
+    rs.append(httpx.post(f"{url}/v2/models/tiny/infer", json=long))
+    rs.append(httpx.post(f"{url}/v2/models/tiny/embed", json={"texts": "x"}))
+    rs.append(httpx.post(f"{url}/v2/models/tiny/embed", json={"texts": [1, 2]}))
+    return rs
+
+
+def test_no_4xx_names_a_server_path(tiny, tiny_encoder):
+    """A refusal tells the client what was wrong with its request, never where the server keeps its files (the
+    vocabulary bound once named the tokenizer's and config.json's absolute paths)."""
+    import re
+
+    rs = _bad_text_requests(tiny.url)
+    assert all(400 <= r.status_code < 500 for r in rs), [(r.status_code, r.text) for r in rs]
+    absolute = re.compile(r"(?<![\w:/.])/[^\s'\"/]+/")
+    leaks = [r.text for r in rs if str(tiny_encoder.parent) in r.text or absolute.search(r.text)]
+    assert not leaks, leaks
+    assert any("vocabulary [0, 12) (from tokenizer.json)" in r.text for r in rs)  # the source is still named

@@ -394,11 +394,11 @@ def _bounds(tokenizer: str, max_length: int, vocab: int | None, types: int | Non
                 doc = {}
             vocabs += [doc["vocab_size"]] if isinstance(doc.get("vocab_size"), int) else []
             type_sizes += [doc["type_vocab_size"]] if isinstance(doc.get("type_vocab_size"), int) else []
-            sources.append(str(config))
+            sources.append(config.name)  # a file name: this text reaches clients, the server's paths must not
         tok_vocab, tok_types = _sizes_from_tokenizer(path)
         vocabs += [tok_vocab] if tok_vocab else []
         type_sizes += [tok_types] if tok_types else []
-        sources.append(str(path))
+        sources.append(path.name)
     if not vocabs:
         raise UserError("this model records no vocabulary size to check raw token ids against",
                         fix="send texts (the 'text' input), or serve a model with its tokenizer.json")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 import time
 from typing import Any
 
@@ -270,7 +271,7 @@ class DataPlane:
             else:
                 feed, found = await asyncio.get_running_loop().run_in_executor(None, m.family.model_inputs, m.spec, inputs, params)
         except UserError as e:
-            raise BadRequest(e.problem + (f" ({e.fix})" if e.fix else "")) from e
+            raise BadRequest(client_message(e)) from e
         if found.get("truncated"):
             self.metrics.truncated.inc(found["truncated"])
         return feed, found
@@ -332,7 +333,7 @@ class DataPlane:
             inputs = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: m.family.convenience_inputs(m.spec, payload, self.settings.max_image_pixels))
         except UserError as e:
-            raise BadRequest(e.problem + (f" ({e.fix})" if e.fix else "")) from e
+            raise BadRequest(client_message(e)) from e
         out = await self._run(name, inputs, arrival)
         return {"model_name": name, **m.family.convenience_output(m.spec, out, parsed)}
 
@@ -342,6 +343,18 @@ class DataPlane:
 # is idle enough for the worker to sleep), on an AVX2 EPYC. A tokenizer spends about 0.6 µs per character there, so the
 # bound keeps the loop blocked for at most a few hundred µs; a larger request goes to a worker as before.
 INLINE_TEXTS, INLINE_CHARS, INLINE_TOKENS = 4, 512, 4096
+
+
+# An absolute path's folders ("/srv/models/x/" of "/srv/models/x/config.json"): not after a word, ":" or "/", so
+# "0/1", "and/or" and URLs ("https://…") are left alone.
+_SERVER_FOLDERS = re.compile(r"(?<![\w:/.~-])/(?:[^\s'\"(),;:/]+/)+")
+
+
+def client_message(e: UserError) -> str:
+    """A ``UserError`` as a client reads it: problem and fix, every absolute path cut to its file name. A family or
+    a model loader writes its messages for the operator, who may be shown where a file is; a client must never learn
+    the server's layout from a 4xx."""
+    return _SERVER_FOLDERS.sub("", e.problem + (f" ({e.fix})" if e.fix else ""))
 
 
 def _small(inputs: dict[str, np.ndarray]) -> bool:
