@@ -125,7 +125,7 @@ def test_tensorrt_fp16_without_tensorrt_is_refused(colour_onnx, gpu_build):
 
 
 @pytest.fixture(scope="module")
-def graphs(tmp_path_factory) -> dict[str, Path]:
+def graph_files(tmp_path_factory) -> dict[str, Path]:
     """One tiny conv + linear model as fp32, fp16, and INT8 in each ONNX Runtime format."""
     import onnx
     import torch
@@ -161,8 +161,19 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def test_the_graph_says_its_precision_and_int8_format(graphs):
-    assert {k: graph_precision(str(p)) for k, p in graphs.items()} == {
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory, graph_files) -> dict[str, Path]:
+    """``graph_files`` and the fp16 pass's runnable graph (fp16 weights and compute, float32 inputs and outputs)."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    path = tmp_path_factory.mktemp("fp16") / "fp16-cast.onnx"
+    onnx.save(convert_float_to_float16(onnx.load(str(graph_files["fp32"])), keep_io_types=True), str(path))
+    return {**graph_files, "fp16-cast": path}
+
+
+def test_the_graph_says_its_precision_and_int8_format(graph_files):
+    assert {k: graph_precision(str(p)) for k, p in graph_files.items()} == {
         "fp32": "fp32", "fp16": "fp16", "qdq": "int8 (QDQ)", "qoperator": "int8 (QOperator)", "dynamic": "int8 (dynamic)"}
 
 
@@ -180,6 +191,67 @@ def test_an_onnxruntime_precision_other_than_asked_fails(graphs, graph, asked, m
         assert f"asked for {asked} but onnxruntime runs {info.precision_actual}" in problem
 
 
+def test_int8_is_read_from_the_kernels_that_ran(graphs, images):
+    """ONNX Runtime fuses a QDQ graph's DQ → Conv → Q into integer kernels only when its graph optimizer runs: left
+    unfused (ORT_DISABLE_ALL), every convolution and the Gemm run in float between Q/DQ pairs, which the graph's own
+    operators cannot tell. The read-back says float and an INT8 variant fails verification; a QOperator graph has its
+    integer kernels in the file and reads back INT8 at any graph level."""
+    unfused = _open("onnxruntime", graphs["qdq"], {"precision": "int8", "graph_optimization_level": "disable"})
+    unfused.warm_up(images.slice(0, 1))
+    info = unfused.info()
+    assert info.details["graph_precision"] == "int8 (QDQ)", "the file alone still says INT8"
+    assert info.precision_actual == "fp32 (INT8 QDQ graph: 3/3 heavy ops ran in fp32 kernels)"
+    assert info.details["kernels"] == {"fp32": {"ops": 3, "share": 1.0}}
+    measured = measure_session(unfused, images, unfused.run(images.inputs), IMAGES, Protocol.quick())
+    assert measured.status == "failed" and measured.latency_ms is None
+    assert "asked for int8 but onnxruntime runs fp32 (INT8 QDQ graph" in measured.error
+    assert "the kernels ONNX Runtime's profiler saw run" in measured.error
+
+    fused = _open("onnxruntime", graphs["qdq"], {"precision": "int8"}).info()  # ORT_ENABLE_ALL: QLinearConv, QGemm
+    assert fused.precision_actual == "int8 (QDQ, 3/3 heavy ops)" and ran_as_asked(fused) is None
+    for level in ("disable", "all"):
+        qop = _open("onnxruntime", graphs["qoperator"], {"precision": "int8", "graph_optimization_level": level}).info()
+        assert qop.precision_actual == "int8 (QOperator, 3/3 heavy ops)" and ran_as_asked(qop) is None
+    dynamic = _open("onnxruntime", graphs["dynamic"], {"precision": "int8"}).info()
+    assert dynamic.precision_actual == "int8 (dynamic, 3/3 heavy ops)"
+
+
+def test_an_fp16_graph_computed_through_casts_reads_back_float(graphs, images):
+    """The fp16 pass's graph (fp16 weights, float32 inputs kept): where the CPU provider has no fp16 kernel for a
+    convolution or a matrix product it inserts casts and computes in float32, which the read-back says, so a variant
+    asking for fp16 fails; where it has them (the input type the profiler saw is float16) fp16 is what ran."""
+    session = _open("onnxruntime", graphs["fp16-cast"], {"precision": "fp16"})
+    session.warm_up(images.slice(0, 1))
+    info = session.info()
+    kernels = info.details["kernels"]
+    assert info.details["graph_precision"] == "fp16" and sum(k["ops"] for k in kernels.values()) == 3
+    if "fp16" not in kernels:  # every CPU this was written on: no fp16 Conv/Gemm kernel in ORT's CPU provider
+        assert info.precision_actual == "fp32 (fp16 graph: 3/3 heavy ops ran in fp32 kernels)"
+        assert "asked for fp16 but onnxruntime runs fp32 (fp16 graph" in ran_as_asked(info)
+    else:
+        assert info.precision_actual.startswith("fp16") and ran_as_asked(info) is None
+
+
+def test_the_kernels_read_back_and_their_share():
+    """What a profile says, classified: integer kernels are INT8 whatever their inputs, others by their input type;
+    the precision holding most of the heavy ops' kernel time is what ran, with its share where not all."""
+    from servopt.runtimes.onnxruntime_runtime import kernels_ran, precision_from_kernels
+
+    def node(op: str, dur: int, dtype: str = "float") -> dict:
+        return {"cat": "Node", "name": f"{op}_kernel_time", "dur": dur,
+                "args": {"op_name": op, "input_type_shape": [{dtype: [1, 8]}]}}
+
+    events = [node("MatMulInteger", 60, "uint8"), node("DynamicQuantizeMatMul", 20), node("MatMul", 20), node("Add", 999),
+              {"cat": "Session", "name": "model_loading_uri", "dur": 5000}, node("Conv", 0, "float16")]
+    kernels = kernels_ran(events + events, runs=2)
+    assert kernels == {"int8": {"ops": 2, "share": 0.8}, "fp32": {"ops": 1, "share": 0.2}, "fp16": {"ops": 1, "share": 0.0}}
+    assert precision_from_kernels("int8 (dynamic)", kernels) == "int8 (dynamic, 2/4 heavy ops, 80% of their time)"
+    assert precision_from_kernels("int8 (QDQ)", {"fp32": {"ops": 2, "share": 0.7}, "int8": {"ops": 3, "share": 0.3}}) == (
+        "fp32 (INT8 QDQ graph: 2/5 heavy ops, 70% of their time ran in fp32 kernels)")
+    assert precision_from_kernels("fp32", {"fp32": {"ops": 4, "share": 1.0}}) == "fp32"
+    assert precision_from_kernels("fp32", {}) == "fp32", "no heavy op: the graph's precision"
+
+
 def test_openvino_reads_an_int8_model_as_asking_for_int8(graphs):
     """The precision option pins OpenVINO's float layers; a quantized model asks for INT8 compute layers, and a
     QDQ model that OpenVINO ran in float would fail (here it runs INT8)."""
@@ -189,6 +261,21 @@ def test_openvino_reads_an_int8_model_as_asking_for_int8(graphs):
                                         get_runtime("openvino").parse_options({"precision": "fp32"})).info()
     assert info.precision_requested == "int8" and info.details["float_precision"] == "fp32"
     assert info.precision_actual == "int8" and ran_as_asked(info) is None
+
+
+@pytest.mark.parametrize(("ran", "problem"), [(["OpenVINOExecutionProvider", CPU], None), ([CPU], "but onnxruntime-openvino ran on")])
+def test_the_openvino_ep_says_its_precision_cannot_be_read(graphs, ran, problem):
+    """The OpenVINO EP reports neither its options nor its compiled model, and profiles as one fused node: the record
+    says unknown and why (it used to read the request back as what ran); a provider that fell back still fails."""
+    from servopt.runtimes.onnxruntime_openvino import OrtOpenVinoOptions, OrtOpenVinoSession
+
+    session = object.__new__(OrtOpenVinoSession)  # the EP lives in its own environment: only the read-back is tested
+    session.path, session.options = str(graphs["qdq"]), OrtOpenVinoOptions()
+    session.sess = type("EpSession", (), {"get_providers": lambda self: list(ran)})()
+    info = session.info()
+    assert info.precision_requested == "int8" and info.precision_actual == "unknown"
+    assert "not readable" in info.details["precision_source"] and info.details["graph_precision"] == "int8 (QDQ)"
+    assert (ran_as_asked(info) is None) if problem is None else problem in ran_as_asked(info)
 
 
 # ------------------------------------------------------------------------------------------------------------ torch

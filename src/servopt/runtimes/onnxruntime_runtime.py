@@ -88,6 +88,7 @@ def session_options(options: OrtOptions, profile_prefix: str | None = None):
 
 
 TRT = "TensorrtExecutionProvider"
+READBACK_RUNS = 2  # profiled calls behind a session's read-back of the kernels that ran (the first one included)
 _DYNAMIC_INT8 = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
                  "QAttention", "DynamicQuantizeLSTM"}
 
@@ -125,6 +126,65 @@ def precision_ran(graph: str, provider: str, ran_options: dict[str, str]) -> str
     return graph
 
 
+# The operators that carry a model's arithmetic (convolutions, matrix products, attention). Integer kernels are the
+# INT8 forms ONNX Runtime runs: a QDQ graph only runs INT8 where the provider fused DQ → op → Q into one of these.
+INT8_KERNELS = frozenset({"QLinearConv", "QLinearMatMul", "QGemm", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul",
+                          "MatMulIntegerToFloat", "QAttention", "QLinearConvTranspose", "DynamicQuantizeLSTM"})
+FLOAT_KERNELS = frozenset({"Conv", "ConvTranspose", "FusedConv", "NhwcFusedConv", "NhwcConv", "MatMul", "FusedMatMul",
+                           "TransposeMatMul", "Gemm", "FusedGemm", "Attention", "MultiHeadAttention", "GroupQueryAttention",
+                           "LSTM", "GRU"})
+_FLOAT_TYPES = {"float": "fp32", "float16": "fp16", "bfloat16": "bf16", "double": "fp64"}
+
+
+def kernels_ran(events: list[dict], runs: int) -> dict[str, dict[str, float]]:
+    """The heavy operators of a profiled run grouped by the precision their kernel computed in (integer kernels: int8;
+    the others: their first input's element type, so an fp16 graph that the provider cast back to float reads fp32):
+    ``{precision: {"ops": per run, "share": of the heavy ops' kernel time}}``, plus the op types and the providers."""
+    time: dict[str, float] = defaultdict(float)
+    ops: dict[str, int] = defaultdict(int)
+    for ev in events:
+        args = ev.get("args", {})
+        op = args.get("op_name", "")
+        if ev.get("cat") != "Node" or not ev.get("name", "").endswith("_kernel_time") or op not in INT8_KERNELS | FLOAT_KERNELS:
+            continue
+        first = next(iter((args.get("input_type_shape") or [{}])[0]), "float")
+        precision = "int8" if op in INT8_KERNELS else _FLOAT_TYPES.get(first, first)
+        time[precision] += ev.get("dur", 0)
+        ops[precision] += 1
+    total = sum(time.values())
+    return {p: {"ops": ops[p] // max(1, runs), "share": round(time[p] / total if total else ops[p] / sum(ops.values()), 3)}
+            for p in sorted(ops, key=lambda p: -time[p])}
+
+
+def precision_from_kernels(graph: str, kernels: dict[str, dict[str, float]]) -> str:
+    """What a session computed in, from ``kernels_ran``: the precision holding most of the heavy ops' kernel time, with
+    how much of it where not all, and the graph's own precision where that is not what ran (a QDQ graph left unfused, an
+    fp16 graph computed through casts). No heavy op at all: the graph's precision."""
+    if not kernels:
+        return graph
+    ran = max(kernels, key=lambda p: kernels[p]["share"])
+    n, m = int(sum(k["ops"] for k in kernels.values())), int(kernels[ran]["ops"])
+    part = "" if m == n else f", {kernels[ran]['share']:.0%} of their time"
+    if ran == "int8":
+        form = graph[len("int8 ("):-1] if graph.startswith("int8 (") else "integer kernels"
+        return f"int8 ({form}, {m}/{n} heavy ops{part})"
+    if graph == ran and m == n:
+        return graph
+    described = f"INT8 {graph[len('int8 ('):-1]}" if graph.startswith("int8 (") else graph
+    return f"{ran} ({described} graph: {m}/{n} heavy ops{part} ran in {ran} kernels)"
+
+
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+                "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+                "tensor(bool)": np.bool_}
+
+
+def synthetic_feed(sess) -> dict[str, np.ndarray]:
+    """Zeros of each input's type, named dimensions set to 1 (a session's read-back before it has seen real inputs)."""
+    return {i.name: np.zeros([d if isinstance(d, int) and d > 0 else 1 for d in i.shape], _NUMPY_TYPES.get(i.type, np.float32))
+            for i in sess.get_inputs()}
+
+
 class OrtSession(Session):
     def __init__(self, path: str, options: OrtOptions, default_providers: list[str], profile_prefix: str | None = None) -> None:
         import onnxruntime as ort
@@ -145,36 +205,63 @@ class OrtSession(Session):
             raise UserError(f"ONNX Runtime cannot load {path}: {str(e).splitlines()[0]}", fix="check the model file") from e
         self.input_names = [i.name for i in self.sess.get_inputs()]
         self.output_names = [o.name for o in self.sess.get_outputs()]
+        self.feed: dict[str, np.ndarray] | None = None
+        self._ran: dict[str, dict[str, float]] | None = None
 
     def run_prepared(self, prepared: dict[str, np.ndarray]) -> np.ndarray:
         return self.sess.run(self.output_names[:1], prepared)[0]
+
+    def warm_up(self, feed: dict[str, np.ndarray]) -> float:
+        self.feed = feed  # the model's own inputs, for the read-back of what ran
+        return super().warm_up(feed)
+
+    def _kernels(self, provider: str) -> tuple[dict[str, dict[str, float]] | None, str]:
+        """The heavy ops' kernels a profiled twin of this session ran (same options and providers, ``READBACK_RUNS``
+        calls on the warm-up inputs, else zeros), once per session; None and why where it cannot be read that way."""
+        if provider == TRT:
+            return None, "the graph's operators and the options TensorRT ran with (its engine is one fused node to the profiler)"
+        if self._ran is None:
+            feed = self.feed or synthetic_feed(self.sess)
+            try:
+                self._ran = kernels_ran(self._profiled(self.options.model_copy(update={"optimized_model_filepath": None}),
+                                                       [feed], READBACK_RUNS), READBACK_RUNS)
+            except (UserError, RuntimeError, OSError, ValueError) as e:  # e.g. a model that cannot run on zeros: say so
+                return None, f"the graph's operators (the profiled read-back failed: {str(e).splitlines()[0][:200]})"
+        return self._ran, ("the kernels ONNX Runtime's profiler saw run" if self._ran else
+                           "the graph's operators (no convolution, matrix product or attention ran)")
+
+    def _profiled(self, options: OrtOptions, feeds: list[dict[str, np.ndarray]], runs: int) -> list[dict]:
+        """ONNX Runtime's profiler events over ``runs`` calls of a second session with profiling on."""
+        with tempfile.TemporaryDirectory() as tmp:
+            sess = OrtSession(self.path, options, self.requested, profile_prefix=str(Path(tmp) / "ort"))
+            for i in range(runs):
+                sess.run_prepared(feeds[i % len(feeds)])
+            return json.loads(Path(sess.sess.end_profiling()).read_text())
 
     def info(self) -> SessionInfo:
         actual = self.sess.get_providers()
         ran_options = {p: dict(o) for p, o in self.sess.get_provider_options().items() if o and p in actual}
         so = self.sess.get_session_options()
         graph = graph_precision(self.path)
+        kernels, source = self._kernels(actual[0])
         return SessionInfo(
             runtime="onnxruntime", provider_requested=self.requested[0], provider_actual=actual[0],
             # ORT silently falls back to CPU when a provider cannot start (onnxruntime-gpu without a GPU): say so, and
             # verification fails on it (bench.protocol.ran_as_asked).
             provider_fallback=actual[0] != self.requested[0],
             precision_requested=self.options.precision or ("fp16" if self.options.trt_fp16 else None),
-            precision_actual=precision_ran(graph, actual[0], ran_options.get(actual[0], {})),
+            precision_actual=(precision_from_kernels(graph, kernels) if kernels is not None
+                              else precision_ran(graph, actual[0], ran_options.get(actual[0], {}))),
             threads=so.intra_op_num_threads or "default",
             details={"graph_optimization_level": self.options.graph_optimization_level, "providers": actual,
                      "provider_options": ran_options, "graph_precision": graph, "disabled_fusions": self.disabled,
                      "intra_op_spinning": spinning(self.options),
-                     "precision_source": "the graph's operators and the options of the provider that ran"},
+                     "kernels": kernels, "precision_source": source},
         )
 
     def profile(self, feeds: list[dict[str, np.ndarray]], runs: int, top: int) -> OpProfile:
         """ONNX Runtime's own profiler (a second session with profiling on), aggregated by operator type."""
-        with tempfile.TemporaryDirectory() as tmp:
-            sess = OrtSession(self.path, self.options, self.requested, profile_prefix=str(Path(tmp) / "ort"))
-            for i in range(runs):
-                sess.run_prepared(feeds[i % len(feeds)])
-            events = json.loads(Path(sess.sess.end_profiling()).read_text())
+        events = self._profiled(self.options, feeds, runs)
         times: dict[str, float] = defaultdict(float)
         calls: dict[str, int] = defaultdict(int)
         for ev in events:
