@@ -673,3 +673,71 @@ def test_a_refusal_sent_to_a_client_names_files_not_server_paths():
                   fix="see https://example.org/docs/x and/or /srv/models/")
     text = client_message(e)
     assert text == "input_ids holds 12 (from config.json and 'tokenizer.json'), mask 0/1 (see https://example.org/docs/x and/or )"
+
+
+def _chunked_upload(port: int, headers: str, total: int, chunk: int = 16384, wait_s: float = 10.0) -> tuple[bytes, int]:
+    """A raw-socket client that reads while it sends (http.client would send the whole body first): headers, then a
+    chunked body of up to ``total`` bytes, never terminated. Returns (what the server answered, bytes sent)."""
+    import socket
+
+    conn = socket.create_connection(("127.0.0.1", port), timeout=wait_s)
+    answer = bytearray()
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            while data := conn.recv(65536):
+                answer.extend(data)
+                if b"\r\n\r\n" in answer:
+                    head, _, rest = bytes(answer).partition(b"\r\n\r\n")
+                    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length:")), None)
+                    if length is not None and len(rest) >= length:
+                        break
+        except OSError:
+            pass
+        finally:
+            done.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    sent = 0
+    try:
+        conn.sendall(headers.encode())
+        piece = f"{chunk:x}\r\n".encode() + b"7" * chunk + b"\r\n"
+        while sent < total and not done.is_set():
+            conn.sendall(piece)
+            sent += chunk
+    except OSError:  # the server closed the connection while the client was still writing: what the cap does
+        pass
+    done.wait(wait_s)
+    conn.close()
+    return bytes(answer), sent
+
+
+@pytest.mark.parametrize("refusal", ["bad token", "overloaded"])
+def test_a_chunked_body_refused_at_its_headers_is_not_read_past_the_cap(onnx_model, refusal):
+    """A chunked upload refused before its body (401 bad token, 503 overloaded) was drained to its end, however
+    long: an unauthenticated client could stream without bound. Now at most --max-body-mb is read, then the refusal
+    is answered with Connection: close. The client below sends 8 MB against a 64 KB cap and never ends its body:
+    without the cap the server would read on and never answer."""
+    from servopt.serve.protocol import BadRequest, Reason
+
+    cap = 65536
+    with LiveServer(onnx_model, ServeSettings(api_key="s3cret", max_body_mb=cap / 2**20)) as s:
+        token = "wrong" if refusal == "bad token" else "s3cret"
+        if refusal == "overloaded":
+            def admit(model: str) -> None:
+                raise BadRequest("overloaded: the queue is full; retry later", Reason.OVERLOADED, retry_after=1)
+
+            s.plane.admit = admit
+        headers = (f"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+                   "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        answer, sent = _chunked_upload(s.port, headers, total=8 * 2**20)
+        status = 401 if refusal == "bad token" else 503
+        assert answer.startswith(f"HTTP/1.1 {status}".encode()), (answer[:200], sent)
+        assert b"connection: close" in answer.lower()
+        assert sent < 8 * 2**20  # refused and closed long before the client finished
+        small = httpx.post(f"{s.url}/v2/models/tiny/infer", content=iter([b"{}"]),
+                           headers={"Authorization": f"Bearer {token}"})
+        assert small.status_code == status and small.headers.get("connection") != "close"  # under the cap: drained, kept alive

@@ -67,12 +67,20 @@ def _model_of(path: str) -> str | None:
     return parts[2] if len(parts) >= 4 and parts[:2] == ["v2", "models"] else None
 
 
-async def _drain(receive) -> None:
-    """Consume and discard a request body (cheap next to parsing it), so the connection stays usable."""
+async def _drain(receive, limit: int) -> bool:
+    """Consume and discard a request body (cheap next to parsing it), so the connection stays usable; at most
+    ``limit`` bytes. False when the body runs past it (a chunked body declares no size): the rest is left unread and
+    the connection must close."""
+    seen = 0
     while True:
         message = await receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            return
+        if message["type"] != "http.request":
+            return True
+        seen += len(message.get("body", b""))
+        if seen > limit:
+            return False
+        if not message.get("more_body", False):
+            return True
 
 
 class GuardMiddleware:
@@ -106,8 +114,11 @@ class GuardMiddleware:
             receive = self._capped(receive)  # chunked: no declared size to refuse up front, so count as it arrives
         try:
             if refusal is not None:
-                if refusal.status_code != 413:
-                    await _drain(receive)  # read the body first: a client still writing it would block on a full socket
+                # Read the body first (a client still writing it would block on a full socket), but no more than
+                # --max-body-mb: past it (a chunked body, refused at its headers for a bad token or overload) the
+                # refusal closes the connection instead of reading an unbounded upload.
+                if refusal.status_code != 413 and not await _drain(receive, self.max_body):
+                    refusal.headers["Connection"] = "close"
                 await refusal(scope, receive, send_and_record)
             else:
                 await self.app(scope, receive, send_and_record)
