@@ -10,6 +10,11 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -
 # pip-compile runs from an environment of its own, outside the work tree (it is not part of the locked set).
 LOCK_TOOLS ?= $(HOME)/.cache/servopt/lock-tools
 LOCK_TOOLS_REQ := pip-tools==7.6.2 pip==26.3
+# torch==2.13.0+cpu is on no plain index: pip finds it through its find-links (/opt/wheels on our machines). Elsewhere
+# name PyTorch's CPU wheel index, set here only: `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu` (or in
+# the environment); it reaches pip and pip-compile as --extra-index-url, and nothing is added when it is unset.
+TORCH_INDEX ?=
+INDEX_FLAGS := $(if $(strip $(TORCH_INDEX)),--extra-index-url $(strip $(TORCH_INDEX)))
 # --unsafe-package servopt: the `all` extra names servopt[...] itself, which is installed editable, not from the lock.
 # --build-deps-for editable: setuptools (build-system.requires) is locked too; the editable install builds with it.
 LOCK_FLAGS := --generate-hashes --extra all --strip-extras --build-deps-for editable --unsafe-package servopt \
@@ -18,8 +23,8 @@ LOCK_FLAGS := --generate-hashes --extra all --strip-extras --build-deps-for edit
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# --no-deps: nothing is resolved here, the lock is the whole set; --require-hashes: byte-identical files every time.
-	# torch==2.13.0+cpu is the local CPU wheel (pip's find-links), never a multi-GB CUDA build.
-	$(PY) -m pip install -q --require-hashes --no-deps -r $(LOCK)
+	# torch==2.13.0+cpu is the CPU wheel (pip's find-links, or TORCH_INDEX), never a multi-GB CUDA build.
+	$(PY) -m pip install -q --require-hashes --no-deps $(INDEX_FLAGS) -r $(LOCK)
 	# Packages an earlier install left that the lock no longer has (pip is the venv's own, servopt comes next).
 	$(PY) -m pip freeze --all --exclude-editable | sed -n 's/^\([A-Za-z0-9._-]*\)[=@ ].*/\1/p' | tr 'A-Z_.' 'a-z--' | sort -u > $(VENV)/.have
 	sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' $(LOCK) | tr 'A-Z_.' 'a-z--' | sort -u > $(VENV)/.want
@@ -50,7 +55,7 @@ lock-tools:
 # Keeps every pin the lock already has where pyproject still allows it; adds and removes what changed.
 # One package newer: make lock LOCK_ARGS="--upgrade-package onnxruntime"
 lock: lock-tools
-	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_TOOLS)/bin/pip-compile -q $(LOCK_FLAGS) $(LOCK_ARGS) -o $(LOCK) pyproject.toml
+	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_TOOLS)/bin/pip-compile -q $(LOCK_FLAGS) $(INDEX_FLAGS) $(LOCK_ARGS) -o $(LOCK) pyproject.toml
 
 lock-upgrade:
 	$(MAKE) lock LOCK_ARGS="--upgrade $(LOCK_ARGS)"
