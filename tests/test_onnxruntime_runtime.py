@@ -84,3 +84,26 @@ def test_spinning_as_the_options_set_it(tmp_path):
     assert open_session(artifact, "onnxruntime").info().details["intra_op_spinning"] == "ORT default"
     with pytest.raises(Exception, match="spin_duration_us"):
         rt.parse_options({"spin_duration_us": 0})
+
+
+def test_the_gpu_runtime_uses_this_interpreter_where_it_is_the_gpu_build(monkeypatch):
+    """A GPU host provisioned ahead (onnxruntime-gpu installed, no registry to build an environment from) measures in
+    this interpreter; elsewhere onnxruntime-gpu gets an environment of its own, so the CPU build is never overwritten."""
+    from importlib import metadata
+
+    from servopt.runtimes.onnxruntime_runtime import OnnxRuntimeCuda
+
+    real = metadata.version
+
+    def installed(name: str) -> str:
+        return "1.24.1" if name == "onnxruntime-gpu" else real(name)
+
+    def missing(name: str) -> str:
+        if name == "onnxruntime-gpu":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    assert "onnxruntime-gpu" in " ".join(OnnxRuntimeCuda().environment().requirements)
+    monkeypatch.setattr(metadata, "version", installed)
+    assert OnnxRuntimeCuda().environment() is None

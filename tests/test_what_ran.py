@@ -119,6 +119,23 @@ def test_tensorrt_fp16_is_read_back_from_the_provider_that_ran(colour_onnx, gpu_
     assert info.precision_actual == "fp32" and "asked for fp16 but onnxruntime runs fp32" in ran_as_asked(info)
 
 
+def test_tensorrt_int8_is_asked_of_tensorrt_and_read_back(graphs, gpu_build, monkeypatch):
+    """A calibrated QDQ graph on TensorRT with its INT8 kernels (explicit quantization): asked of TensorRT, read back
+    from the options it ran with; a CPU fallback runs the graph on ORT's CPU kernels and says which ran."""
+    options = {"providers": [TRT, CUDA], "trt_int8": True, "trt_fp16": True}
+    monkeypatch.setattr(gpu_build, "ran", [TRT, CUDA, CPU])
+    monkeypatch.setattr(gpu_build, "ran_options", {TRT: {"trt_int8_enable": "1", "trt_fp16_enable": "1"}})
+    info = _open("onnxruntime-cuda", graphs["qdq"], options).info()
+    assert gpu_build.asked[0] == (TRT, {"trt_fp16_enable": True, "trt_int8_enable": True})
+    assert info.precision_requested == "int8" and info.precision_actual == "int8 (TensorRT, QDQ)" and ran_as_asked(info) is None
+    monkeypatch.setattr(gpu_build, "ran", [CPU])
+    fell_back = _open("onnxruntime-cuda", graphs["qdq"], options).info()
+    assert "asked for TensorrtExecutionProvider but onnxruntime ran on CPUExecutionProvider" in ran_as_asked(fell_back)
+    assert fell_back.precision_actual == "int8 (QDQ, 3/3 heavy ops)", "ORT's CPU kernels read from the profile"
+    with pytest.raises(UserError, match="trt_int8"):
+        _open("onnxruntime-cuda", graphs["qdq"], {"trt_int8": True})
+
+
 def test_tensorrt_fp16_without_tensorrt_is_refused(colour_onnx, gpu_build):
     with pytest.raises(UserError, match="trt_fp16"):
         _open("onnxruntime-cuda", colour_onnx, {"trt_fp16": True})

@@ -44,6 +44,8 @@ class OrtOptions(RuntimeOptions):
     x64_quant_precision: bool = False
     # TensorRT's FP16 kernels (its provider option ``trt_fp16_enable``); read back from the session that ran.
     trt_fp16: bool = False
+    # TensorRT's INT8 kernels (``trt_int8_enable``) for a calibrated QDQ graph (explicit quantization); read back likewise.
+    trt_int8: bool = False
     # The precision the variant means to run (None: whatever the graph holds). Checked against what ran: an fp16 or
     # INT8 variant whose graph or provider runs something else fails verification instead of being timed as one.
     precision: Literal["fp32", "fp16", "bf16", "int8"] | None = None
@@ -116,12 +118,19 @@ def graph_precision(path: str) -> str:
 
 def provider_options(provider: str, options: OrtOptions) -> dict[str, str | int | bool]:
     """The options a provider is opened with (ONNX Runtime takes them per provider)."""
-    return {"trt_fp16_enable": True} if provider == TRT and options.trt_fp16 else {}
+    if provider != TRT:
+        return {}
+    return {k: True for k, on in (("trt_fp16_enable", options.trt_fp16), ("trt_int8_enable", options.trt_int8)) if on}
 
 
 def precision_ran(graph: str, provider: str, ran_options: dict[str, str]) -> str:
     """What a session computes in: the graph's precision, unless the provider that ran lowers it (TensorRT in FP16)."""
-    if provider == TRT and str(ran_options.get("trt_fp16_enable", "0")).lower() in ("1", "true") and graph == "fp32":
+    def on(option: str) -> bool:
+        return provider == TRT and str(ran_options.get(option, "0")).lower() in ("1", "true")
+
+    if on("trt_int8_enable") and graph.startswith("int8 ("):
+        return f"int8 (TensorRT, {graph[len('int8 ('):-1]})"
+    if on("trt_fp16_enable") and graph == "fp32":
         return "fp16 (TensorRT)"
     return graph
 
@@ -191,9 +200,10 @@ class OrtSession(Session):
 
         self.path, self.options = path, options
         self.requested = list(options.providers or default_providers)
-        if options.trt_fp16 and TRT not in self.requested:
-            raise UserError(f"trt_fp16 asks TensorRT for FP16 kernels, but the providers are {self.requested}",
-                            fix=f"put {TRT} in the providers option")
+        for option, what in (("trt_fp16", "FP16"), ("trt_int8", "INT8")):
+            if getattr(options, option) and TRT not in self.requested:
+                raise UserError(f"{option} asks TensorRT for {what} kernels, but the providers are {self.requested}",
+                                fix=f"put {TRT} in the providers option")
         available = ort.get_available_providers()
         chosen = [p for p in self.requested if p in available] or [CPU]
         providers = [(p, provider_options(p, options)) if provider_options(p, options) else p for p in chosen]
@@ -249,7 +259,7 @@ class OrtSession(Session):
             # ORT silently falls back to CPU when a provider cannot start (onnxruntime-gpu without a GPU): say so, and
             # verification fails on it (bench.protocol.ran_as_asked).
             provider_fallback=actual[0] != self.requested[0],
-            precision_requested=self.options.precision or ("fp16" if self.options.trt_fp16 else None),
+            precision_requested=self.options.precision or ("int8" if self.options.trt_int8 else "fp16" if self.options.trt_fp16 else None),
             precision_actual=(precision_from_kernels(graph, kernels) if kernels is not None
                               else precision_ran(graph, actual[0], ran_options.get(actual[0], {}))),
             threads=so.intra_op_num_threads or "default",
@@ -305,13 +315,26 @@ class OnnxRuntimeCuda(OnnxRuntime):
     default_providers = ("CUDAExecutionProvider", CPU)
 
     def environment(self):
-        """``onnxruntime-gpu`` in an environment of its own, so a GPU host never has the CPU build overwritten."""
-        return _gpu_environment()
+        """``onnxruntime-gpu`` in an environment of its own, so a GPU host never has the CPU build overwritten; none
+        where this interpreter's ``onnxruntime`` already is the GPU build (a GPU host provisioned ahead, with no
+        registry to make an environment from)."""
+        return None if gpu_build_here() else _gpu_environment()
 
     def available(self) -> tuple[bool, str]:
         if not gpu_present():
             return False, "no NVIDIA GPU on this machine"
         return True, ""
+
+
+def gpu_build_here() -> bool:
+    """Whether this interpreter has ``onnxruntime-gpu`` installed (read from its metadata: nothing is imported)."""
+    from importlib import metadata
+
+    try:
+        metadata.version("onnxruntime-gpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 @lru_cache(maxsize=1)
