@@ -99,6 +99,92 @@ def test_a_real_duel_finds_the_faster_model_on_both_figures(tmp_path):
     assert [p.name for p in launched.result.phases] == ["duel:p50_ms", "duel:throughput_ips"]
 
 
+class _Clock:
+    """A fake clock for ``bench.duel``: sessions advance it by what their calls cost."""
+
+    def __init__(self) -> None:
+        self.ns, self.last, self.switched = 0, None, 0
+
+    def perf_counter_ns(self) -> int:
+        return self.ns
+
+    def perf_counter(self) -> float:
+        return self.ns / 1e9
+
+    def time(self) -> float:
+        return self.ns / 1e9
+
+
+class _Switching:
+    """Two equally fast models (1 ms a call) in one process. For ``disturbed_ms`` after the other model's turn, this
+    one's calls take ``slow``x as long: the other session's threads still spinning on one of the two cores, its weights
+    in the caches. Served alone and warm, both take 1 ms."""
+
+    def __init__(self, name: str, clock: _Clock, slow: float, disturbed_ms: float = 25.0) -> None:
+        self.name, self.clock, self.slow, self.disturbed_ns = name, clock, slow, disturbed_ms * 1e6
+
+    def prepare(self, x):
+        return x
+
+    def run_prepared(self, x) -> None:
+        c = self.clock
+        if c.last != self.name:
+            c.last, c.switched = self.name, c.ns
+        c.ns += int(1e6 * (self.slow if c.ns - c.switched < self.disturbed_ns else 1.0))
+
+
+class _Data:
+    def __len__(self) -> int:
+        return 32
+
+    def slice(self, a: int, b: int) -> int:
+        return a
+
+    def batch(self, n: int, offset: int = 0) -> int:
+        return offset
+
+
+def _switching_duel(monkeypatch, **kw) -> Duel:
+    clock = _Clock()
+    monkeypatch.setattr(duel, "time", clock)
+    sessions = {"fp32": _Switching("fp32", clock, slow=1.5), "int8": _Switching("int8", clock, slow=1.0)}
+    return duel.take_turns(sessions, _Data(), 32, ["p50_ms"], 20.0, GAP, Z, MIN, **kw)[0][0]
+
+
+def test_the_calls_after_a_switch_are_run_but_not_counted(monkeypatch):
+    """Z2 image demo: a duel of 40 ms blocks put INT8 9 % ahead of fp32 where separate processes found them equal.
+    A block now starts with calls that are not counted (the other model's threads and weights gone), then counts
+    long enough for a median of warm calls: two equal models are found equal, where the old blocks named a winner."""
+    assert duel.block_calls("p50_ms", 5e6) == (40, 6) and duel.block_calls("throughput_ips", 150e6) == (2, 1)
+    d = _switching_duel(monkeypatch)
+    assert d.verdict == "tie" and d.time_ratio == pytest.approx(1.0), d
+    old = _switching_duel(monkeypatch, block_seconds={"p50_ms": 0.04}, warm_seconds={"p50_ms": 0.0})
+    # every other block of a model follows its own (the order turns round each cycle): half the pairs disturbed
+    assert old.verdict != "tie" and old.time_ratio_interval[1] > 1.3, f"40 ms blocks counting every call: {old}"
+
+
+def test_a_duel_opens_its_sessions_as_a_server_does(tmp_path):
+    """ONNX Runtime's idle threads spin unless told not to, and the server tells them not to
+    (``OnnxRuntime.serving_options``): a duel's sessions are opened the same way, so one model's spinning threads do not
+    slow the other's block."""
+    from conftest import channel_mean_onnx
+    from servopt.bench.jobs import OpenSpec
+    from servopt.contracts import Artifact
+    from servopt.optimize.sweep import as_served, duel_job
+
+    channel_mean_onnx(tmp_path / "m.onnx")
+    artifact = Artifact(format="onnx", path=str(tmp_path / "m.onnx"))
+    spec = OpenSpec(name="m", artifact=artifact, runtime="onnxruntime", options={"intra_op_threads": 2})
+    assert spec.open().options.allow_spinning is True, "measured as the sweep measures: spinning"
+    by_name = {"m": _int8("m", 300, ["ort-quantize-static"]).model_copy(update={"artifact": artifact, "options": spec.options})}
+    [served] = duel_job(["m"], by_name, tmp_path / "d.npz", ["p50_ms"], 1.0).sessions
+    assert served.options == {"intra_op_threads": 2, "allow_spinning": False}
+    session = served.open()
+    assert session.options.allow_spinning is False and session.info().details["intra_op_spinning"] == "off"
+    bounded = spec.model_copy(update={"options": {"spin_duration_us": 50}})  # a spin the user bounded is served so
+    assert as_served(bounded).options == {"spin_duration_us": 50}
+
+
 # ---------------------------------------------------------------------------------------------------- the decision
 STRICT = Target(name="cpu", hardware="h", device="cpu", objective="throughput", max_p50_ms=3, min_throughput_ips=1000)
 

@@ -2,15 +2,25 @@
 
 The interleaved re-measure (``jobs.run_interleave``) times each variant for 1.5 s per figure per round, so the two
 figures of a round are seconds apart, and on a shared 2-core machine a round moves a variant's p50 by up to 30 % (the
-text demo's fused INT8 encoder: 2.26, 1.58, 2.43 ms in three rounds). Taking turns every few tens of milliseconds
+text demo's fused INT8 encoder: 2.26, 1.58, 2.43 ms in three rounds). Taking turns every few tenths of a second
 cancels that drift pair by pair: of the two encoders that three rounds put 4.6 % apart on p50 (a tie), the fused one
-took 0.78–0.85× the other's p50 time in each of six duels, every interval below 1 (AMD EPYC, AVX2; docs/benchmarks.md).
+took 0.78–0.85× the other's p50 time in each of six duels of 40 ms blocks, every interval below 1 (AMD EPYC, AVX2;
+docs/benchmarks.md).
 
 Per figure, every variant runs a block of calls on the same inputs in turn (order reversed each cycle, so neither
 always goes first); a block's figure is its median call time (single-sample p50) or its mean call time (a batch's
 throughput); each cycle gives every pair one ratio. The median ratio's distribution-free interval decides, looked at
 every few cycles, stopping when every pair is decided or the time is up (sequential: the interval is far wider than
 95 % for the repeated looks). No library does paired, sequential block alternation of in-process sessions, so it is here.
+
+A block measures what serving has: one model computing, warm, its threads waiting as a server sets them. Sessions are
+opened with their runtime's serving options (``optimize.sweep.as_served``: ONNX Runtime's idle threads do not spin), and the
+first calls after each switch are run but not counted. Blocks of 40 ms with spinning sessions measured something
+else: an ONNX Runtime worker spins for 2^20 pauses (tens of milliseconds) after its session's last call
+(``WorkerLoop``), so most of the next model's block ran with one of the two cores taken, and it began with the other's
+weights in the caches. On a 2-core AMD
+EPYC Zen 2 such a duel put the image demo's INT8 pick 9 % ahead of fp32 on p50 (interval 4.8-14.8 %) where the two in
+separate processes, alternating, measured 0.986x (FIELD-NOTES.md).
 """
 
 from __future__ import annotations
@@ -28,7 +38,13 @@ if TYPE_CHECKING:
     from servopt.data.dataset import Dataset
 
 Verdict = Literal["a", "b", "tie", "undecided"]
-BLOCK_SECONDS = {"p50_ms": 0.04, "throughput_ips": 0.3}  # long enough for a median, short against the drift
+# A block's counted calls: long enough for a median of warm calls, short against the drift (the interleaved rounds'
+# figures are 1.5 s apart).
+BLOCK_SECONDS = {"p50_ms": 0.2, "throughput_ips": 0.3}
+# Run after each switch and not counted: the model's weights back in the caches, the other session's threads asleep.
+# At least WARM_CALLS, or WARM_SECONDS of calls where those are shorter.
+WARM_SECONDS = {"p50_ms": 0.03, "throughput_ips": 0.0}
+WARM_CALLS = {"p50_ms": 3, "throughput_ips": 1}
 LOOK_EVERY = 5  # cycles between two looks at the intervals
 
 
@@ -68,8 +84,12 @@ def settled(logs: list[list[float]], tie_gap: float, z: float, min_pairs: int) -
             and all(verdict(v, tie_gap, z, min_pairs)[0] != "undecided" for v in logs))
 
 
-def _block(session, prepared: list, first: int, calls: int, what: str) -> float:
-    """One block: ``calls`` calls on the inputs from ``first`` on; its median call time (p50) or mean (throughput)."""
+def _block(session, prepared: list, first: int, calls: int, what: str, warm: int = 0) -> float:
+    """One block: ``warm`` calls not counted (the first after a switch), then ``calls`` calls on the inputs from
+    ``first`` on; its median call time (p50) or mean (throughput) over those."""
+    for i in range(warm):
+        session.run_prepared(prepared[(first + i) % len(prepared)])
+    first += warm
     times = []
     for i in range(calls):
         x = prepared[(first + i) % len(prepared)]
@@ -79,9 +99,21 @@ def _block(session, prepared: list, first: int, calls: int, what: str) -> float:
     return statistics.median(times) if what == "p50_ms" else sum(times) / len(times)
 
 
+def block_calls(what: str, per_call_ns: float, block_seconds: dict[str, float] | None = None,
+                warm_seconds: dict[str, float] | None = None) -> tuple[int, int]:
+    """(calls counted, calls run first and not counted) of a block on ``what`` whose slowest call takes ``per_call_ns``."""
+    per_call = max(per_call_ns / 1e9, 1e-6)
+    calls = max(3 if what == "p50_ms" else 1, round((block_seconds or BLOCK_SECONDS)[what] / per_call))
+    if warm_seconds is not None and warm_seconds[what] <= 0:
+        return calls, 0
+    return calls, max(WARM_CALLS[what], round((warm_seconds or WARM_SECONDS)[what] / per_call))
+
+
 def take_turns(sessions: dict, data: Dataset, batch_size: int, figures: list[str], seconds: float, tie_gap: float, z: float,
-               min_pairs: int) -> tuple[list[Duel], list[Phase]]:
-    """Every pair of ``sessions`` (opened and warm, name → session) on every figure, at most ``seconds`` each."""
+               min_pairs: int, block_seconds: dict[str, float] | None = None, warm_seconds: dict[str, float] | None = None
+               ) -> tuple[list[Duel], list[Phase]]:
+    """Every pair of ``sessions`` (opened and warm, name → session) on every figure, at most ``seconds`` each.
+    ``block_seconds`` and ``warm_seconds`` (a figure → seconds; 0 warm: none) replace the defaults, for experiments."""
     names = list(sessions)
     duels: list[Duel] = []
     phases: list[Phase] = []
@@ -95,13 +127,13 @@ def take_turns(sessions: dict, data: Dataset, batch_size: int, figures: list[str
         for n, s in sessions.items():
             _block(s, prepared[n], 0, 3, what)
         per_call = max(_block(s, prepared[n], 0, 5, "p50_ms") for n, s in sessions.items())
-        calls = max(3 if what == "p50_ms" else 1, round(BLOCK_SECONDS[what] / max(per_call / 1e9, 1e-6)))
+        calls, warm = block_calls(what, per_call, block_seconds, warm_seconds)
         logs: dict[tuple[str, str], list[float]] = {pair: [] for pair in combinations(names, 2)}
         start, wall = time.perf_counter(), time.time()
         cycle = 0
         while True:
             order = names if cycle % 2 == 0 else names[::-1]
-            block = {n: _block(sessions[n], prepared[n], cycle * calls, calls, what) for n in order}
+            block = {n: _block(sessions[n], prepared[n], cycle * (calls + warm), calls, what, warm) for n in order}
             for a, b in logs:
                 logs[a, b].append(math.log(block[a] / block[b]))
             cycle += 1
@@ -113,3 +145,4 @@ def take_turns(sessions: dict, data: Dataset, batch_size: int, figures: list[str
             duels.append(Duel(a=a, b=b, what=what, pairs=len(v), time_ratio=math.exp(m),
                               time_ratio_interval=[math.exp(lo), math.exp(hi)], verdict=said))
     return duels, phases
+
