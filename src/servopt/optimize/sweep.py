@@ -149,8 +149,6 @@ def interleave_job(names: list[str], by_name: dict[str, Record], reference: str,
     return InterleaveJob(sessions=sessions, reference=reference, data=str(data), protocol=protocol, rounds=rounds, env=env)
 
 
-def duel_job(names: list[str], by_name: dict[str, Record], data: Path, figures: list[str], seconds: float,
-             batch_size: int = 32, min_pairs: int = 8) -> DuelJob:
 def as_served(spec: OpenSpec) -> OpenSpec:
     """A variant as a server opens it (``Runtime.serving_options``: ONNX Runtime's idle threads sleep instead of
     spinning)."""
@@ -159,13 +157,15 @@ def as_served(spec: OpenSpec) -> OpenSpec:
     return spec.model_copy(update={"options": served.model_dump(mode="json", exclude_defaults=True)})
 
 
+def duel_job(names: list[str], by_name: dict[str, Record], data: Path, figures: list[str], seconds: float,
+             batch_size: int = 32, min_pairs: int = 8) -> DuelJob:
     """``names`` taking turns block by block in one process on ``figures`` (``bench.duel``), a lead counting from
     ``noise.TIE_GAP``; each opened as a server opens it (``as_served``: ONNX Runtime's threads not spinning), since
     the close call is about how it will run served."""
     sessions, env = _one_process(names, by_name)
+    sessions = [as_served(s) for s in sessions]
     return DuelJob(sessions=sessions, data=str(data), batch_size=batch_size, figures=figures, seconds=seconds,
                    tie_gap=noise.TIE_GAP, min_pairs=min_pairs, env=env)
-    sessions = [as_served(s) for s in sessions]
 
 
 def _stored_interleaved(path: Path) -> Interleaved | None:
