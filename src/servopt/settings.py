@@ -85,6 +85,9 @@ def parse_rate(text: str | None) -> float | None:
     return value / scale
 
 
+DEFAULT_BUDGET = "30m"  # servopt optimize's time budget unless told otherwise (--budget none lifts it)
+
+
 class OptimizeSettings(BaseSettings):
     """``servopt optimize`` and ``servopt demo`` (``SERVOPT_OPTIMIZE_TARGETS=cpu-server`` …)."""
 
@@ -103,7 +106,9 @@ class OptimizeSettings(BaseSettings):
     note: str = ""  # shown at the top of the report
     full: bool = False  # no race: every variant built, measured and cold-started (slower; the same decisions)
     lab: bool = False  # also the lab's ladder (text: plain / eval / no_grad / compile)
-    budget: str | None = None  # a time budget for the whole sweep: 300, 300s, 5m, 1h
+    # A time budget for the whole sweep (300, 300s, 5m, 1h; none: no limit): by default an answer in half an hour, the
+    # likeliest winners first, a build or measurement still running at its end stopped and listed (--full: none).
+    budget: str | None = DEFAULT_BUDGET
     load: str | None = None  # a load to price: 500, 500/s, 30000/min (instances and USD a month per target)
     ray: str | None = None  # a distributed sweep: the Ray cluster (auto, ray://HOST:10001, HOST:6379, local); None: this machine
 

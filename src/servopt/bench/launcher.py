@@ -7,13 +7,21 @@ reproduce scripts). A job that crashes, times out or fails with a user error
 comes back as a ``JobFailure`` with the reason, never as an exception: the
 sweep records it and goes on. Jobs timed from outside (cold start) print a
 marker when they have their answer; the launcher's clock stops on it.
+
+Every job runs in a process group of its own, tracked while it runs: ``stop_all`` (the command's SIGINT/SIGTERM
+handler) kills each group, so a build's or a measurement's own children go too, and no job is started after it
+(``Interrupted``); a job also dies with the process that launched it (``SERVOPT_DIE_WITH_PARENT``), so a kill -9 of
+the sweep leaves no orphan. A job given a ``deadline`` (a time budget's end) that reaches it is stopped and raises
+``OutOfTime``: not finished, never a failure a resumed run would trust.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -30,6 +38,40 @@ from servopt.errors import UserError
 
 R = TypeVar("R", bound=Contract)
 SRC = str(Path(__file__).resolve().parents[2])  # servopt's source folder, importable by any interpreter
+
+
+class Interrupted(BaseException):  # like KeyboardInterrupt: no ``except Exception`` records it as a failure
+    """The run was asked to stop (SIGINT/SIGTERM): the job under way was killed, and no job starts after it."""
+
+
+class OutOfTime(Exception):
+    """A job stopped at its deadline (the time budget's end): not finished, to be tried again with more time."""
+
+
+_running: set[subprocess.Popen] = set()  # the job processes running now (each the leader of its process group)
+_lock = threading.RLock()  # re-entered by stop_all in a signal handler interrupting launch
+_stopping = threading.Event()
+
+
+def stopping() -> bool:
+    return _stopping.is_set()
+
+
+def stop_all() -> int:
+    """Stop every job process running now with its whole process group, and refuse new ones (``Interrupted``). Safe in a
+    signal handler. Returns how many jobs it stopped."""
+    _stopping.set()
+    with _lock:
+        procs = list(_running)
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return len(procs)
+
+
+def reset_stop() -> None:
+    """Allow jobs again (a test, or a command run twice in one process)."""
+    _stopping.clear()
 
 
 class JobFailure(Contract):
@@ -97,8 +139,18 @@ def write_replay(job: JobBase, workdir: Path, python: str, env_vars: dict[str, s
     return script
 
 
-def launch(job: JobBase, workdir: Path, timeout_s: float | None = None) -> Launched:
-    """Run ``job`` in a fresh process and return its typed result (``type(job).result_type``) or its failure."""
+def launch(job: JobBase, workdir: Path, timeout_s: float | None = None, deadline: float | None = None) -> Launched:
+    """Run ``job`` in a fresh process and return its typed result (``type(job).result_type``) or its failure.
+    ``deadline`` (``time.time()``): a job still running then is stopped and raises ``OutOfTime``, as does one
+    launched after it; ``stop_all`` makes it raise ``Interrupted``."""
+    if _stopping.is_set():
+        raise Interrupted(f"{job.kind} not started: the run is stopping")
+    timeout = timeout_s or type(job).timeout_s
+    budgeted = deadline is not None and deadline - time.time() < timeout  # the deadline, not the job's own limit, binds
+    if budgeted:
+        timeout = deadline - time.time()  # type: ignore[operator]
+        if timeout <= 0:
+            raise OutOfTime(f"{job.kind} not started: the time budget had run out")
     workdir.mkdir(parents=True, exist_ok=True)
     job_path, out_path, log_path = workdir / "job.json", workdir / "out.json", workdir / "job.log"
     out_path.unlink(missing_ok=True)
@@ -108,12 +160,20 @@ def launch(job: JobBase, workdir: Path, timeout_s: float | None = None) -> Launc
     except UserError as e:
         return Launched(None, JobFailure(error=e.problem, log=str(log_path), replay=""), 0.0)
     replay = write_replay(job, workdir, python, env_vars)
-    timeout = timeout_s or type(job).timeout_s
+    env_vars.setdefault("SERVOPT_DIE_WITH_PARENT", str(os.getpid()))  # a Ray worker sets its own pid (ray_executor)
     cmd = [python, "-m", "servopt.runjob", str(job_path), str(out_path)]
     start = time.perf_counter()
     ready: dict[str, float] = {}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env_vars)
+        with _lock:  # registered before stop_all can miss it, and never started after stop_all
+            if _stopping.is_set():
+                raise Interrupted(f"{job.kind} not started: the run is stopping")
+            # its own process group: a terminal's Ctrl-C reaches only the sweep, which stops the group (stop_all)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env_vars, process_group=0)
+            _running.add(proc)
+        if _stopping.is_set():  # stop_all ran in this thread's signal handler while the process was starting
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
         def watch() -> None:  # stdout to the log, noting when the READY marker arrives
             assert proc.stdout is not None
@@ -128,11 +188,18 @@ def launch(job: JobBase, workdir: Path, timeout_s: float | None = None) -> Launc
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            _kill_group(proc)
             code = None
+        finally:
+            with _lock:
+                _running.discard(proc)
         reader.join(timeout=5)
     wall = time.perf_counter() - start
+    if _stopping.is_set():
+        _kill_group(proc)  # stop_all may have killed only the leader's group as it was starting its own children
+        raise Interrupted(f"{job.kind} stopped after {wall:.0f} s: the run is stopping")
+    if code is None and budgeted:
+        raise OutOfTime(f"stopped at the time budget's end after {wall:.0f} s")
 
     def failed(error: str) -> Launched:
         return Launched(None, JobFailure(error=error, exit_code=code, log=str(log_path), replay=str(replay)), wall, ready.get("at"))
@@ -149,3 +216,12 @@ def launch(job: JobBase, workdir: Path, timeout_s: float | None = None) -> Launc
         return Launched(type(job).result_type.model_validate(data), None, wall, ready.get("at"))
     except ValidationError as e:  # the job process ran another servopt (an environment with a stale copy?)
         return failed(f"the {job.kind} result does not match this servopt's contracts: {str(e).splitlines()[0]}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """The job's process and whatever it started (its process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()

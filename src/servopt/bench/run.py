@@ -40,10 +40,11 @@ class BenchReport(Contract):
     results: list[Record]
 
 
-def measure(job: MeasureJob, spec: ModelSpec, workdir: Path) -> Record:
-    """Verify and time one (artifact, runtime, options) in a fresh process, then its cold start in another."""
+def measure(job: MeasureJob, spec: ModelSpec, workdir: Path, deadline: float | None = None) -> Record:
+    """Verify and time one (artifact, runtime, options) in a fresh process, then its cold start in another;
+    ``deadline``: a time budget's end (``launcher.OutOfTime`` past it)."""
     get_runtime(job.session.runtime).parse_options(job.session.options)  # a bad option fails before any process starts
-    launched = launch(job, workdir / "measure")
+    launched = launch(job, workdir / "measure", deadline=deadline)
     measured: Measured = launched.result if launched.result is not None else Measured(status="failed", error=launched.error)
     cold = None
     if measured.status == "ok" and job.protocol.cold_start:

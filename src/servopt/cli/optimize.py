@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -31,6 +32,7 @@ from servopt.cli.app import (
 )
 from servopt.cli.common import with_data_flags
 from servopt.errors import UserError
+from servopt.settings import DEFAULT_BUDGET
 
 TargetsOpt = Annotated[str | None, typer.Option("--targets", help="presets (cpu-server, gpu-server, edge) and/or YAML files, "
                                                                   "comma-separated [default: cpu-server,gpu-server,edge]")]
@@ -41,8 +43,10 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", help="no progress, no tables"
 FullOpt = Annotated[bool, typer.Option("--full", help="no race: build, measure and cold-start every variant (slower; the same "
                                                              "decisions, every variant's figures complete)")]
 LabOpt = Annotated[bool, typer.Option("--lab", help="also the lab's ladder (text: plain / eval / no_grad / torch.compile)")]
-BudgetOpt = Annotated[str | None, typer.Option("--budget", help="a time budget for the whole sweep (300, 5m, 1h): the likeliest "
-                                                                "winners first; what it did not try is listed")]
+BudgetOpt = Annotated[str | None, typer.Option("--budget", help=f"a time budget for the whole sweep (300, 5m, 1h) [default: "
+                                                                f"{DEFAULT_BUDGET}; none: no limit; --full: none]: the likeliest "
+                                                                "winners first, a build still running at its end stopped; what "
+                                                                "it did not try is listed")]
 # The demo answers in five minutes (issue 18): the likely winners first, what it did not try listed; --full or
 # --budget none for everything.
 DEMO_BUDGET = "5m"
@@ -69,6 +73,11 @@ def print_summary(summary, records) -> None:
     )
     from servopt.optimize.rundir import load_config
 
+    if summary.interrupted:
+        console.print("[bold yellow]INTERRUPTED: the best answer from what was measured before the stop; rerun the same "
+                      "command to finish (not finished: "
+                      f"{escape(', '.join(v.name for v in summary.not_tried if v.why.startswith('not finished')) or 'none')})"
+                      "[/bold yellow]")
     ref = next((r for r in records if r.name == summary.reference), None)
     config = load_config(Path(summary.run_dir))
     family = family_of(config.spec) if config else None
@@ -96,16 +105,16 @@ def print_summary(summary, records) -> None:
     for col in ("target", "hardware", "status", "recommended", "why"):
         v.add_column(col)
     for row in verdict_rows(summary):
-        colour = "green" if row.status.startswith("pass") else "red" if row.status == "fail" else "yellow"
+        colour = "green" if row.status.startswith("pass") else "red" if row.status.startswith("fail") else "yellow"
         v.add_row(row.name, row.hardware, f"[{colour}]{row.status}[/{colour}]", row.recommended, escape(row.reason))
     console.print(v)
     prices = price_section(summary)
     if prices:
         p = Table(title=f"what it costs, USD per million inferences (load: {prices.load})", title_style="bold")
-        for col in ("target", "variant", "per million", "within latency bound", "instances", "USD/month"):
-            p.add_column(col, justify="left" if col in ("target", "variant") else "right")
+        for col in ("target", "variant", "instance capacity priced", "per million", "instances", "USD/month"):
+            p.add_column(col, justify="left" if col in ("target", "variant", "instance capacity priced") else "right")
         for r in prices.rows:
-            p.add_row(r.target, f"[bold]{escape(r.variant)}[/bold]" if r.pick else escape(r.variant), r.per_million, r.at_bound,
+            p.add_row(r.target, f"[bold]{escape(r.variant)}[/bold]" if r.pick else escape(r.variant), r.capacity, r.per_million,
                       r.instances, r.monthly)
         console.print(p)
         for n in prices.notes:
@@ -118,24 +127,97 @@ def print_summary(summary, records) -> None:
         console.print(f"[yellow]{escape(problem)}[/yellow]")
 
 
-def _progress_ui(quiet: bool):
+def result_line(record, family) -> str:
+    """A variant's record in one plain line: its status, quality and p50 (or why it has none)."""
+    if record.status != "ok":
+        return f"{record.name}: {record.status}: {record.error or ''}".rstrip(": ")
+    p50 = f"{record.latency_ms.p50:.3g} ms" if record.latency_ms else "—"
+    quality = family.describe_quality(record) if family is not None else "—"
+    return f"{record.name}: ok, quality {quality}, p50 {p50}"
+
+
+def _progress_ui(quiet: bool, family=None):
+    """The sweep's progress: a rich bar on a terminal; one plain line per step and per result when the output goes to a
+    file or pipe (a log shows what the run did, as it did it); nothing with --quiet."""
+    import time
+
     from servopt.optimize.sweep import Progress as Callbacks
 
     if quiet:
         return None, Callbacks()
+    if not console.is_terminal:
+        began = time.monotonic()
+
+        def say(message: str) -> None:
+            elapsed = int(time.monotonic() - began)
+            console.print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {message}", markup=False, highlight=False, soft_wrap=True)
+
+        return None, Callbacks(start=lambda total: say(f"{total} variants to build and measure"), step=say, note=say,
+                               result=lambda rec: say(result_line(rec, family)))
     bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
-    task = {}
+    task: dict[str, int] = {}
+    early = [0]  # advances before the bar has its total (a resumed run's cached records): counted when it starts
 
     def start(total: int) -> None:
-        task["id"] = bar.add_task("variants", total=total)
+        task["id"] = bar.add_task("variants", total=total, completed=early[0])
+
+    def advance() -> None:
+        if "id" in task:
+            bar.advance(task["id"])
+        else:
+            early[0] += 1
 
     return bar, Callbacks(
         start=start,
         step=lambda m: bar.update(task["id"], description=escape(m)) if "id" in task else None,
-        advance=lambda: bar.advance(task["id"]),
+        advance=advance,
         note=lambda m: bar.console.print(f"[dim]{escape(m)}[/dim]"),
+        result=lambda rec: bar.console.print(f"[dim]{escape(result_line(rec, family))}[/dim]"),
     )
+
+
+@contextmanager
+def stopping_on_signals(executor):
+    """SIGINT/SIGTERM during a sweep: every job under way is killed with its process group (``launcher.stop_all``),
+    the executor starts nothing more, and the sweep writes summary.json and the reports with the best answer so far,
+    marked interrupted (``Sweep.run``). A second signal quits at once. Yields the signals received."""
+    import signal
+    import threading
+
+    from servopt.bench.launcher import reset_stop, stop_all
+
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def handler(signum: int, _frame) -> None:
+        if got:
+            raise KeyboardInterrupt
+        got.append(signum)
+        stopped = stop_all()
+        executor.stop()
+        console.print(f"[yellow]{signal.Signals(signum).name}: stopped {stopped} job(s) under way; writing what was found so far "
+                      "(again to quit at once)[/yellow]")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield got
+    finally:
+        for sig, was in previous.items():
+            signal.signal(sig, was)
+        reset_stop()
+
+
+def capacity_probe():
+    """How the sweep serves a priced target's pick and searches its capacity within the SLO (``serve.capacity``):
+    None where the serving extra is not installed (prices then come from the offline figures, and say so)."""
+    try:
+        from servopt.serve.capacity import probe
+    except ImportError:
+        return None
+    return probe
 
 
 def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) -> object:
@@ -157,10 +239,11 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
             console.print(f"[yellow]{escape(n)}[/yellow]")
     count = settings.calibration_samples
     calib = tune.subset(np.arange(0, len(tune), max(1, len(tune) // count))[:count])  # spread over the split
-    bar, callbacks = _progress_ui(quiet or json_out)
-    with sweep.open_executor(settings.ray) as executor:  # --ray: a Ray cluster's nodes; else this machine, Ray never imported
+    bar, callbacks = _progress_ui(quiet or json_out, family)
+    with sweep.open_executor(settings.ray) as executor, stopping_on_signals(executor) as signals:
+        # --ray: a Ray cluster's nodes; else this machine, Ray never imported
         run = sweep.Sweep(model=loaded, eval_data=eval_data, calibration=calib, tuning=tune, settings=settings, targets=targets,
-                          executor=executor, progress=callbacks)
+                          executor=executor, progress=callbacks, capacity_probe=capacity_probe())
         if bar:
             with bar:
                 summary = run.run()
@@ -171,15 +254,21 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
     elif not quiet:
         print_summary(summary, load_run(run.out)[1])
         console.print(f"report: {run.out / 'report.html'} (and report.md, summary.json)")
+    if signals:  # the usual exit status of a process ended by that signal (130 for SIGINT, 143 for SIGTERM)
+        raise typer.Exit(128 + signals[0])
     return summary
 
 
 def optimize_settings(**given):
-    """Settings from the command line over ``SERVOPT_OPTIMIZE_*`` variables over the defaults. A distributed sweep
-    (``--ray``) without Ray installed fails here, before any model or data is read."""
+    """Settings from the command line over ``SERVOPT_OPTIMIZE_*`` variables over the defaults; ``--full`` without
+    ``--budget`` lifts the default budget (everything, however long). A distributed sweep (``--ray``) without Ray
+    installed fails here, before any model or data is read."""
     from pydantic import ValidationError
 
     from servopt.settings import OptimizeSettings
+
+    if given.get("full") and given.get("budget") is None:
+        given = {**given, "budget": "none"}
 
     try:
         settings = OptimizeSettings(**{k: v for k, v in given.items() if v is not None and v is not False})

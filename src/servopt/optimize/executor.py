@@ -15,6 +15,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, ClassVar
 
+from servopt.bench.launcher import Interrupted
+
 
 class Lost(Exception):
     """A job no node brought back: its worker or node died more often than the retries allow, or no node of its kind
@@ -37,6 +39,9 @@ class Executor:
         else beside other non-exclusive units (a build, which times nothing). The future holds its result."""
         raise NotImplementedError
 
+    def stop(self) -> None:
+        """The run is stopping (SIGINT/SIGTERM, after ``launcher.stop_all``): start nothing more, give up what waits."""
+
     def close(self) -> None:
         pass
 
@@ -54,9 +59,12 @@ class LocalExecutor(Executor):
     def __init__(self, parallel: int = 2) -> None:
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="servopt-build")
         self._running: set[Future] = set()
+        self._stopped = False
 
     def submit(self, fn: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None, what: str = "",
                exclusive: bool = True) -> Future:
+        if self._stopped:
+            raise Interrupted(f"{what or 'a job'} not started: the run is stopping")
         if not exclusive:
             future = self._pool.submit(fn, *args)
             self._running.add(future)
@@ -69,6 +77,12 @@ class LocalExecutor(Executor):
         except Exception as e:  # noqa: BLE001  (raised again by .result(), in the caller, as if called directly)
             done.set_exception(e)
         return done
+
+    def stop(self) -> None:
+        """Builds queued behind the two running are cancelled (their futures say so), none is started after; the
+        running ones end with their processes (``launcher.stop_all``)."""
+        self._stopped = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

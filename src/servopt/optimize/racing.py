@@ -24,7 +24,7 @@ from servopt.families.base import Family
 from servopt.home import default_home
 from servopt.machine import CpuFeatures, Isa, cpu_features, richer
 from servopt.optimize.decide import eligible, judge, speed_dims
-from servopt.optimize.noise import ahead_every_round, clears, interval, point
+from servopt.optimize.noise import DRIFT, SCREENING_DRIFT, ahead_every_round, clears, interval, point
 from servopt.optimize.targets import Target
 from servopt.passes.base import get_pass
 from servopt.results import append_jsonl, read_jsonl
@@ -147,6 +147,21 @@ DUEL_LOAD_SECONDS = 4.0
 DUEL_MIN_SECONDS = 2.0
 
 
+# The instance's answer (issue 32): each target's candidates at 1, 2, … cores (``bench.scaling``: 3 rounds × cores × two
+# figures of SCALING_SECONDS each, per candidate), and the pick's capacity within the SLO, served (``serve.capacity``:
+# a configuration's search takes 15-25 s here; at most CAPACITY_SECONDS, none when the budget leaves under the minimum).
+SCALING_SECONDS = 0.5
+CAPACITY_SECONDS = 50.0
+CAPACITY_MIN_SECONDS = 15.0
+
+
+def instance_seconds(candidates: int, cores: int, priced: int) -> float:
+    """What measuring the instance's answer costs: the candidates' scaling (plus opening their sessions) and the
+    priced targets' capacity searches."""
+    scaling = candidates * (3 * cores * 2 * SCALING_SECONDS + 2.0) if candidates else 0.0
+    return scaling + priced * CAPACITY_SECONDS
+
+
 def closing_seconds(targets: int) -> float:
     """The very end of a sweep: the picks' profiles and the report."""
     return targets * 5.0 + 5.0
@@ -166,15 +181,24 @@ def finish_estimate(rounds: int, targets: int, contenders: int | None = None, ax
             + (AXES_SECONDS * (min(targets, candidates) + 1) if axes else 0.0))
 
 
-def misses_quality(target: Target, rec: Record, ref: Record | None, family: Family) -> bool:
-    """Whether ``rec`` fails one of the target's quality bounds."""
+def tuning_view(rec: Record) -> Record:
+    """``rec`` as judged on the tuning samples (its ``tuning_quality`` as ``quality``): what a choice may read, so the
+    held-out quality the verdict reads stays unseen. Unchanged where it has none (a record from before)."""
+    return rec if rec.tuning_quality is None else rec.model_copy(update={"quality": rec.tuning_quality})
+
+
+def misses_quality(target: Target, rec: Record, ref: Record | None, family: Family, on_tuning: bool = False) -> bool:
+    """Whether ``rec`` fails one of the target's quality bounds; ``on_tuning``: judged on the tuning samples where
+    both records have them (``tuning_view``), as every choice is."""
+    if on_tuning and rec.tuning_quality is not None and ref is not None and ref.tuning_quality is not None:
+        rec, ref = tuning_view(rec), tuning_view(ref)
     return any(b.status == "fail" for b in judge(target, rec, ref, family).bounds if b.kind == "quality")
 
 
 def beats(target: Target, a: Record, b: Record, ref: Record | None, family: Family, here_isa: str | None = None,
-          noise: bool = True) -> str | None:
-    """Why ``a`` beats ``b`` for ``target`` beyond noise on everything the target asks for, or None. ``noise=False``:
-    on the point figures alone (who is ahead, not who is surely ahead)."""
+          noise: bool = True, drift: float = DRIFT) -> str | None:
+    """Why ``a`` beats ``b`` for ``target`` beyond noise (the 95 % intervals widened by ``drift``) on everything the
+    target asks for, or None. ``noise=False``: on the point figures alone (who is ahead, not who is surely ahead)."""
     if a.name == b.name or not (eligible(target, a) and eligible(target, b)):
         return None
     # A target held to a poorer instruction set than this machine's: a runtime that will be capped may slow down, so
@@ -188,7 +212,7 @@ def beats(target: Target, a: Record, b: Record, ref: Record | None, family: Fami
         return None
     why = []
     for dim in speed_dims(target):
-        ia, ib = interval(a, dim), interval(b, dim)
+        ia, ib = interval(a, dim, drift), interval(b, dim, drift)
         if ia is None or ib is None:
             return None
         if not noise:
@@ -202,9 +226,11 @@ def beats(target: Target, a: Record, b: Record, ref: Record | None, family: Fami
 
 
 def screened_out(targets: list[Target], records: list[Record], ref: Record | None, family: Family, keep: set[str],
-                 here_isa: str | None = None) -> dict[str, str]:
+                 here_isa: str | None = None, drift: float = SCREENING_DRIFT) -> dict[str, str]:
     """Variants beaten beyond noise for every target they could serve, each with what beat it. ``keep`` (the original
-    and the baseline) are never screened out: every figure is compared with them."""
+    and the baseline) are never screened out: every figure is compared with them. Beyond noise: the intervals widened
+    by ``drift``, by default the one the decision selects its side-by-side candidates with (``noise.SCREENING_DRIFT``):
+    a variant it could select could be picked, so the race screens out nothing ``--full`` would pick."""
     here_isa = here_isa or str(_measuring_level(records))
     ok = [r for r in records if r.status == "ok"]
     screened: dict[str, str] = {}
@@ -214,7 +240,7 @@ def screened_out(targets: list[Target], records: list[Record], ref: Record | Non
         mine = [t for t in targets if eligible(t, b)]
         reasons = []
         for t in mine:
-            why = next((w for a in ok if (w := beats(t, a, b, ref, family, here_isa))), None)
+            why = next((w for a in ok if (w := beats(t, a, b, ref, family, here_isa, drift=drift))), None)
             if why is None:
                 break
             reasons.append(why)
@@ -232,7 +258,7 @@ def beaten_even_if_recovered(targets: list[Target], base: Record, records: list[
         return None
     perfect = _recovered(base, ref)
     others = [r for r in records if r.name != base.name]
-    return screened_out(targets, [*others, perfect], ref, family, keep=set()).get(base.name)
+    return screened_out(targets, [*others, perfect], ref, family, keep=set(), drift=DRIFT).get(base.name)
 
 
 def challengers(targets: list[Target], base: Record, records: list[Record], ref: Record | None, family: Family) -> list[str]:
@@ -299,3 +325,26 @@ def cap_changes(names: list[str], records: list[Record], isa: Isa) -> bool:
     Runtime's cannot: its figures would only be measured again, about 40 s of a demo sweep for nothing)."""
     by_name = {r.name: r for r in records}
     return any(n in by_name and get_runtime(by_name[n].runtime).isa_cap_env(isa) is not None for n in names)
+
+
+# A refinement ladder (``Sweep._refine``) gives up once this many rungs were tried and the best of them (or the variant
+# they refine) still loses more than this many times the target's tolerated drop: each rung recovers a fraction of the
+# points (a calibration, a few layers kept in float), so the rungs left cannot plausibly recover the rest, and the
+# accuracy-aware searches at the top of the ladder are the longest builds of a sweep (NNCF's accuracy control ran 25
+# minutes on an ImageNet CNN).
+REFINE_GIVE_UP_AFTER = 2
+REFINE_GIVE_UP_FACTOR = 3.0
+
+
+def refinement_hopeless(drops: list[float | None], tolerance: float, tried: int) -> str | None:
+    """Why the rest of a refinement ladder is not worth building, or None: ``drops``, the points lost by the variant
+    refined and by each rung tried (None: not measured), ``tried`` rungs so far, ``tolerance`` the tightest
+    ``max_accuracy_drop`` of its targets."""
+    known = [d for d in drops if d is not None]
+    if tried < REFINE_GIVE_UP_AFTER or not known or tolerance <= 0:
+        return None
+    best = min(known)
+    if best <= REFINE_GIVE_UP_FACTOR * tolerance:
+        return None
+    return (f"after {tried} refinements the best still loses {best:.2f} points, more than {REFINE_GIVE_UP_FACTOR:g}× the "
+            f"{tolerance:g} tolerated: the rest of the ladder cannot plausibly recover it (--full builds it)")

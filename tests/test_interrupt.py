@@ -1,0 +1,284 @@
+"""A run that resumes, stops cleanly and binds its budget (issues 33 and 34): the launcher's process groups, deadlines
+and stop; resuming with the progress bar on after kill -9; plain progress in a log; SIGINT/SIGTERM mid-build and
+mid-measurement leave no process behind and an interrupted summary that a rerun finishes; a build past the budget is
+listed as not finished, never recorded as failed."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from servopt.bench import launcher
+from servopt.bench.jobs import OpenSpec, ProfileJob
+from servopt.cli import app
+from servopt.contracts import Artifact
+
+runner = CliRunner()
+SRC = str(Path(__file__).parents[1] / "src")
+
+
+# ----------------------------------------------------------------------------------------------- the launcher
+def _hanging_job(tmp_path: Path) -> tuple[ProfileJob, Path]:
+    """A job whose 'interpreter' starts a child of its own and then hangs: what a stuck build looks like from outside."""
+    fake = tmp_path / "fake-python"
+    pidfile = tmp_path / "grandchild.pid"
+    fake.write_text(f"#!/bin/sh\nsleep 120 &\necho $! > {pidfile}\nsleep 120\n")
+    fake.chmod(0o755)
+    job = ProfileJob(session=OpenSpec(name="x", artifact=Artifact(format="onnx", path=str(tmp_path / "x.onnx")), runtime="onnxruntime"),
+                     data=str(tmp_path / "d.npz"), python=str(fake))
+    return job, pidfile
+
+
+def _gone(pid: int, within: float = 5.0) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _wait_for(path: Path, within: float = 10.0) -> str:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_a_job_past_its_deadline_is_stopped_with_its_children_and_says_out_of_time(tmp_path):
+    job, pidfile = _hanging_job(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(launcher.OutOfTime, match="time budget"):
+        launcher.launch(job, tmp_path / "job", deadline=time.time() + 1.5)
+    assert time.monotonic() - started < 30, "stopped at the deadline, not at the job's own time limit"
+    assert _gone(int(pidfile.read_text())), "the job's own child went with it (its process group)"
+    with pytest.raises(launcher.OutOfTime, match="not started"):  # nothing is started once the budget is spent
+        launcher.launch(job, tmp_path / "late", deadline=time.time() - 1)
+    assert not (tmp_path / "late").exists()
+
+
+def test_stop_all_kills_the_running_jobs_process_groups_and_refuses_new_ones(tmp_path):
+    import threading
+
+    job, pidfile = _hanging_job(tmp_path)
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            launcher.launch(job, tmp_path / "job")
+        except BaseException as e:  # noqa: BLE001
+            caught.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    grandchild = int(_wait_for(pidfile))
+    try:
+        assert launcher.stop_all() == 1
+        worker.join(10)
+        assert not worker.is_alive() and isinstance(caught[0], launcher.Interrupted), caught
+        assert _gone(grandchild)
+        with pytest.raises(launcher.Interrupted):
+            launcher.launch(job, tmp_path / "after")
+    finally:
+        launcher.reset_stop()
+
+
+# ----------------------------------------------------------------------------------------------- progress
+def test_the_progress_bar_counts_a_resumed_runs_cached_records_before_it_starts(monkeypatch):
+    """A resumed run advances for each cached record before the bar has its total: that once raised KeyError('id')."""
+    from rich.console import Console
+
+    import servopt.cli.optimize as cli
+
+    monkeypatch.setattr(cli, "console", Console(file=io.StringIO(), force_terminal=True))
+    bar, callbacks = cli._progress_ui(False)
+    assert bar is not None
+    callbacks.advance()
+    callbacks.advance()
+    callbacks.start(5)
+    callbacks.advance()
+    assert bar.tasks[0].completed == 3 and bar.tasks[0].total == 5
+
+
+def test_default_budget_and_full_lifts_it():
+    from servopt.cli.optimize import optimize_settings
+
+    assert optimize_settings().budget_seconds == 30 * 60
+    assert optimize_settings(budget="none").budget_seconds is None
+    assert optimize_settings(full=True).budget_seconds is None
+    assert optimize_settings(full=True, budget="5m").budget_seconds == 300
+
+
+def test_a_refinement_ladder_gives_up_when_the_rest_cannot_recover_the_points():
+    from servopt.optimize.racing import refinement_hopeless
+
+    assert refinement_hopeless([9.0, 8.0], 1.0, tried=1) is None, "not before two rungs"
+    assert refinement_hopeless([9.0, 8.0, 4.0], 1.0, tried=2) == (
+        "after 2 refinements the best still loses 4.00 points, more than 3× the 1 tolerated: the rest of the ladder cannot "
+        "plausibly recover it (--full builds it)")
+    assert refinement_hopeless([9.0, 8.0, 2.5], 1.0, tried=2) is None, "within reach: go on"
+    assert refinement_hopeless([None, None, None], 1.0, tried=2) is None
+
+
+# ----------------------------------------------------------------------------------------------- whole runs
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv2(torch.relu(self.conv1(x)))).mean((2, 3)))
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> dict:
+    """An untrained 16×16 CNN (its speed and its builds are what these tests need, not its accuracy) and the digits."""
+    from servopt.demo import make_digits_folder
+
+    root = tmp_path_factory.mktemp("interrupt")
+    torch.manual_seed(0)
+    path = root / "net.onnx"
+    torch.onnx.export(_Net().eval(), (torch.zeros(1, 3, 16, 16),), str(path), dynamo=False, input_names=["input"],
+                      output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
+    return {"path": path, "digits": make_digits_folder(root / "digits")}
+
+
+VARIANTS = ["ort-fp32", "ort-offline-all", "ort-int8-static-qop-u8s8", "ort-int8-static-qdq"]
+
+
+def _cmd(small: dict, out: Path, *extra: str) -> list[str]:
+    cmd = ["optimize", str(small["path"]), "--data", str(small["digits"]), "--crop", "16", "--out", str(out), "--targets", "edge",
+           "--limit", "60", "--calibration-samples", "16", "--quick", *extra]
+    return cmd + [a for v in VARIANTS for a in ("--variants", v)]
+
+
+def _start(cmd: list[str], log: Path, **env: str) -> subprocess.Popen:
+    full_env = {**os.environ, "PYTHONPATH": SRC, **env}
+    with open(log, "w") as f:
+        return subprocess.Popen([sys.executable, "-m", "servopt", *cmd], env=full_env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _job_running(proc: subprocess.Popen, job: str, within: float = 240.0) -> list[psutil.Process]:
+    """Wait until ``proc`` runs a ``job`` (build, measure) process; then every process under it."""
+    parent = psutil.Process(proc.pid)
+    end = time.monotonic() + within
+    while time.monotonic() < end and proc.poll() is None:
+        try:
+            below = parent.children(recursive=True)
+            if any(f"/{job}/job.json" in " ".join(p.cmdline()) for p in below):
+                return below
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"no {job} process seen (the run exited {proc.poll()})")
+
+
+def _results(out: Path) -> list[dict]:
+    path = out / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", ["build", "measure"])
+def test_resume_after_kill_9_with_the_progress_bar_on(tmp_path, small, job):
+    """The README's promise with the progress bar drawn (FORCE_COLOR: a terminal, as a user runs it): kill -9 during a
+    build or a measurement, run the same command again: it finishes, nothing measured twice, no job process left over."""
+    out = tmp_path / "run"
+    cmd = _cmd(small, out)
+    proc = _start(cmd, tmp_path / "first.log", FORCE_COLOR="1")
+    if job == "measure":  # past the original's measurement, so the rerun has a cached record to advance the bar with
+        end = time.monotonic() + 240
+        while not _results(out) and time.monotonic() < end:
+            time.sleep(0.05)
+    below = _job_running(proc, job)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert all(_gone(p.pid) for p in below), "a job died with the sweep (no orphan measuring or building on)"
+    before = _results(out)
+    assert len(before) < len(VARIANTS), "killed mid-sweep"
+    again = _start(cmd, tmp_path / "again.log", FORCE_COLOR="1")
+    assert again.wait(timeout=600) == 0, (tmp_path / "again.log").read_text()[-3000:]
+    names = [r["name"] for r in _results(out)]
+    assert sorted(names) == sorted(VARIANTS), "nothing measured twice, nothing left out"
+    assert json.loads((out / "summary.json").read_text())["interrupted"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "job"), [(signal.SIGINT, "build"), (signal.SIGTERM, "measure")])
+def test_a_signal_stops_every_job_writes_an_interrupted_summary_and_a_rerun_finishes(tmp_path, small, sig, job):
+    """SIGINT (Ctrl-C) or SIGTERM to `servopt optimize` during a build or a measurement: no process it started survives,
+    summary.json and the reports say interrupted and list what was not finished, and the same command finishes. Its
+    output goes to a log: one plain line per step and per result."""
+    out = tmp_path / "run"
+    cmd = _cmd(small, out)
+    log = tmp_path / "first.log"
+    proc = _start(cmd, log)
+    if job == "measure":
+        end = time.monotonic() + 240
+        while not any(r["name"] != "ort-fp32" for r in _results(out)) and time.monotonic() < end:
+            time.sleep(0.05)
+    below = _job_running(proc, job)
+    os.kill(proc.pid, sig)  # the sweep alone, as `kill` does; a terminal's Ctrl-C reaches only it too (jobs: own groups)
+    code = proc.wait(timeout=120)
+    text = log.read_text()
+    assert code == 128 + sig, text[-3000:]
+    assert all(_gone(p.pid) for p in below), [p.pid for p in below if not _gone(p.pid, 0)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    measured = {r["name"] for r in _results(out)}
+    unfinished = {v["name"] for v in summary["not_tried"] if v["why"].startswith("not finished")}
+    assert unfinished and unfinished == set(VARIANTS) - measured, (unfinished, measured)
+    assert not any(r["status"] == "failed" for r in _results(out)), "a killed job is not a failure a resume would trust"
+    assert "INTERRUPTED" in (out / "report.md").read_text() and "INTERRUPTED" in (out / "report.html").read_text()
+    assert "INTERRUPTED" in text and "measuring ort-fp32" in text, "the terminal says so too; the log has plain lines"
+    assert "ort-fp32: ok, quality" in text and " p50 " in text
+    again = runner.invoke(app, [*cmd, "--quiet"])
+    assert again.exit_code == 0, again.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is False and summary["counts"]["ok"] == len(VARIANTS)
+    assert sorted(r["name"] for r in _results(out)) == sorted(VARIANTS)
+
+
+@pytest.mark.slow
+def test_a_build_past_the_budget_is_listed_as_not_finished_and_a_larger_budget_builds_it(tmp_path, small, monkeypatch):
+    """Builds started under --budget get its end as a deadline: here a deadline just after they start (a budget that
+    runs out mid-build), so both builds are stopped: listed in not_tried, no failed record; the rerun builds them."""
+    from servopt.optimize.sweep import Sweep
+
+    real = Sweep.deadline
+    monkeypatch.setattr(Sweep, "deadline", lambda self, v: None if real(self, v) is None else time.time() + 0.3)
+    out = tmp_path / "run"
+    variants = ["ort-fp32", "ort-offline-all", "ort-int8-static-qop-u8s8"]
+    cmd = _cmd(small, out, "--quiet", "--budget", "1h")
+    cmd = cmd[:cmd.index("--variants")] + [a for v in variants for a in ("--variants", v)]
+    result = runner.invoke(app, cmd)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    why = {v["name"]: v["why"] for v in summary["not_tried"]}
+    assert set(why) == {"ort-offline-all", "ort-int8-static-qop-u8s8"}, why
+    assert all(w.startswith("not finished: stopped at the time budget's end") and "--budget" in w for w in why.values()), why
+    assert [r["name"] for r in _results(out)] == ["ort-fp32"], "no failed record a resume would trust"
+    monkeypatch.setattr(Sweep, "deadline", real)
+    result = runner.invoke(app, cmd)
+    assert result.exit_code == 0, result.output
+    assert sorted(r["name"] for r in _results(out)) == sorted(variants)
+    assert json.loads((out / "summary.json").read_text())["not_tried"] == []
