@@ -44,7 +44,8 @@ def test_variants_are_judged_by_their_embeddings(text_run):
     recs = _records(text_run)
     ort = recs["ort-fp32"]
     assert ort["status"] == "ok" and ort["quality"]["agreement"]["cosine_mean"] > 0.9999 and ort["quality"]["agreement"]["retrieval_top10"] > 0.98
-    assert ort["quality"]["pairs"]["pairs"] == 125 and ort["quality"]["pairs"]["spearman"] > 0.8
+    # 94 of the 125 pairs are judged: a seeded quarter (31) tunes, held out from the verdict (issue 34)
+    assert ort["quality"]["pairs"]["pairs"] == 94 and ort["quality"]["pairs"]["spearman"] > 0.8
     assert recs["torch-eager"]["quality"]["pairs"]["spearman"] == pytest.approx(ort["quality"]["pairs"]["spearman"], abs=1e-3)
     fused = recs["ort-transformers"]
     fusions = fused["artifact"]["report"]["fusions"]

@@ -95,6 +95,14 @@ class Accuracy(Contract):
     correct_top5: int | None = None
     total: int
     ties: int | None = None  # samples whose top score is shared by several classes
+    # Paired with the original on the same samples: how many it got right that this one got wrong (lost) and the reverse
+    # (gained), and the top-1 drop in points with its 95 % interval (Bonett and Price's paired interval; docs/targets.md
+    # "How sure a quality verdict is"). None on the original itself, or without its outputs.
+    lost: int | None = None
+    gained: int | None = None
+    drop_points: float | None = None
+    drop_low: float | None = None
+    drop_high: float | None = None
 
 
 class Agreement(Contract):
@@ -116,6 +124,14 @@ class Agreement(Contract):
     batch_consistency: float | None = None
     batch_consistency_min: float | None = None
     cosine_mean_alone: float | None = None
+    # Classifiers: top-1 agreement split by the original's confidence (softmax top-1 p > 0.5: "confident"), with counts.
+    # Where the original hesitates its argmax is nearly a coin toss; the verification gate reads the confident part.
+    confident_total: int | None = None
+    confident_agree: int | None = None
+    top1_agreement_confident: float | None = None
+    unsure_total: int | None = None
+    unsure_agree: int | None = None
+    top1_agreement_unsure: float | None = None
     error: str | None = None
 
 
@@ -153,9 +169,14 @@ class ClassificationQuality(Quality):
 
     kind: Literal["classification"] = "classification"
     accuracy: Accuracy | None = Field(None, description="top1, top5, correct, correct_top5, total, ties on the labelled split; "
+                                                        "paired with the original on the same samples: lost, gained, "
+                                                        "drop_points and its 95 % interval drop_low … drop_high (points); "
                                                         "null without labels")
     agreement: Agreement | None = Field(None, description="against the original on the same inputs: max_abs_diff, "
-                                                          "mean_abs_diff, cosine_*, top1_agreement, agree")
+                                                          "mean_abs_diff, cosine_*, top1_agreement, agree; split by the "
+                                                          "original's softmax top-1 p > 0.5: confident_total, "
+                                                          "confident_agree, top1_agreement_confident (what the gate reads), "
+                                                          "unsure_total, unsure_agree, top1_agreement_unsure")
 
 
 @register_quality
@@ -275,6 +296,7 @@ class Measured(Contract):
     status: Literal["ok", "failed"] = "ok"
     error: str | None = None
     quality: AnyQuality | None = None
+    tuning_quality: AnyQuality | None = None
     latency_ms: Latency | None = None
     batch_latency_ms: Latency | None = None
     latency_samples_ms: list[float] | None = None
@@ -288,7 +310,7 @@ class Measured(Contract):
     compile_s: float | None = None
     phases: list[Phase] = Field(default_factory=list)
 
-    _quality = field_validator("quality", mode="before")(parse_quality)
+    _quality = field_validator("quality", "tuning_quality", mode="before")(parse_quality)
 
 
 class ChainStep(Contract):
@@ -328,7 +350,13 @@ class Record(Contract):
     size_mb: float | None = Field(None, description="size on disk of every file of the model, external data included (10⁶ bytes)")
     batch_size: int | None = Field(None, description="the batch size of the throughput run")
     quality: AnyQuality | None = Field(None, description="the model family's judgement against the original (and labels), one "
-                                                         "kind per family, told apart by `kind` (the tables below)")
+                                                         "kind per family, told apart by `kind` (the tables below), on "
+                                                         "the held-out evaluation samples no choice saw: what the verdict "
+                                                         "reads")
+    tuning_quality: AnyQuality | None = Field(None, description="the same judgement on the tuning samples (those calibration, "
+                                                                "refinements and searches chose on): what a racing sweep's "
+                                                                "refinement ladder decides \"recovered?\" on. null: no "
+                                                                "tuning data (servopt bench), or the variant failed before")
     latency_ms: Latency | None = Field(None, description="single-sample latency: p50, p90, p95, p99, mean, stdev, min, max, n, "
                                                          "and p50_ci95, a distribution-free 95 % interval of the median")
     batch_latency_ms: Latency | None = Field(None, description="the same statistics for one batch of batch_size")
@@ -361,7 +389,7 @@ class Record(Contract):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    _quality = field_validator("quality", mode="before")(parse_quality)
+    _quality = field_validator("quality", "tuning_quality", mode="before")(parse_quality)
 
     @property
     def cold_start_s(self) -> float | None:

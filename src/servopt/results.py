@@ -171,9 +171,10 @@ def result_schema() -> dict:
         defs.update(sub.pop("$defs", {}))
         defs[cls.__name__] = sub
         kinds.append({"$ref": f"#/$defs/{cls.__name__}"})
-    described = schema["properties"]["quality"].get("description")
-    schema["properties"]["quality"] = {"anyOf": [{"oneOf": kinds}, {"type": "null"}], "default": None,
-                                       **({"description": described} if described else {})}
+    for name in ("quality", "tuning_quality"):  # both judgements are the family's kind (held-out and tuning samples)
+        described = schema["properties"][name].get("description")
+        schema["properties"][name] = {"anyOf": [{"oneOf": kinds}, {"type": "null"}], "default": None,
+                                      **({"description": described} if described else {})}
     defs.pop("Quality", None)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = RESULT_SCHEMA

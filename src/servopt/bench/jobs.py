@@ -11,12 +11,12 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
-from servopt.bench.protocol import Protocol, measure_batch, measure_latency, measure_session
+from servopt.bench.protocol import Protocol, measure_batch, measure_latency, measure_session, predict_all
 from servopt.contracts import (
     Artifact,
     ColdStart,
@@ -27,9 +27,14 @@ from servopt.contracts import (
     Measured,
     OpProfile,
     Phase,
+    Quality,
     SideBySide,
 )
 from servopt.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from servopt.families.base import Family
+    from servopt.runtimes.base import Session
 
 READY = "servopt-job-ready"  # printed by a job that is timed from outside, at the moment it has its answer
 
@@ -89,6 +94,12 @@ class MeasureJob(JobBase):
     save_outputs: str | None = None
     protocol: Protocol
     gate: Gate | None = None
+    # The tuning samples (.npz), judged too after the timing (``Measured.tuning_quality``): a refinement ladder chooses on
+    # them, so the verdict's held-out samples stay unseen by any choice. The original's outputs on them, or where the
+    # original saves its own.
+    tuning_data: str | None = None
+    tuning_reference: str | None = None
+    save_tuning_outputs: str | None = None
 
     def run(self, started: float) -> Measured:
         return run_measure(self)
@@ -206,9 +217,26 @@ def run_measure(job: MeasureJob) -> Measured:
     session = job.session.open()
     load_s = time.perf_counter() - start
     compile_s = session.warm_up(data.slice(0, 1))
-    result = measure_session(session, data, reference, FAMILIES.get(job.family), job.protocol,
+    family = FAMILIES.get(job.family)
+    result = measure_session(session, data, reference, family, job.protocol,
                              Path(job.save_outputs) if job.save_outputs else None, job.gate)
+    if job.tuning_data and result.quality is not None and not job.protocol.axes_only:
+        result = result.model_copy(update={"tuning_quality": judge_tuning(session, job, family)})
     return result.model_copy(update={"load_s": load_s, "compile_s": compile_s, "environment": _environment(session)})
+
+
+def judge_tuning(session: Session, job: MeasureJob, family: Family) -> Quality:
+    """The variant judged on the tuning samples, as on the evaluation ones (after the timing: nothing timed waits on
+    it); the original saves its outputs there for the others'."""
+    from servopt.data.dataset import Dataset
+
+    assert job.tuning_data is not None
+    tuning = Dataset.load(Path(job.tuning_data))
+    outputs = predict_all(session, tuning, max(1, job.protocol.batch_size))
+    if job.save_tuning_outputs:
+        np.save(job.save_tuning_outputs, outputs)
+    reference = np.load(job.tuning_reference) if job.tuning_reference else None
+    return family.judge(outputs, tuning, reference)
 
 
 def peak_rss_kb() -> int:

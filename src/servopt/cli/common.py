@@ -150,6 +150,6 @@ def open_data(model, **raw: Any):
     """The evaluation data for ``model`` (its family reads it), with the spec updated from what the data taught, and
     what to tell the user when no data was given (empty when it was)."""
     family, options = data_options(model, **raw)
-    dataset, spec = family.read_eval(model.spec, options)
+    dataset, spec = family.read_whole(model.spec, options)  # nothing tunes here: every sample is judged
     model.spec = spec
     return dataset, "" if family.has_data(options) else family.no_data_note

@@ -13,6 +13,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -93,6 +94,42 @@ class Dataset:
         return cls(inputs, labels, meta["class_names"], meta["source"], meta.get("skipped", {}), lengths, extras, meta.get("meta", {}))
 
 
+HOLDOUT_SEED = 20240613  # fixed: the same folder always splits the same way (records' keys depend on the data)
+
+
+@dataclass(frozen=True)
+class HoldOut:
+    """One side of a seeded split of a single folder: ``tuning`` (every choice: calibration, refinements, searches) or
+    ``evaluation`` (the held-out samples the verdict is judged on, which no choice saw). ``tuning_share`` is the
+    share of each class that tunes, at most ``tuning_max`` samples in all."""
+
+    side: Literal["tuning", "evaluation"]
+    tuning_share: float = 0.5
+    tuning_max: int | None = None
+    seed: int = HOLDOUT_SEED
+
+
+def holdout_split(strata: np.ndarray, tuning_share: float, tuning_max: int | None = None,
+                  seed: int = HOLDOUT_SEED) -> tuple[np.ndarray, np.ndarray]:
+    """(tuning indices, held-out indices), disjoint, each sorted: per stratum (a class) a seeded shuffle, of which
+    ``floor(share × size)`` tune, so every class keeps its proportion on both sides and a class of one sample is
+    only evaluated. ``tuning_max`` lowers the share so that at most that many tune (a large folder keeps the rest
+    to judge on)."""
+    strata = np.asarray(strata)
+    if not 0 < tuning_share < 1:
+        raise ValueError(f"tuning_share must be in (0, 1), got {tuning_share}")
+    if tuning_max is not None and len(strata):
+        tuning_share = min(tuning_share, tuning_max / len(strata))
+    rng = np.random.default_rng(seed)
+    tuning: list[np.ndarray] = []
+    for value in np.unique(strata):
+        members = np.flatnonzero(strata == value)
+        tuning.append(rng.permutation(members)[:int(len(members) * tuning_share)])
+    tune = np.sort(np.concatenate(tuning)) if tuning else np.array([], dtype=np.int64)
+    held = np.setdiff1d(np.arange(len(strata)), tune)
+    return tune.astype(np.int64), held.astype(np.int64)
+
+
 def resolve_split(root: Path, split: str | None) -> Path:
     """The folder of class sub-folders: ``root/split`` in the Food-11 layout, else ``root`` itself."""
     if not root.exists():
@@ -143,11 +180,19 @@ def load_image_folder(
     strict: bool = False,
     input_name: str = "input",
     workers: int | None = None,
+    part: HoldOut | None = None,
 ) -> Dataset:
-    """Decode and preprocess a labelled image folder in parallel threads (Pillow releases the GIL)."""
+    """Decode and preprocess a labelled image folder in parallel threads (Pillow releases the GIL). ``part``: only one
+    side of the folder's seeded, class-stratified split (``holdout_split``), taken before ``limit``."""
     preprocess = preprocess or Preprocess()
     folder = resolve_split(Path(root), split)
     items, classes, skipped = scan_image_folder(folder)
+    if part is not None:
+        tune, held = holdout_split(np.array([c for _, c in items]), part.tuning_share, part.tuning_max, part.seed)
+        items = [items[i] for i in (tune if part.side == "tuning" else held)]
+        if not items:
+            raise UserError(f"{folder} has too few images to split into tuning and held-out evaluation samples",
+                            fix="add images (at least two per class), or give a validation/ split beside evaluation/")
     if limit is not None and limit < len(items):
         # An even, deterministic spread over classes rather than the first classes only.
         pick = np.linspace(0, len(items) - 1, limit).round().astype(int)
@@ -177,7 +222,8 @@ def load_image_folder(
         log.warning("skipped %d non-image file(s) in %s", skipped["not an image file"], folder)
     if not arrays:
         raise UserError(f"no image in {folder} could be read", fix="check the files")
-    return Dataset({input_name: np.stack(arrays)}, np.asarray(labels, dtype=np.int64), classes, str(folder), skipped)
+    source = str(folder) if part is None else f"{folder} ({part.side} side of a seeded split)"
+    return Dataset({input_name: np.stack(arrays)}, np.asarray(labels, dtype=np.int64), classes, source, skipped)
 
 
 def synthetic_inputs(spec: ModelSpec, count: int = 64, seed: int = 0, shape_overrides: dict[str, int] | None = None) -> Dataset:

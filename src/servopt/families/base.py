@@ -105,6 +105,11 @@ class Family(ABC):
     def read_eval(self, spec: ModelSpec, options: DataOptions) -> tuple[Dataset, ModelSpec]:
         """The evaluation set, and the spec with what the data taught (labels, preprocessing)."""
 
+    def read_whole(self, spec: ModelSpec, options: DataOptions) -> tuple[Dataset, ModelSpec]:
+        """The evaluation data when nothing is tuned (``servopt bench``): a family whose ``read_eval`` holds tuning
+        samples aside gives every sample here; by default ``read_eval``'s."""
+        return self.read_eval(spec, options)
+
     @abstractmethod
     def read_tuning(self, spec: ModelSpec, options: DataOptions) -> tuple[Dataset, list[str]]:
         """Calibration/tuning samples (never the evaluation split when the data has another), with notes for

@@ -1,8 +1,10 @@
 """Image classifiers: a folder of class sub-folders (or the Food-11 layout) in, logits out, judged by top-k.
 
-Data: the evaluation split (or the folder itself) for the figures, the
-validation split for calibration and tuning, preprocessed as the model
-expects (torchvision's resize → center crop → normalize, in Pillow + NumPy).
+Data: the evaluation split for the figures, the validation split for
+calibration and tuning; a single folder (no validation/ beside it) is split,
+seeded and per class, into tuning images and held-out evaluation images that no
+choice sees (``data.dataset.holdout_split``). Preprocessed as the model expects
+(torchvision's resize → center crop → normalize, in Pillow + NumPy).
 Server: ``POST /v2/models/{name}/classify`` takes JPEG/PNG bytes and answers
 the top-k labels with probabilities.
 """
@@ -16,14 +18,16 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from servopt.contracts import Accuracy, ClassificationQuality, Gate, Quality, Record
-from servopt.data.dataset import FOOD11_SPLITS, Dataset, load_image_folder
+from servopt.data.dataset import Dataset, HoldOut, holdout_split, load_image_folder, resolve_split, scan_image_folder
 from servopt.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, decode_image
 from servopt.errors import UserError
-from servopt.families.base import DataOptions, Family, register_family
-from servopt.families.metrics import agreement
+from servopt.families.base import BoundCheck, DataOptions, Family, register_family
+from servopt.families.metrics import LEVEL, agreement, paired_drop_interval, samples_to_settle, split_agreement
 from servopt.spec import ModelSpec
 
 TUNING_LIMIT = 500  # calibration/tuning images read from the validation split, spread over it
+TUNING_SHARE = 0.5  # a single folder: the share of each class that tunes (at most TUNING_LIMIT in all); the rest judges
+MIN_CONFIDENT = 30  # confident samples the gate needs before it reads their agreement instead of the overall one
 
 
 class ImageDataOptions(DataOptions):
@@ -50,7 +54,48 @@ def format_accuracy(acc: Accuracy | None) -> str:
     if not acc:
         return "n/a"
     ties = f", {acc.ties} tied" if acc.ties else ""
-    return f"{acc.top1 * 100:.2f}% ({acc.correct}/{acc.total} correct{ties})"
+    paired = ""
+    if acc.drop_points is not None and acc.drop_low is not None and acc.drop_high is not None:
+        paired = f", {_signed(-acc.drop_points)} pt ({LEVEL:.0%}: {_signed(-acc.drop_high)} … {_signed(-acc.drop_low)})"
+    return f"{acc.top1 * 100:.2f}% ({acc.correct}/{acc.total} correct{ties}){paired}"
+
+
+def _signed(points: float) -> str:
+    """``+0.27`` / ``−0.54`` (a true minus sign; 0 as ``0.00``)."""
+    text = f"{abs(points):.2f}"
+    return text if text == "0.00" else ("+" if points > 0 else "−") + text
+
+
+def paired_accuracy(acc: Accuracy, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray) -> Accuracy:
+    """``acc`` with the samples lost and gained against the original's answers on the same images, and the drop in
+    points with its paired interval (``metrics.paired_drop_interval``)."""
+    mine, theirs = outputs.argmax(1) == labels, reference.argmax(1) == labels  # argmax's tie rule, as the top-1 figure
+    lost, gained = int((~mine & theirs).sum()), int((mine & ~theirs).sum())
+    low, high = paired_drop_interval(lost, gained, len(labels))
+    return acc.model_copy(update={"lost": lost, "gained": gained, "drop_points": (lost - gained) / len(labels) * 100,
+                                  "drop_low": low * 100, "drop_high": high * 100})
+
+
+def drop_certainty(record: Record, reference: Record | None, tolerance: float) -> str:
+    """How sure the points lost are, for a bound's note: the paired interval, and when it straddles ``tolerance``,
+    "unsure" and about how many samples would settle it. Labels: top-1 lost/gained against the original; without
+    them: the share of changed answers (the drop the family reports then)."""
+    acc, agr = getattr(record.quality, "accuracy", None), getattr(record.quality, "agreement", None)
+    ref_acc = getattr(reference.quality, "accuracy", None) if reference else None
+    if acc and ref_acc and acc.lost is not None and acc.gained is not None and acc.total == ref_acc.total:
+        counts = (acc.lost, acc.gained, acc.total)
+    elif not (acc and ref_acc) and agr and agr.agree is not None and agr.total:
+        counts = (agr.total - agr.agree, 0, agr.total)  # every changed answer counted lost, as the drop then is
+    else:
+        return ""
+    low, high = (x * 100 for x in paired_drop_interval(*counts))
+    drop = (counts[0] - counts[1]) / counts[2] * 100
+    text = f"drop {drop:.2f} pt ({LEVEL:.0%} interval {low:.2f} … {high:.2f} on {counts[2]} paired samples)"
+    if low <= tolerance < high:
+        need = samples_to_settle(*counts, tolerance / 100)
+        settle = f"about {need:,} samples like these would settle it" if need else "no sample count settles a drop at the bound"
+        text += f"; unsure: the interval crosses the {tolerance:g}-point tolerance ({settle})"
+    return text
 
 
 def classification_accuracy(outputs: np.ndarray, labels: np.ndarray) -> Accuracy:
@@ -95,11 +140,43 @@ class ImageClassification(Family):
         return load_image_folder(options.data, split, self._preprocess(spec, options), limit=limit, strict=options.strict,
                                  input_name=spec.inputs[0].name)
 
+    def _eval_split(self, options: ImageDataOptions) -> str | None:
+        assert options.data is not None
+        return options.split or ("evaluation" if (options.data / "evaluation").is_dir() else None)
+
+    def _own_tuning_split(self, options: ImageDataOptions) -> bool:
+        """A validation/ split beside the evaluated one: it tunes, and the evaluated split is held out whole."""
+        assert options.data is not None
+        validation = options.data / "validation"
+        return validation.is_dir() and resolve_split(options.data, self._eval_split(options)) != validation
+
+    def _holdout(self, options: ImageDataOptions) -> bool:
+        """Whether the evaluation folder must be split (no validation/ split of its own to tune on) — and can be: a
+        folder too small to give any class two images keeps every image for evaluation (read_tuning says so)."""
+        assert options.data is not None
+        split = self._eval_split(options)
+        if self._own_tuning_split(options):
+            return False
+        items, _, _ = scan_image_folder(resolve_split(options.data, split))
+        tune, _ = holdout_split(np.array([c for _, c in items]), TUNING_SHARE, TUNING_LIMIT)
+        return len(tune) > 0
+
     def read_eval(self, spec: ModelSpec, options: ImageDataOptions) -> tuple[Dataset, ModelSpec]:
+        return self._read_eval(spec, options, holdout=True)
+
+    def read_whole(self, spec: ModelSpec, options: ImageDataOptions) -> tuple[Dataset, ModelSpec]:
+        return self._read_eval(spec, options, holdout=False)
+
+    def _read_eval(self, spec: ModelSpec, options: ImageDataOptions, holdout: bool) -> tuple[Dataset, ModelSpec]:
         if options.data is None:
             return self.synthetic(spec), spec
-        split = options.split or ("evaluation" if (options.data / "evaluation").is_dir() else None)
-        dataset = self._read(spec, options, split, options.limit)
+        split = self._eval_split(options)
+        part = HoldOut("evaluation", TUNING_SHARE, TUNING_LIMIT) if holdout and self._holdout(options) else None
+        dataset = load_image_folder(options.data, split, self._preprocess(spec, options), limit=options.limit,
+                                    strict=options.strict, input_name=spec.inputs[0].name, part=part)
+        if part is not None:  # the run's config and report say what the figures were judged on
+            dataset.meta["split"] = (f"held-out side of a seeded, per-class split of {resolve_split(options.data, split)}: "
+                                     "the other side tuned every choice")
         out_dim = spec.outputs[0].shape[-1] if spec.outputs else None
         if isinstance(out_dim, int) and dataset.labels is not None and len(dataset.class_names or []) > out_dim:
             raise UserError(f"the data has {len(dataset.class_names or [])} classes but the model outputs {out_dim}",
@@ -111,22 +188,42 @@ class ImageClassification(Family):
     def read_tuning(self, spec: ModelSpec, options: ImageDataOptions) -> tuple[Dataset, list[str]]:
         if options.data is None:
             return self.synthetic(spec, count=128, seed=7), ["no --data: calibration uses inputs made from the model's signature"]
-        layout = any((options.data / s).is_dir() for s in FOOD11_SPLITS)
-        if layout and (options.data / "validation").is_dir():
+        split = self._eval_split(options)
+        if self._own_tuning_split(options):
             return self._read(spec, options, "validation", TUNING_LIMIT), []
-        notes = ["no validation/ split: calibration and tuning use the same images as evaluation"]
-        return self._read(spec, options, options.split if layout else None, TUNING_LIMIT), notes
+        if not self._holdout(options):
+            return self._read(spec, options, split, TUNING_LIMIT), [
+                "too few images to hold any out (no class has two): calibration and tuning use the evaluation images, "
+                "so the quality verdict is optimistic; add images or a validation/ split"]
+        data = load_image_folder(options.data, split, self._preprocess(spec, options), strict=options.strict,
+                                 input_name=spec.inputs[0].name, part=HoldOut("tuning", TUNING_SHARE, TUNING_LIMIT))
+        return data, [f"no validation/ split: {resolve_split(options.data, split)} was split (seeded, per class) into "
+                      f"{len(data)} tuning images (calibration, refinements, searches) and held-out evaluation images "
+                      "that no choice saw (the quality verdict's)"]
 
     def judge(self, outputs: np.ndarray, data: Dataset, reference: np.ndarray | None) -> ClassificationQuality:
-        return ClassificationQuality(accuracy=classification_accuracy(outputs, data.labels) if data.labels is not None else None,
-                         agreement=agreement(outputs, reference, "classification") if reference is not None else None)
+        acc = classification_accuracy(outputs, data.labels) if data.labels is not None else None
+        agr = agreement(outputs, reference, "classification") if reference is not None else None
+        if agr is not None and agr.error is None:
+            assert reference is not None
+            agr = split_agreement(agr, outputs, reference)
+            if acc is not None and data.labels is not None:
+                acc = paired_accuracy(acc, outputs, reference, data.labels)
+        return ClassificationQuality(accuracy=acc, agreement=agr)
 
     def gate_failure(self, quality: Quality, gate: Gate) -> str | None:
         agr, acc = getattr(quality, "agreement", None), getattr(quality, "accuracy", None)
         ref_acc = getattr(gate.reference, "accuracy", None)
         if agr and agr.error:
             return agr.error
-        if agr and agr.top1_agreement is not None and agr.top1_agreement < gate.min_agreement:
+        # Where the original is sure (softmax top-1 p > 0.5): on inputs it hesitates over its argmax flips at any
+        # rounding, so overall agreement fails sound INT8 variants (58-81 % overall vs 97-100 % confident on real crops).
+        # Real losses on every sample are the accuracy drop's to catch (below, and the targets' bounds).
+        if agr and agr.top1_agreement_confident is not None and (agr.confident_total or 0) >= MIN_CONFIDENT:
+            if agr.top1_agreement_confident < gate.min_agreement:
+                return (f"top-1 agreement with the original {agr.top1_agreement_confident:.1%} < {gate.min_agreement:.0%} on "
+                        f"the {agr.confident_total} samples it is confident about (p > 0.5; {agr.top1_agreement:.1%} overall)")
+        elif agr and agr.top1_agreement is not None and agr.top1_agreement < gate.min_agreement:
             return f"top-1 agreement with the original {agr.top1_agreement:.1%} < {gate.min_agreement:.0%}"
         if acc and ref_acc is not None:
             drop = (ref_acc.top1 - acc.top1) * 100
@@ -150,8 +247,21 @@ class ImageClassification(Family):
         truth = data.labels if data.labels is not None else float_outputs.argmax(1)
         return float((outputs.argmax(1) == truth).mean())
 
+    def quality_bounds(self, target: Any, record: Record, reference: Record | None) -> list[BoundCheck]:
+        """The points lost, with how sure they are in the note (the decision reads the point estimate; see
+        docs/targets.md "How sure a quality verdict is")."""
+        checks = super().quality_bounds(target, record, reference)
+        sure = drop_certainty(record, reference, target.max_accuracy_drop) if reference is not None else ""
+        return [BoundCheck(c.bound, c.limit, c.value, c.upper, f"{c.note}; {sure}") if sure and c.bound == "accuracy_drop_points"
+                else c for c in checks]
+
     def describe_quality(self, record: Record) -> str:
-        return format_accuracy(getattr(record.quality, "accuracy", None))
+        text = format_accuracy(getattr(record.quality, "accuracy", None))
+        agr = getattr(record.quality, "agreement", None)
+        if agr and agr.top1_agreement is not None and agr.confident_total is not None:
+            sure = f"{agr.top1_agreement_confident:.1%} of {agr.confident_total} confident" if agr.confident_total else "none confident"
+            text += f"; agrees {agr.top1_agreement:.1%} ({sure})"
+        return text
 
     def tuning_metric(self, data: Dataset) -> str:
         return "top1" if data.labels is not None else "top1 agreement with float"

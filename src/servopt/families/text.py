@@ -4,8 +4,9 @@ Data: a text file (one text per line), JSONL or CSV (``--texts``, ``--column``)
 and optional scored pairs (``--pairs``, the STS-benchmark layout too), tokenized
 with the model's own ``tokenizer.json`` (the ``tokenizers`` library: no torch).
 Three texts in four are the evaluation set, the fourth the tuning set
-(calibration, the accuracy-aware search); pairs are judged on the evaluation
-side. Without texts, the sentences servopt ships are used, and the report says so.
+(calibration, the accuracy-aware search); a seeded quarter of the pairs tunes
+and the rest are judged on the evaluation side, held out from every choice.
+Without texts, the sentences servopt ships are used, and the report says so.
 
 Judgement against the original: cosine similarity of each embedding (mean,
 minimum, 1st percentile), top-10 retrieval agreement (overlap of each text's
@@ -24,7 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from servopt.contracts import Agreement, EmbeddingQuality, Gate, PairsQuality, Quality, Record
-from servopt.data.dataset import Dataset
+from servopt.data.dataset import Dataset, holdout_split
 from servopt.data.text import DEMO_PAIRS, DEMO_SENTENCES, TextTokenizer, batching_waste, read_pairs, read_texts, spearman
 from servopt.data.text import token_length_stats as length_stats
 from servopt.errors import UserError
@@ -72,6 +73,27 @@ def tokenizer_of(spec: ModelSpec) -> TextTokenizer:
     if not pp.get("tokenizer"):
         raise UserError("this text model has no tokenizer recorded", fix="load it from its Hugging Face folder")
     return _tokenizer(str(pp["tokenizer"]), int(pp.get("max_length") or 512), bool(pp.get("lowercase")))
+
+
+def split_pairs(pairs: list[tuple[str, str, float]]) -> tuple[list[tuple[str, str, float]], list[tuple[str, str, float]]]:
+    """(tuning pairs, held-out pairs): a seeded quarter tunes, in the file's order on each side; fewer than
+    ``TUNING_EVERY`` pairs are all held out."""
+    tune, held = holdout_split(np.zeros(len(pairs), dtype=np.int64), 1 / TUNING_EVERY)
+    return [pairs[i] for i in tune], [pairs[i] for i in held]
+
+
+def _rows_with_pairs(spec: ModelSpec, texts: list[str], pairs: list[tuple[str, str, float]], source: str) -> Dataset:
+    """The texts and the pairs' texts (each once) tokenized, with the pairs as indices into them and their scores."""
+    given = set(texts)
+    rows = texts + [t for t in dict.fromkeys(t for a, b, _ in pairs for t in (a, b)) if t not in given]
+    if not rows:
+        raise UserError("no texts to evaluate on", fix="pass --texts FILE (one text per line) and/or --pairs FILE")
+    data = _rows(spec, rows, source)
+    if pairs:
+        index = {t: i for i, t in enumerate(rows)}
+        data.extras = {"pair_a": np.array([index[a] for a, _, _ in pairs]), "pair_b": np.array([index[b] for _, b, _ in pairs]),
+                       "pair_score": np.array([s for _, _, s in pairs], dtype=np.float64)}
+    return data
 
 
 def _rows(spec: ModelSpec, texts: list[str], source: str) -> Dataset:
@@ -191,32 +213,37 @@ class TextEmbedding(EmbeddingBase):
         pairs = read_pairs(options.pairs) if options.pairs else []
         return texts, pairs, str(options.texts or options.pairs)
 
-    def read_eval(self, spec: ModelSpec, options: TextDataOptions) -> tuple[Dataset, ModelSpec]:
+    def _eval_side(self, options: TextDataOptions) -> tuple[list[str], list[tuple[str, str, float]], str]:
+        """The held-out texts and pairs: three texts in four, and the pairs ``split_pairs`` does not tune on."""
         texts, pairs, source = self._texts(options)
         held = [t for i, t in enumerate(texts) if i % TUNING_EVERY != TUNING_EVERY - 1] if len(texts) >= TUNING_EVERY else texts
         if options.limit is not None:
             held = held[:options.limit]
-        unique_pair_texts = list(dict.fromkeys(t for a, b, _ in pairs for t in (a, b)))
-        rows = held + [t for t in unique_pair_texts if t not in set(held)]
-        if not rows:
-            raise UserError("no texts to evaluate on", fix="pass --texts FILE (one text per line) and/or --pairs FILE")
-        data = _rows(spec, rows, source)
-        if pairs:
-            index = {t: i for i, t in enumerate(rows)}
-            data.extras = {"pair_a": np.array([index[a] for a, _, _ in pairs]), "pair_b": np.array([index[b] for _, b, _ in pairs]),
-                           "pair_score": np.array([s for _, _, s in pairs], dtype=np.float64)}
+        return held, split_pairs(pairs)[1], source
+
+    def read_eval(self, spec: ModelSpec, options: TextDataOptions) -> tuple[Dataset, ModelSpec]:
+        held, pairs, source = self._eval_side(options)
+        data = _rows_with_pairs(spec, held, pairs, source)
         data.meta["texts"] = len(held)
         data.meta["pairs"] = len(pairs)
+        data.meta["split"] = (f"held out from every choice: three texts in {TUNING_EVERY} and the pairs a seeded quarter "
+                              "did not take (that quarter and the fourth text tune)")
         return data, spec
 
     def read_tuning(self, spec: ModelSpec, options: TextDataOptions) -> tuple[Dataset, list[str]]:
+        """The fourth text and a quarter of the pairs (their texts, and their scores to judge on); a text the
+        evaluation side also holds is left out, so no choice sees a held-out text."""
         texts, pairs, _ = self._texts(options)
         notes = [] if self.has_data(options) else ["no --texts: servopt's shipped sample sentences and pairs are used"]
-        tuning = [t for i, t in enumerate(texts) if i % TUNING_EVERY == TUNING_EVERY - 1]
-        if not tuning:
-            tuning = list(dict.fromkeys(t for a, b, _ in pairs for t in (a, b))) or texts
-            notes.append("fewer than 4 texts: tuning uses the evaluation texts")
-        return _rows(spec, tuning, "tuning"), notes
+        held, held_pairs, _ = self._eval_side(options)
+        seen = set(held) | {t for a, b, _ in held_pairs for t in (a, b)}
+        tuning = [t for i, t in enumerate(texts) if i % TUNING_EVERY == TUNING_EVERY - 1 and t not in seen]
+        tuning_pairs = [p for p in split_pairs(pairs)[0] if p[0] not in seen and p[1] not in seen]
+        if not tuning and not tuning_pairs:
+            notes.append(f"fewer than {TUNING_EVERY} texts and {TUNING_EVERY} pairs: tuning uses the evaluation texts, "
+                         "so the quality verdict is optimistic")
+            return _rows_with_pairs(spec, held, held_pairs, "tuning"), notes
+        return _rows_with_pairs(spec, tuning, tuning_pairs, "tuning"), notes
 
     def synthetic(self, spec: ModelSpec, count: int = 64, seed: int = 0) -> Dataset:
         return _rows(spec, read_texts(DEMO_SENTENCES)[:count], "servopt's shipped sample sentences")

@@ -454,10 +454,15 @@ class Sweep:
         gate = None if reference is None or not v.gate else Gate(
             reference=reference.quality, max_drop_points=s.verify_max_drop,
             min_agreement=s.verify_min_agreement, min_cosine=s.verify_min_cosine)
+        # The tuning samples judged too where the refinement ladder reads them: the original, a refined variant, a refinement
+        tuned = self.ctx.tuning_path if reference is None or v.refines or any(c.refines == v.name for c in self.all_variants) else None
+        ref_tuning = ref_outputs.with_name(f"{ref_outputs.stem}-tuning.npy")
         return MeasureJob(session=OpenSpec(name=v.name, artifact=artifact, runtime=v.runtime, options=v.options),
                           data=str(self.dir.eval_data), family=self.model.spec.family_name,
                           reference=None if reference is None else str(ref_outputs),
-                          save_outputs=str(ref_outputs) if reference is None else None, protocol=self.protocol, gate=gate, env=v.env)
+                          save_outputs=str(ref_outputs) if reference is None else None, protocol=self.protocol, gate=gate, env=v.env,
+                          tuning_data=tuned, tuning_reference=str(ref_tuning) if tuned and reference is not None else None,
+                          save_tuning_outputs=str(ref_tuning) if tuned and reference is None else None)
 
     def _merged(self, u: Unit, measured: Record, build_s: float | None) -> Record:
         """The measurement's record with the variant's own fields (key, chain …) and its build time."""
@@ -573,11 +578,12 @@ class Sweep:
         return len(units)
 
     def _misses_quality(self, rec: Record | None, kind: str | None) -> bool:
-        """Whether a record failed, or misses a quality bound of a target of its kind."""
+        """Whether a record failed, or misses a quality bound of a target of its kind on the tuning samples: the
+        ladder's "recovered?" is a choice, so it must not see the held-out samples the verdict is judged on."""
         if rec is None or rec.status != "ok":
             return True
         ref = self.references.get(kind) or next(iter(self.references.values()))
-        return any(racing.misses_quality(t, rec, ref, self.family) for t in self.targets_of(kind) or self.targets)
+        return any(racing.misses_quality(t, rec, ref, self.family, on_tuning=True) for t in self.targets_of(kind) or self.targets)
 
     def _refine(self, units: list[Unit]) -> None:
         """Variants that only recover quality another one lost (``Variant.refines``), per variant refined and kind of
