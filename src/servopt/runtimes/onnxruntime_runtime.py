@@ -229,7 +229,7 @@ class OrtSession(Session):
         """The heavy ops' kernels a profiled twin of this session ran (same options and providers, ``READBACK_RUNS``
         calls on the warm-up inputs, else zeros), once per session; None and why where it is not read that way. An fp32
         graph asked for nothing lower is not profiled: no provider here lowers it unasked, and the twin loads the model
-        again (a 436 MB fp32 encoder: 8.1 s, its load 5.0 s; its dynamic INT8 graph: 0.6 s; Xeon 8xxx Emerald Rapids,
+        again (a 436 MB fp32 encoder: 8.1 s, its load 5.0 s; its dynamic INT8 graph: 0.6 s; Intel Xeon Emerald Rapids,
         2 shared cores)."""
         if provider == TRT:
             return None, "the graph's operators and the options TensorRT ran with (its engine is one fused node to the profiler)"
