@@ -8,8 +8,8 @@ session (a device it cannot open falls back to ONNX Runtime's CPU provider, and
 the record says so, and verification fails). The precision it computed in cannot
 be read back: the EP does not report its options (``get_provider_options`` is
 empty), runs its partition as one fused node (ONNX Runtime's profiler names
-``OpenVINO-EP-subgraph_N``, not the kernels inside), and exposes no compiled
-model to ask. The record says ``unknown`` and why, with what was asked and what
+``OpenVINO-EP-subgraph_N``, not the kernels inside: seen with 1.24.1 on a conv
+net and on its QDQ graph), and exposes no compiled model to ask. The record says ``unknown`` and why, with what was asked and what
 the graph holds, rather than the request read back as if it were a measurement.
 Found by creating the env here (onnxruntime-openvino 1.24.1,
 which bundles its own OpenVINO 2025.4 libraries): CPU accepts only FP32 and
