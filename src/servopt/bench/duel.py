@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 Verdict = Literal["a", "b", "tie", "undecided"]
 # A block's counted calls: long enough for a median of warm calls, short against the drift (the interleaved rounds'
 # figures are 1.5 s apart).
-BLOCK_SECONDS = {"p50_ms": 0.2, "throughput_ips": 0.3}
+BLOCK_SECONDS = {"p50_ms": 0.1, "throughput_ips": 0.3}
 # Run after each switch and not counted: the model's weights back in the caches, the other session's threads asleep.
 # At least WARM_CALLS, or WARM_SECONDS of calls where those are shorter.
 WARM_SECONDS = {"p50_ms": 0.03, "throughput_ips": 0.0}

@@ -1,5 +1,8 @@
 """What counts as a difference on this machine: one rule for the race's screening and the decision's ties.
 
+The race screens with the drift the decision selects its side-by-side candidates with (``SCREENING_DRIFT``): what
+could be among them could be picked, so screening it out would change the answer.
+
 Two figures of a shared 2-core machine differ for reasons that are not the variants: the 95 % interval of a median
 covers one measurement, and two moments of the machine drifted apart by up to ``DRIFT`` on top of it
 (docs/protocol.md). Side by side (same process, alternated rounds) the drift cancels round by round, and a lead counts
@@ -24,6 +27,11 @@ TIE_GAP = 0.03
 # 3.45 and 5.51 ms p50 (305 and 196 img/s) in one full sweep on 2026-11-27, no interference flagged: between two
 # moments this machine drifts far more than DRIFT, and a contender left out of the re-measure cannot be picked.
 SELECTION_DRIFT = 1.6
+# What the race may screen out: beaten beyond the intervals widened by the drift the decision selects its side-by-side
+# candidates with. A variant within SELECTION_DRIFT of the leader goes to the side-by-side re-measure in a full sweep,
+# where it may be found tied and picked as the simpler recipe; screened out at DRIFT (the image demo's 5.51 ms INT8
+# variant against 3.45 ms), the race picked something else than ``--full``.
+SCREENING_DRIFT = SELECTION_DRIFT
 
 # Between two variants of the same speed, one side-by-side round's ratio ranged this far (the image demo's INT8
 # variants, 3-round re-measures: 2-20 % on a batch-1 p50 in one run), and their medians stayed within it (7.6 %). With
