@@ -224,3 +224,28 @@ def test_the_measure_job_judges_the_tuning_samples_too(tmp_path):
     assert again.tuning_quality.accuracy.lost == 0
     rec = Record(name="again", runtime="onnxruntime", status="ok", **again.model_dump(exclude={"status", "error"}))
     assert Record.model_validate_json(rec.model_dump_json(by_alias=True)).tuning_quality.accuracy.total == 9
+
+
+def test_a_text_encoders_spearman_drop_comes_with_a_seeded_paired_interval():
+    from servopt.data.dataset import Dataset
+    from servopt.families.metrics import cosine
+
+    text = FAMILIES.get("text-embedding")
+    rng = np.random.default_rng(5)
+    original = rng.standard_normal((60, 8))
+    a, b = rng.integers(0, 60, 150), rng.integers(0, 60, 150)
+    gold = cosine(original[a], original[b]) + rng.normal(0, 0.3, 150)
+    variant = original + rng.normal(0, 0.4, original.shape)  # a lossy variant: its similarities drift
+    data = Dataset({"input_ids": np.zeros((60, 4), np.int64)}, extras={"pair_a": a, "pair_b": b, "pair_score": gold})
+    ref = Record(name="orig", runtime="onnxruntime", status="ok", quality=text.judge(original, data, None))
+    rec = Record(name="int8", runtime="onnxruntime", status="ok", quality=text.judge(variant, data, original))
+    pairs = rec.quality.pairs
+    assert pairs.drop_points == pytest.approx((ref.quality.pairs.spearman - pairs.spearman) * 100)
+    assert pairs.drop_low < pairs.drop_points < pairs.drop_high and pairs.drop_high - pairs.drop_low > 1
+    assert text.judge(variant, data, original).pairs == pairs  # seeded: the same interval every time
+    assert ref.quality.pairs.drop_points is None  # the original is not compared with itself
+    assert "pt, 95%: " in text.describe_quality(rec)
+    middle = (pairs.drop_low + pairs.drop_high) / 2
+    target = Target(name="t", hardware="h", device="cpu", max_accuracy_drop=middle)
+    note = next(b for b in text.quality_bounds(target, rec, ref) if b.bound == "accuracy_drop_points").note
+    assert "unsure" in note and "pairs like these would settle it" in note

@@ -140,6 +140,11 @@ class PairsQuality(Contract):
 
     spearman: float
     pairs: int
+    # Against the original on the same pairs: the Spearman drop in points and its 95 % interval (a seeded paired bootstrap
+    # over the pairs; docs/targets.md "How sure a quality verdict is"). None on the original itself.
+    drop_points: float | None = None
+    drop_low: float | None = None
+    drop_high: float | None = None
 
 
 class Quality(Contract):
@@ -188,7 +193,8 @@ class EmbeddingQuality(Quality):
                                                           "retrieval_top10; inputs of varying length also batch_consistency "
                                                           "(alone vs in a padded batch), its lowest, and cosine_mean_alone")
     pairs: PairsQuality | None = Field(None, description="with scored pairs: Spearman correlation of cosine with the scores, "
-                                                         "and the number of pairs")
+                                                         "and the number of pairs; against the original's on the same "
+                                                         "pairs: drop_points and its 95 % interval drop_low … drop_high")
 
 
 class OtherQuality(Quality):

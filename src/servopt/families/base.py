@@ -22,7 +22,7 @@ from servopt.contracts import EmbeddingQuality, Gate, Quality, Record
 from servopt.data.dataset import Dataset, synthetic_inputs
 from servopt.errors import UserError
 from servopt.families.catalogue import CatalogueContext, Variant, tensor_catalogue
-from servopt.families.metrics import agreement
+from servopt.families.metrics import LEVEL, agreement, drop_note
 from servopt.registry import Registry
 from servopt.spec import ModelSpec, Task, TensorSpec
 
@@ -156,8 +156,15 @@ class Family(ABC):
     def quality_bounds(self, target: Any, record: Record, reference: Record | None) -> list[BoundCheck]:
         """The target's quality bounds as this family measures them (``target``: an ``optimize.targets.Target``). Every
         family bounds the points lost; a family with other figures adds its own bounds here."""
+        sure = self.drop_certainty(record, reference, target.max_accuracy_drop) if reference is not None else ""
         return [BoundCheck("accuracy_drop_points", target.max_accuracy_drop, self.quality_drop(record, reference), True,
-                           "against the original model")]
+                           "against the original model" + (f"; {sure}" if sure else ""))]
+
+    def drop_certainty(self, record: Record, reference: Record, tolerance: float) -> str:
+        """How sure the points lost are, for the bound's note (``metrics.drop_note``): the interval, and "unsure" with
+        about how many samples would settle it when it straddles ``tolerance``. The decision reads the point estimate
+        (docs/targets.md "How sure a quality verdict is"); "" where the family has no interval."""
+        return ""
 
     @abstractmethod
     def describe_quality(self, record: Record) -> str:
@@ -226,6 +233,13 @@ class EmbeddingBase(Family):
             checks.append(BoundCheck("cosine_mean", target.min_cosine, cos, False, "embeddings against the original's"))
         return checks
 
+    def drop_certainty(self, record: Record, reference: Record, tolerance: float) -> str:
+        """With scored pairs (the points lost are Spearman's then): the paired bootstrap interval of the judge."""
+        pairs = getattr(record.quality, "pairs", None)
+        if pairs is None or pairs.drop_points is None or pairs.drop_low is None or pairs.drop_high is None:
+            return ""
+        return drop_note(pairs.drop_points, pairs.drop_low, pairs.drop_high, pairs.pairs, tolerance, "pairs")
+
     def gate_failure(self, quality: Quality, gate: Gate) -> str | None:
         agr = getattr(quality, "agreement", None)
         if agr and agr.error:
@@ -258,7 +272,9 @@ class EmbeddingBase(Family):
             low = "" if agr.batch_consistency_min is None else f" (lowest {agr.batch_consistency_min:.4f})"
             parts.append(f"alone vs batched {agr.batch_consistency:.4f}{low}")
         if pairs:
-            parts.append(f"ρ {pairs.spearman:.3f}")
+            paired = "" if pairs.drop_low is None or pairs.drop_high is None or pairs.drop_points is None else \
+                f" ({-pairs.drop_points:+.2f} pt, {LEVEL:.0%}: {-pairs.drop_high:+.2f} … {-pairs.drop_low:+.2f})"
+            parts.append(f"ρ {pairs.spearman:.3f}{paired}")
         return ", ".join(parts) or ("original" if agr is None and record.status == "ok" else "n/a")
 
 

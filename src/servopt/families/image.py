@@ -21,8 +21,8 @@ from servopt.contracts import Accuracy, ClassificationQuality, Gate, Quality, Re
 from servopt.data.dataset import Dataset, HoldOut, holdout_split, load_image_folder, resolve_split, scan_image_folder
 from servopt.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, decode_image
 from servopt.errors import UserError
-from servopt.families.base import BoundCheck, DataOptions, Family, register_family
-from servopt.families.metrics import LEVEL, agreement, paired_drop_interval, samples_to_settle, split_agreement
+from servopt.families.base import DataOptions, Family, register_family
+from servopt.families.metrics import LEVEL, agreement, drop_note, paired_drop_interval, samples_to_settle, split_agreement
 from servopt.spec import ModelSpec
 
 TUNING_LIMIT = 500  # calibration/tuning images read from the validation split, spread over it
@@ -74,28 +74,6 @@ def paired_accuracy(acc: Accuracy, outputs: np.ndarray, reference: np.ndarray, l
     low, high = paired_drop_interval(lost, gained, len(labels))
     return acc.model_copy(update={"lost": lost, "gained": gained, "drop_points": (lost - gained) / len(labels) * 100,
                                   "drop_low": low * 100, "drop_high": high * 100})
-
-
-def drop_certainty(record: Record, reference: Record | None, tolerance: float) -> str:
-    """How sure the points lost are, for a bound's note: the paired interval, and when it straddles ``tolerance``,
-    "unsure" and about how many samples would settle it. Labels: top-1 lost/gained against the original; without
-    them: the share of changed answers (the drop the family reports then)."""
-    acc, agr = getattr(record.quality, "accuracy", None), getattr(record.quality, "agreement", None)
-    ref_acc = getattr(reference.quality, "accuracy", None) if reference else None
-    if acc and ref_acc and acc.lost is not None and acc.gained is not None and acc.total == ref_acc.total:
-        counts = (acc.lost, acc.gained, acc.total)
-    elif not (acc and ref_acc) and agr and agr.agree is not None and agr.total:
-        counts = (agr.total - agr.agree, 0, agr.total)  # every changed answer counted lost, as the drop then is
-    else:
-        return ""
-    low, high = (x * 100 for x in paired_drop_interval(*counts))
-    drop = (counts[0] - counts[1]) / counts[2] * 100
-    text = f"drop {drop:.2f} pt ({LEVEL:.0%} interval {low:.2f} … {high:.2f} on {counts[2]} paired samples)"
-    if low <= tolerance < high:
-        need = samples_to_settle(*counts, tolerance / 100)
-        settle = f"about {need:,} samples like these would settle it" if need else "no sample count settles a drop at the bound"
-        text += f"; unsure: the interval crosses the {tolerance:g}-point tolerance ({settle})"
-    return text
 
 
 def classification_accuracy(outputs: np.ndarray, labels: np.ndarray) -> Accuracy:
@@ -247,13 +225,20 @@ class ImageClassification(Family):
         truth = data.labels if data.labels is not None else float_outputs.argmax(1)
         return float((outputs.argmax(1) == truth).mean())
 
-    def quality_bounds(self, target: Any, record: Record, reference: Record | None) -> list[BoundCheck]:
-        """The points lost, with how sure they are in the note (the decision reads the point estimate; see
-        docs/targets.md "How sure a quality verdict is")."""
-        checks = super().quality_bounds(target, record, reference)
-        sure = drop_certainty(record, reference, target.max_accuracy_drop) if reference is not None else ""
-        return [BoundCheck(c.bound, c.limit, c.value, c.upper, f"{c.note}; {sure}") if sure and c.bound == "accuracy_drop_points"
-                else c for c in checks]
+    def drop_certainty(self, record: Record, reference: Record, tolerance: float) -> str:
+        """The paired interval of the points lost. Labels: top-1 lost/gained against the original; without them the
+        share of changed answers (the drop the family reports then), each counted lost."""
+        acc, agr = getattr(record.quality, "accuracy", None), getattr(record.quality, "agreement", None)
+        ref_acc = getattr(reference.quality, "accuracy", None)
+        if acc and ref_acc and acc.lost is not None and acc.gained is not None and acc.total == ref_acc.total:
+            counts = (acc.lost, acc.gained, acc.total)
+        elif not (acc and ref_acc) and agr and agr.agree is not None and agr.total:
+            counts = (agr.total - agr.agree, 0, agr.total)
+        else:
+            return ""
+        low, high = (x * 100 for x in paired_drop_interval(*counts))
+        drop = (counts[0] - counts[1]) / counts[2] * 100
+        return drop_note(drop, low, high, counts[2], tolerance, settle=lambda: samples_to_settle(*counts, tolerance / 100))
 
     def describe_quality(self, record: Record) -> str:
         text = format_accuracy(getattr(record.quality, "accuracy", None))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -105,3 +106,54 @@ def samples_to_settle(lost: int, gained: int, total: int, tolerance: float, leve
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if settled(mid) else (mid, hi)
     return hi
+
+
+BOOTSTRAP_ROUNDS = 2000
+BOOTSTRAP_SEED = 34
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share theirs), as Spearman's correlation takes them."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.arange(len(x), dtype=np.float64)
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=ranks)
+    return sums[inverse] / counts[inverse]
+
+
+def paired_spearman_drop(reference: np.ndarray, variant: np.ndarray, gold: np.ndarray, level: float = LEVEL,
+                         rounds: int = BOOTSTRAP_ROUNDS, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """The interval of the Spearman drop (reference's minus the variant's correlation of similarity with ``gold``) by a
+    seeded paired bootstrap over the pairs: both models are scored on the same resampled pairs, so what the two share
+    (hard pairs, the scores' noise) cancels. Ranks are taken once on all pairs (a resample's duplicates keep theirs)."""
+    ref, var, truth = (_ranks(np.asarray(a, dtype=np.float64)) for a in (reference, variant, gold))
+    idx = np.random.default_rng(seed).integers(0, len(truth), (rounds, len(truth)))
+
+    def corr(x: np.ndarray) -> np.ndarray:
+        a, b = x[idx], truth[idx]
+        a = a - a.mean(axis=1, keepdims=True)
+        b = b - b.mean(axis=1, keepdims=True)
+        denom = np.sqrt((a * a).sum(axis=1) * (b * b).sum(axis=1))
+        return np.divide((a * b).sum(axis=1), denom, out=np.zeros(rounds), where=denom > 0)
+
+    drops = corr(ref) - corr(var)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(drops, tail)), float(np.percentile(drops, 100 - tail))
+
+
+def drop_note(drop: float, low: float, high: float, samples: int, tolerance: float, what: str = "samples",
+              settle: Callable[[], int | None] | None = None) -> str:
+    """How sure a drop (points) is, for a bound's note: its interval, and "unsure" with about how many ``what`` would
+    settle it when the interval straddles ``tolerance``: ``settle()`` where the caller can recompute its interval at
+    other counts, else from the interval's side narrowing as 1/√n (None: no count would, a drop at the bound)."""
+    text = f"drop {drop:.2f} pt ({LEVEL:.0%} interval {low:.2f} … {high:.2f} on {samples} paired {what})"
+    if not low <= tolerance < high:
+        return text
+    if settle is not None:
+        need = settle()
+    else:
+        side, gap = (high - drop, tolerance - drop) if drop <= tolerance else (drop - low, drop - tolerance)
+        need = math.ceil(samples * (side / gap) ** 2) if gap > 0 else None
+    how = f"about {need:,} {what} like these would settle it" if need else f"no count of {what} settles a drop at the bound"
+    return text + f"; unsure: the interval crosses the {tolerance:g}-point tolerance ({how})"

@@ -47,7 +47,7 @@ from servopt.families.catalogue import (
     static,
     when,
 )
-from servopt.families.metrics import agreement, cosine
+from servopt.families.metrics import agreement, cosine, paired_spearman_drop
 from servopt.spec import ModelSpec, TensorSpec
 
 TUNING_EVERY = 4  # every 4th text tunes (calibration, the accuracy-aware search); the other three evaluate
@@ -297,7 +297,13 @@ class TextEmbedding(EmbeddingBase):
         pairs = None
         if "pair_a" in data.extras:
             a, b, gold = data.extras["pair_a"], data.extras["pair_b"], data.extras["pair_score"]
-            pairs = PairsQuality(spearman=spearman(cosine(outputs[a], outputs[b]), gold), pairs=len(gold))
+            mine = cosine(outputs[a], outputs[b])
+            pairs = PairsQuality(spearman=spearman(mine, gold), pairs=len(gold))
+            if agr is not None and agr.error is None and reference is not None and len(gold) > 1:
+                theirs = cosine(reference[a], reference[b])  # the same pairs, the original's similarities: a paired drop
+                low, high = paired_spearman_drop(theirs, mine, gold)
+                pairs = pairs.model_copy(update={"drop_points": (spearman(theirs, gold) - pairs.spearman) * 100,
+                                                 "drop_low": low * 100, "drop_high": high * 100})
         return EmbeddingQuality(agreement=agr, pairs=pairs)
 
     def gate_failure(self, quality: Quality, gate: Gate) -> str | None:
