@@ -105,16 +105,16 @@ def print_summary(summary, records) -> None:
     for col in ("target", "hardware", "status", "recommended", "why"):
         v.add_column(col)
     for row in verdict_rows(summary):
-        colour = "green" if row.status.startswith("pass") else "red" if row.status.startswith("fail") else "yellow"
+        colour = "green" if row.status.startswith("pass") else "red" if row.status == "fail" else "yellow"
         v.add_row(row.name, row.hardware, f"[{colour}]{row.status}[/{colour}]", row.recommended, escape(row.reason))
     console.print(v)
     prices = price_section(summary)
     if prices:
         p = Table(title=f"what it costs, USD per million inferences (load: {prices.load})", title_style="bold")
-        for col in ("target", "variant", "instance capacity priced", "per million", "instances", "USD/month"):
-            p.add_column(col, justify="left" if col in ("target", "variant", "instance capacity priced") else "right")
+        for col in ("target", "variant", "per million", "within latency bound", "instances", "USD/month"):
+            p.add_column(col, justify="left" if col in ("target", "variant") else "right")
         for r in prices.rows:
-            p.add_row(r.target, f"[bold]{escape(r.variant)}[/bold]" if r.pick else escape(r.variant), r.capacity, r.per_million,
+            p.add_row(r.target, f"[bold]{escape(r.variant)}[/bold]" if r.pick else escape(r.variant), r.per_million, r.at_bound,
                       r.instances, r.monthly)
         console.print(p)
         for n in prices.notes:
@@ -210,16 +210,6 @@ def stopping_on_signals(executor):
         reset_stop()
 
 
-def capacity_probe():
-    """How the sweep serves a priced target's pick and searches its capacity within the SLO (``serve.capacity``):
-    None where the serving extra is not installed (prices then come from the offline figures, and say so)."""
-    try:
-        from servopt.serve.capacity import probe
-    except ImportError:
-        return None
-    return probe
-
-
 def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) -> object:
     """Read the data through the model's family, then run the sweep (``optimize.sweep``) with progress bars."""
 
@@ -243,7 +233,7 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
     with sweep.open_executor(settings.ray) as executor, stopping_on_signals(executor) as signals:
         # --ray: a Ray cluster's nodes; else this machine, Ray never imported
         run = sweep.Sweep(model=loaded, eval_data=eval_data, calibration=calib, tuning=tune, settings=settings, targets=targets,
-                          executor=executor, progress=callbacks, capacity_probe=capacity_probe())
+                          executor=executor, progress=callbacks)
         if bar:
             with bar:
                 summary = run.run()

@@ -419,7 +419,9 @@ def charts(records: list[Record], reference: Record | None, pareto: set[tuple[st
 MD = """# servopt report: {{ model }}
 
 Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
-
+{% if interrupted %}
+**INTERRUPTED.** {{ interrupted }}
+{% endif %}
 ## Verdict per target
 | target | hardware | status | recommended | why |
 |---|---|---|---|---|
@@ -537,6 +539,7 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 </style></head><body>
 <h1>servopt report: {{ model }}</h1>
 <p class="muted">{{ created }} · measured on {{ machine }} · run directory <code>{{ run_dir }}</code>{% if note %} · {{ note }}{% endif %}</p>
+{% if interrupted %}<p class="fail"><b>INTERRUPTED.</b> {{ interrupted }}</p>{% endif %}
 <h2>Verdict per target</h2>
 {% for t in verdicts %}<div class="card"><h3>{{ t.name }} <span class="muted">{{ t.hardware }}</span></h3>
 <div class="{{ 'pass' if t.status.startswith('pass') else 'fail' if t.status == 'fail' else 'nm' }}">{{ t.status }}</div>
@@ -653,6 +656,16 @@ def machine_of(env) -> str:
     return f"{env.cpu} ({env.cores} cores; {CpuFeatures(frozenset(env.cpu_flags)).describe()}{gpu})"
 
 
+def interrupted_banner(summary: Summary) -> str | None:
+    """The top of an interrupted run's report: what its picks are worth and what it did not finish."""
+    if not summary.interrupted:
+        return None
+    unfinished = [v.name for v in summary.not_tried if v.why.startswith("not finished")]
+    return ("The run was stopped (SIGINT/SIGTERM): the picks below are the best answer from what was measured by then, "
+            "without the side-by-side re-measure. Not finished: " + (", ".join(unfinished) or "none") +
+            ". Rerun the same command to finish (finished variants are kept).")
+
+
 def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
     """Render both reports from what the run stored; nothing is measured here."""
     config = load_config(out)
@@ -682,6 +695,7 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
         "environment": env_json, "note": config.note if config else "",
         "data": data_lines(config.data) if config else [], "grid": grid_table(records),
         "prices": price_section(summary), "problems": summary.problems, "race": race_section(summary, records),
+        "interrupted": interrupted_banner(summary),
         "batch": (config.protocol.get("batch_size") if config else None) or next((r.batch_size for r in records if r.batch_size), "?"),
     }
     write_text_atomic(out / "report.md", Environment(autoescape=False).from_string(MD).render(**ctx))

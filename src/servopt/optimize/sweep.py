@@ -27,13 +27,13 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from servopt.bench.alternate import AlternationFailed, alternate, ratios
 from servopt.bench.jobs import ColdStartJob, DuelJob, InterleaveJob, MeasureJob, OpenSpec, ProfileJob
-from servopt.bench.launcher import launch
+from servopt.bench.launcher import Interrupted, OutOfTime, launch, stopping
 from servopt.bench.protocol import Protocol
 from servopt.bench.run import measure
 from servopt.contracts import ChainStep, ColdStart, Gate, Interleaved, OpProfile, Record, SideBySide
@@ -105,6 +105,7 @@ class Progress:
     step: Callable[[str], None] = lambda message: None
     advance: Callable[[], None] = lambda: None
     note: Callable[[str], None] = lambda message: None
+    result: Callable[[Record], None] = lambda record: None  # a variant's record, as it is written
 
 
 @dataclass
@@ -188,13 +189,13 @@ def runtime_available(runtime: str) -> tuple[bool, str]:
     return ok, why
 
 
-def measure_variant(job: MeasureJob, spec, workdir: Path) -> Record:
+def measure_variant(job: MeasureJob, spec, workdir: Path, deadline: float | None = None) -> Record:
     """A variant's measurement on the machine this runs on (a node of its kind, in a distributed sweep): skipped
-    when its runtime cannot run here, else verified and timed (``bench.run.measure``)."""
+    when its runtime cannot run here, else verified and timed (``bench.run.measure``), stopped at ``deadline``."""
     ok, why = runtime_available(job.session.runtime)
     if not ok:
         return Record(name=job.session.name, runtime=job.session.runtime, status="skipped", error=why)
-    return measure(job, spec, workdir)
+    return measure(job, spec, workdir, deadline)
 
 
 def cold_start(job: ColdStartJob, workdir: Path) -> ColdStart:
@@ -246,6 +247,7 @@ class Sweep:
     not_tried: list[LeftOut] = field(default_factory=list)
     beaten: dict[str | None, set[str]] = field(default_factory=dict)  # per kind: beaten beyond noise (no contenders)
     spent: dict[str, float] = field(default_factory=dict)  # wall seconds each variant took to build and screen here
+    late: dict[str, str] = field(default_factory=dict)  # variants whose build the time budget's end stopped, and why
     started: float = field(default_factory=time.monotonic)
 
     # ------------------------------------------------------------------------------------------------ context
@@ -326,9 +328,23 @@ class Sweep:
 
     # ------------------------------------------------------------------------------------------------ the run
     def run(self) -> Summary:
+        """The whole sweep. Stopped by SIGINT/SIGTERM (``launcher.stop_all``, the jobs under way killed): the best
+        answer from what was measured, marked interrupted (``_finish``); the same command resumes."""
         self._prepare()
+        self.progress.start(len(self.units))  # before a resumed run's cached records advance it
+        try:
+            self._stages()
+            return self._finish()
+        except (Interrupted, CancelledError):
+            if not stopping():
+                raise
+        if not self.references:
+            raise UserError("interrupted before the original model was measured: nothing to decide on",
+                            fix="rerun the same command (what was finished is kept)")
+        return self._finish(interrupted=True)
+
+    def _stages(self) -> None:
         todo = self._todo()
-        self.progress.start(len(self.units))
         self._measure_originals(todo)
         first = [u for u in todo if not u.variant.is_original and not (self.racing and u.variant.refines)]
         if self.racing:  # the likely winners, their quality recovered, then the rest (what a budget drops first)
@@ -339,7 +355,6 @@ class Sweep:
         else:
             self._screen(racing.order(first, self.family.name, cpu_features()))
         self._race_and_cold_start()
-        return self._finish()
 
     def _prepare(self) -> None:
         self.dir.data.mkdir(parents=True, exist_ok=True)
@@ -400,7 +415,22 @@ class Sweep:
         append_jsonl(self.dir.results, rec)
         self.records[(u.variant.name, u.kind)] = rec
         self.progress.advance()
+        self.progress.result(rec)
         return rec
+
+    def deadline(self, v: Variant) -> float | None:
+        """When a job of ``v`` must end (``time.time()``): the time budget's end, less the finish's profiles and report;
+        None without a budget, and for the original and the baseline (measured whatever the budget)."""
+        budget = self.settings.budget_seconds
+        if budget is None or v.is_original or v.is_baseline:
+            return None
+        return time.time() - self.elapsed() + budget - racing.closing_seconds(len(self.targets))
+
+    def _not_finished(self, u: Unit, why: str) -> None:
+        """A job the time budget's end stopped: listed as not tried, no record (a rerun with more time tries it)."""
+        self.not_tried.append(LeftOut(name=u.variant.name, why=f"not finished: {why} (--budget {self.settings.budget}): rerun "
+                                      "with a larger --budget (finished variants are kept)"))
+        self.progress.note(f"{u.variant.name}{self._for(u.kind)}: not finished, {why}")
 
     # ------------------------------------------------------------------------------------------------ builds
     def _build(self, variants: list[Variant]) -> dict[str, tuple[object, float | None, str | None]]:
@@ -409,6 +439,7 @@ class Sweep:
         alone. Nothing is timed meanwhile. Per variant: (artifact or None, build seconds, error)."""
         cache = self.dir.artifacts
         failed: dict[str, str] = {}  # a chain prefix (JSON) → why it could not be built
+        late: set[str] = set()  # the prefixes of ``failed`` that the time budget's end stopped
         wall: dict[str, float] = {}
         for depth in range(1, max((len(v.chain) for v in variants), default=0) + 1):
             owners: dict[str, tuple[Variant, list[tuple[str, dict]]]] = {}
@@ -427,12 +458,16 @@ class Sweep:
                                source=self.model.ref(), calibration=self.ctx.calibration_path, tuning=self.ctx.tuning_path,
                                env=v.env)
                 alone = get_pass(prefix[-1][0]).times_itself
-                futures[key] = self.executor.submit(launch, job, folder, what=what, exclusive=alone)
+                futures[key] = self.executor.submit(launch, job, folder, None, self.deadline(v), what=what, exclusive=alone)
             for key, future in futures.items():
                 try:
                     built = future.result()
                 except Lost as e:
                     failed[key] = str(e)
+                    continue
+                except OutOfTime as e:
+                    failed[key] = str(e)
+                    late.add(key)
                     continue
                 if built.result is None:
                     failed[key] = f"build failed: {built.error}"
@@ -441,6 +476,8 @@ class Sweep:
         out: dict[str, tuple[object, float | None, str | None]] = {}
         for v in variants:
             why = next((failed[_ident(v.chain[:d])] for d in range(1, len(v.chain) + 1) if _ident(v.chain[:d]) in failed), None)
+            if any(_ident(v.chain[:d]) in late for d in range(1, len(v.chain) + 1)):
+                self.late[v.name] = str(why)
             artifact = None if why else cached_artifact(self.start, v.chain, cache)
             if artifact is None and why is None:
                 why = "build failed: its artifact is missing after the build"
@@ -498,6 +535,9 @@ class Sweep:
                 self._record(u, self._base_record(u).model_copy(update={"status": "skipped", "error": available[u.variant.name][1]}))
                 continue
             artifact, _, why = built[u.variant.name]
+            if u.variant.name in self.late:
+                self._not_finished(u, self.late[u.variant.name])
+                continue
             if why is not None:
                 self._record(u, self._base_record(u).model_copy(update={"status": "failed", "stage": "build", "error": why}))
                 continue
@@ -507,7 +547,7 @@ class Sweep:
             self.progress.step(f"measuring {u.variant.name}{self._for(u.kind)}")
             started = time.monotonic()
             future = self.executor.submit(measure_variant, job, self.model.spec, self.dir.work(u.variant.name, u.kind),
-                                          resources=self.kinds[u.kind], what=f"measure {u.variant.name}{self._for(u.kind)}")
+                                          self.deadline(u.variant), resources=self.kinds[u.kind], what=f"measure {u.variant.name}{self._for(u.kind)}")
             if future.done():  # measured here: recorded at once, so a kill loses at most the measurement under way
                 self._collect(u, future, built[u.variant.name][1])
                 own[u.variant.name] = own.get(u.variant.name, 0.0) + time.monotonic() - started
@@ -521,6 +561,9 @@ class Sweep:
             rec = self._merged(u, future.result(), build_s)
         except Lost as e:
             rec = self._base_record(u).model_copy(update={"status": "failed", "stage": "measure", "error": str(e)})
+        except OutOfTime as e:
+            self._not_finished(u, str(e))
+            return
         self._record(u, rec)
 
     def _measure_originals(self, todo: list[Unit]) -> None:
@@ -612,12 +655,20 @@ class Sweep:
                                                   f"kernels (which this runs, or slower ones) are beaten: {hopeless}"))
                 continue
             recovered = None
+            tried: list[str] = []
+            tolerance = min(t.max_accuracy_drop for t in targets)
             for u in sorted(group, key=lambda u: not u.variant.same_kernels):  # stable: the catalogue's order within each
                 if recovered is not None:
                     self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built: {recovered} already recovers the "
                                                   f"quality {base} loses, with the same INT8 kernels (--full builds it)"))
                     continue
+                measured = [self.records.get((n, kind)) for n in (base, *tried)]
+                drops = [self.family.quality_drop(r, ref) if r is not None and r.status == "ok" else None for r in measured]
+                if self.racing and (hopeless := racing.refinement_hopeless(drops, tolerance, len(tried))):
+                    self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built: {hopeless}"))
+                    continue
                 self._screen([u])
+                tried.append(u.variant.name)
                 if u.variant.same_kernels and not self._misses_quality(self.records.get((u.variant.name, kind)), kind):
                     recovered = u.variant.name
 
@@ -893,6 +944,25 @@ class Sweep:
                                             self.settings.load_ips) for t in targets}
         return KindOutcome(decisions, interleaved, capped, pareto_front(records, reference, self.family))
 
+    def _decide_now(self, kind: str | None, records: list[Record]) -> KindOutcome:
+        """An interrupted run's decisions for one kind of node: on the screening figures, nothing re-measured."""
+        reference = self.references.get(kind) or next(iter(self.references.values()), None)
+        decisions = {t.name: pricing.priced(decide(t, records, reference, self.family, None), records, self.settings.load_ips)
+                     for t in self.targets_of(kind)}
+        return KindOutcome(decisions, None, {}, pareto_front(records, reference, self.family))
+
+    def _interrupted(self) -> None:
+        """What an interrupted run did not finish, in ``not_tried`` and ``problems``."""
+        listed = {v.name for v in self.not_tried}
+        for u in self.units:
+            if (u.variant.name, u.kind) not in self.records and u.variant.name not in listed:
+                listed.add(u.variant.name)
+                self.not_tried.append(LeftOut(name=u.variant.name, why="not finished: the run was interrupted (SIGINT/SIGTERM) "
+                                              "before it was measured: rerun the same command to finish it"))
+        self.problems.append(f"interrupted after {self.elapsed():.0f} s: the picks are the best answer from the figures measured "
+                             "by then, without the side-by-side re-measure of the contenders; rerun the same command to finish "
+                             "(finished variants are kept)")
+
     def _per_kind(self, work: Callable, kinds: Iterable) -> list:
         """``work`` for each kind: one after another here, all kinds at once on a cluster (each on its own nodes)."""
         kinds = list(kinds)
@@ -901,15 +971,21 @@ class Sweep:
         with ThreadPoolExecutor(len(kinds)) as pool:
             return list(pool.map(work, kinds))
 
-    def _finish(self) -> Summary:
-        """Decide per target (after the interleaved re-measure), profile the picks, write summary.json and the reports."""
+    def _finish(self, interrupted: bool = False) -> Summary:
+        """Decide per target (after the interleaved re-measure), profile the picks, write summary.json and the reports.
+        ``interrupted``: nothing more is measured (the jobs are stopped): decided on the figures so far, what was not
+        finished listed as not tried, summary.json and the reports marked interrupted."""
         names = [v.name for v in self.chosen]
         records = [self.records[(u.variant.name, u.kind)] for u in self.units if (u.variant.name, u.kind) in self.records]
         records.sort(key=lambda r: names.index(r.name))
         of_kind = {k: [r for r in records if r.measured_for == k] for k in self.kinds}
-        outcomes = dict(zip(self.kinds, self._per_kind(lambda k: self._finish_kind(k, of_kind[k]), self.kinds), strict=True))
+        finish = self._decide_now if interrupted else self._finish_kind
+        outcomes = dict(zip(self.kinds, self._per_kind(lambda k: finish(k, of_kind[k]), self.kinds), strict=True))
         decisions = {name: d for o in outcomes.values() for name, d in o.decisions.items()}
-        self._axes_of_picks(decisions)
+        if interrupted:
+            self._interrupted()
+        else:
+            self._axes_of_picks(decisions)
         records = [self.records[(r.name, r.measured_for)] for r in records]  # with the picks' axes
         of_kind = {k: [r for r in records if r.measured_for == k] for k in self.kinds}
         decisions = {name: d if d.result is None else d.model_copy(update={"result": self.records[(d.result.name, d.result.measured_for)]})
@@ -930,8 +1006,13 @@ class Sweep:
             counts={s: sum(r.status == s for r in records) for s in ("ok", "failed", "skipped")},
             environment=environment(libraries=all_libraries()), kinds=by_kind, problems=self.problems,
             not_tried=self.not_tried, racing=self.racing, budget_s=self.settings.budget_seconds, wall_s=round(self.elapsed(), 1),
-            load_ips=self.settings.load_ips)
+            load_ips=self.settings.load_ips, interrupted=interrupted)
         write_json_atomic(self.dir.summary, summary)
+        if interrupted:  # no profile, no history: a stopped run measures nothing more and teaches nothing
+            from servopt.optimize.report import write_reports
+
+            write_reports(self.out, summary, records)
+            return summary
 
         def profile(kind: str | None) -> None:
             picks = [d.recommended or d.nearest for d in (decisions[t.name] for t in self.targets_of(kind))]
