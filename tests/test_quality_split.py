@@ -249,3 +249,35 @@ def test_a_text_encoders_spearman_drop_comes_with_a_seeded_paired_interval():
     target = Target(name="t", hardware="h", device="cpu", max_accuracy_drop=middle)
     note = next(b for b in text.quality_bounds(target, rec, ref) if b.bound == "accuracy_drop_points").note
     assert "unsure" in note and "pairs like these would settle it" in note
+
+
+def test_the_ladders_give_up_rule_reads_the_tuning_drops_too(tmp_path, monkeypatch):
+    """The refinement ladder gives up when the best rung still loses 3x the tolerance: a choice, so on the tuning
+    samples. Here every rung loses 10 points on the held-out images but 2 on the tuning ones: all rungs are tried."""
+    from servopt.families.catalogue import Variant
+    from servopt.optimize.sweep import Sweep
+
+    monkeypatch.setenv("SERVOPT_HOME", str(tmp_path))
+
+    def measured(name: str, top1: float, tuning_top1: float, p50: float, tp: float) -> Record:
+        return _rec(name, top1, tuning_top1).model_copy(update={
+            "latency_ms": Latency(p50=p50, p50_ci95=[p50 * 0.98, p50 * 1.02]),
+            "batch_latency_ms": Latency(p50=32_000 / tp, p50_ci95=[32_000 / tp * 0.98, 32_000 / tp * 1.02]),
+            "throughput_ips": Throughput(batch=tp), "batch_size": 32, "size_mb": 5.0})
+
+    target = Target(name="t", hardware="h", device="cpu", max_accuracy_drop=1.0)
+    ref, probe = measured("orig", 0.90, 0.90, 6.0, 200), measured("int8", 0.80, 0.88, 2.0, 600)
+    rungs = [SimpleNamespace(kind=None, variant=Variant(f"int8-r{i}", "int8", "onnxruntime", refines="int8")) for i in range(3)]
+    fake = SimpleNamespace(records={("orig", None): ref, ("int8", None): probe}, references={None: ref}, not_tried=[],
+                           targets_of=lambda kind: [target], targets=[target], family=IMAGES, racing=True)
+    fake._misses_quality = lambda rec, kind: Sweep._misses_quality(fake, rec, kind)
+    screened: list[str] = []
+
+    def screen(units):
+        for u in units:
+            screened.append(u.variant.name)
+            fake.records[(u.variant.name, None)] = measured(u.variant.name, 0.80, 0.88, 2.0, 600)
+
+    fake._screen = screen
+    Sweep._refine(fake, rungs)
+    assert screened == ["int8-r0", "int8-r1", "int8-r2"], fake.not_tried

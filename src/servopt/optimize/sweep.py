@@ -663,7 +663,8 @@ class Sweep:
                                                   f"quality {base} loses, with the same INT8 kernels (--full builds it)"))
                     continue
                 measured = [self.records.get((n, kind)) for n in (base, *tried)]
-                drops = [self.family.quality_drop(r, ref) if r is not None and r.status == "ok" else None for r in measured]
+                drops = [self.family.quality_drop(racing.tuning_view(r), racing.tuning_view(ref))  # a choice: on tuning samples
+                         if r is not None and r.status == "ok" else None for r in measured]
                 if self.racing and (hopeless := racing.refinement_hopeless(drops, tolerance, len(tried))):
                     self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built: {hopeless}"))
                     continue
