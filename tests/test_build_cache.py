@@ -113,3 +113,41 @@ def test_a_build_killed_midway_leaves_no_folder_the_next_build_keeps(model, tmp_
     assert build_chain(source_artifact(model), [OFFLINE], cache, BuildContext(source=model)).path == built.path
     assert not stale.exists() and live.exists() and remote.exists()
     assert remove_stale_builds(cache, OFFLINE[0], key) == []
+
+
+def test_a_record_of_another_machine_or_library_version_is_measured_again(model, tmp_path, monkeypatch):
+    """A rerun into the same --out reuses a record only where the machine and the runtime's libraries are those it was
+    measured with: after an ONNX Runtime upgrade, or on another host, the variant is measured again (its key differs)
+    instead of mixing old and new figures in one decision; what was reused is listed (``Summary.reused``)."""
+    from servopt.contracts import Record
+    from servopt.optimize import sweep as sweep_module
+    from servopt.optimize import variants
+    from servopt.optimize.sweep import Sweep
+    from servopt.optimize.targets import PRESETS
+    from servopt.results import append_jsonl
+    from servopt.settings import OptimizeSettings
+
+    def prepared() -> Sweep:
+        settings = OptimizeSettings(out=tmp_path / "run", variants=["ort-fp32"], budget="none")
+        sweep = Sweep(model, _data(0), None, None, settings, [PRESETS["cpu-server"]])
+        sweep._prepare()
+        return sweep
+
+    first = prepared()
+    names = {u.variant.name for u in first.units}
+    assert "ort-fp32" in names  # an ONNX source: the original is ONNX Runtime's baseline
+    for u in first.units:
+        append_jsonl(first.dir.results, Record(key=u.key, name=u.variant.name, runtime=u.variant.runtime, status="skipped",
+                                               error="measured by the first run"))
+    again = prepared()
+    assert again._todo() == [] and set(again.reused) == names, "same machine, same libraries: reused, and said so"
+
+    with monkeypatch.context() as m:
+        m.setattr(variants, "library_versions", lambda libs: {lib: "9.9.9" for lib in ("numpy", "onnx", "onnxruntime")})
+        upgraded = prepared()
+        assert {u.variant.name for u in upgraded._todo()} == names and upgraded.reused == [], "ONNX Runtime upgraded"
+    with monkeypatch.context() as m:
+        m.setattr(sweep_module, "machine_signature", lambda: "AMD EPYC 7B12 64-Core Processor | avx2 | 2 cores")
+        moved = prepared()
+        assert {u.variant.name for u in moved._todo()} == names and moved.reused == [], "another machine"
+    assert {u.key for u in prepared().units} == {u.key for u in first.units}, "back on this machine: the first run's keys"

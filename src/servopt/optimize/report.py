@@ -418,7 +418,7 @@ def charts(records: list[Record], reference: Record | None, pareto: set[tuple[st
 
 MD = """# servopt report: {{ model }}
 
-Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}
+Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}{% if reused %} · {{ reused }}{% endif %}
 {% if interrupted %}
 **INTERRUPTED.** {{ interrupted }}
 {% endif %}
@@ -695,7 +695,9 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
         "environment": env_json, "note": config.note if config else "",
         "data": data_lines(config.data) if config else [], "grid": grid_table(records),
         "prices": price_section(summary), "problems": summary.problems, "race": race_section(summary, records),
-        "interrupted": interrupted_banner(summary),
+        "interrupted": interrupted_banner(summary), "reused": f"reused from an earlier run into this folder (the same "
+        f"variant, data, protocol, machine and library versions): {len(summary.reused)} — {', '.join(summary.reused)}"
+        if summary.reused else None,
         "batch": (config.protocol.get("batch_size") if config else None) or next((r.batch_size for r in records if r.batch_size), "?"),
     }
     write_text_atomic(out / "report.md", Environment(autoescape=False).from_string(MD).render(**ctx))

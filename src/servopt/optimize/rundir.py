@@ -161,6 +161,9 @@ class Summary(Contract):
     not_tried: list[LeftOut] = Field(default_factory=list)  # chosen but not measured: the time budget, or not needed
     budget_s: float | None = None
     wall_s: float | None = None
+    # Figures this run took from an earlier run into the same folder instead of measuring them (records, side-by-side
+    # re-measures and their duels): their keys say the same variant, data, protocol, machine and library versions.
+    reused: list[str] = Field(default_factory=list)
     # Stopped by SIGINT/SIGTERM: the decisions are the best answer from what was measured by then (no side-by-side
     # re-measure), what was not finished is in not_tried, and the same command resumes.
     interrupted: bool = False

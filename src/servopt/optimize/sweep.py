@@ -53,6 +53,8 @@ from servopt.optimize.variants import (
     catalogue,
     device_of,
     is_linear_heavy,
+    machine_signature,
+    measured_with,
     original_of,
     select,
     variant_key,
@@ -115,6 +117,14 @@ class Unit:
     variant: Variant
     kind: str | None
     key: str
+
+
+def measured_on(v: Variant, kind: str | None) -> str:
+    """What a unit's figures depend on besides the variant, its data and protocol (part of its key): the machine
+    measuring it — this one (``machine_signature``), or on a cluster its kind of node — and the versions of its
+    runtime's libraries (``measured_with``). A rerun into the same ``--out`` on another host, or after an ONNX Runtime
+    upgrade, measures again; the re-measures keyed by the records' keys follow."""
+    return json.dumps([machine_signature() if kind is None else f"kind {kind}", measured_with(v.runtime)], sort_keys=True)
 
 
 def unit_key(variant_key: str, kind: str | None) -> str:
@@ -247,6 +257,7 @@ class Sweep:
     not_tried: list[LeftOut] = field(default_factory=list)
     beaten: dict[str | None, set[str]] = field(default_factory=dict)  # per kind: beaten beyond noise (no contenders)
     spent: dict[str, float] = field(default_factory=dict)  # wall seconds each variant took to build and screen here
+    reused: list[str] = field(default_factory=list)  # figures an earlier run into this --out took (``Summary.reused``)
     late: dict[str, str] = field(default_factory=dict)  # variants whose build the time budget's end stopped, and why
     started: float = field(default_factory=time.monotonic)
 
@@ -368,7 +379,8 @@ class Sweep:
                 saved[name] = str(self.dir.saved_data(name))
         self.start = source_artifact(self.model, build_data_key(saved["calib"], saved["tune"]))
         proto = self.protocol.model_dump()
-        self.units = [Unit(v, k, unit_key(variant_key(v, str(self.start.hash), proto, data_hash, chain_data_key(self.start, v.chain)), k))
+        self.units = [Unit(v, k, unit_key(variant_key(v, str(self.start.hash), proto, data_hash, chain_data_key(self.start, v.chain),
+                                                  measured_on(v, k)), k))
                       for v in self.chosen for k in self.kinds_of(v)]
         write_json_atomic(self.dir.config, RunConfig(
             model=str(self.model.path), model_kind=self.model.kind, source_hash=str(self.start.hash), spec=self.model.spec,
@@ -389,6 +401,7 @@ class Sweep:
             if u.key in done and not lost(done[u.key]):
                 rec = parse_record(done[u.key], self.out)
                 self.records[(u.variant.name, u.kind)] = rec
+                self.reused.append(f"{u.variant.name}{self._for(u.kind)}")
                 self.progress.note(f"{u.variant.name}{self._for(u.kind)}: cached ({rec.status})")
                 self.progress.advance()
             else:
@@ -783,6 +796,7 @@ class Sweep:
         path, label = self.dir.interleave(kind, isa), self.dir.interleave_label(kind, isa)
         previous = _stored_interleaved(path)
         if previous is not None and previous.cache_key == cache_key:
+            self.reused.append(f"side-by-side re-measure {label}" + (f" and its {len(previous.duels)} duel(s)" if previous.duels else ""))
             return previous
         job = self._interleave_job(names, by_name, baseline, self.interleave_protocol, self.interleave_rounds, caps)
         try:
@@ -815,6 +829,7 @@ class Sweep:
         cached = json.loads(path.read_text()) if path.exists() else None
         if cached and cached.get("cache_key") == cache_key:
             alternated = {n: SideBySide.model_validate(v) for n, v in cached["variants"].items()}
+            self.reused.append(f"alternating re-measure of {', '.join(own)}{self._for(kind)}")
         else:
             jobs = {n: MeasureJob(session=OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime,
                                                    options=by_name[n].options), data=str(self.dir.eval_data),
@@ -1007,7 +1022,7 @@ class Sweep:
             counts={s: sum(r.status == s for r in records) for s in ("ok", "failed", "skipped")},
             environment=environment(libraries=all_libraries()), kinds=by_kind, problems=self.problems,
             not_tried=self.not_tried, racing=self.racing, budget_s=self.settings.budget_seconds, wall_s=round(self.elapsed(), 1),
-            load_ips=self.settings.load_ips, interrupted=interrupted)
+            reused=self.reused, load_ips=self.settings.load_ips, interrupted=interrupted)
         write_json_atomic(self.dir.summary, summary)
         if interrupted:  # no profile, no history: a stopped run measures nothing more and teaches nothing
             from servopt.optimize.report import write_reports

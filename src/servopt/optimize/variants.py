@@ -10,16 +10,17 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 from dataclasses import asdict
 
 from servopt.errors import UserError
 from servopt.families.base import family_of
 from servopt.families.catalogue import CatalogueContext, Variant
-from servopt.machine import CpuFeatures, Device
+from servopt.machine import CpuFeatures, Device, cpu_features, cpu_model, library_versions
 from servopt.models.sources import LoadedModel
 from servopt.runtimes.base import get_runtime
 
-__all__ = ["Variant", "catalogue", "device_of", "is_linear_heavy", "select", "variant_key"]
+__all__ = ["Variant", "catalogue", "device_of", "is_linear_heavy", "machine_signature", "measured_with", "select", "variant_key"]
 
 
 def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 1.0, cpu: CpuFeatures | None = None) -> list[Variant]:
@@ -52,17 +53,39 @@ def device_of(v: Variant) -> Device:
     return get_runtime(v.runtime).device
 
 
-def variant_key(v: Variant, source_hash: str, protocol: dict, data_hash: str, build_data: str | None = None) -> str:
+def machine_signature() -> str:
+    """The machine a figure is taken on, as far as it shapes the figure: the CPU model, the richest rung of the
+    instruction-set ladder its flags reach (one model name comes with and without AVX-512 from one hypervisor to the
+    next), and the cores this process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cpu_model()} | {cpu_features().level} | {cores} cores"
+
+
+def measured_with(runtime: str) -> dict[str, str]:
+    """The libraries whose versions shape a runtime's figures: its own and the base ones (``machine.library_versions``),
+    or, for a runtime that lives in an environment of its own, that environment's key (its spec and Python)."""
+    own = get_runtime(runtime).environment()
+    if own is not None:
+        return {"environment": f"{own.name}-{own.key()}"}
+    return library_versions(get_runtime(runtime).libraries)
+
+
+def variant_key(v: Variant, source_hash: str, protocol: dict, data_hash: str, build_data: str | None = None,
+                measured_on: str | None = None) -> str:
     """Identity of a measurement: same key → same result, so a rerun skips it. Pass parameters enter with their
     defaults filled in, so a changed default invalidates the old measurement; ``build_data`` (the calibration and
-    tuning data's key, where a pass of the chain reads them) so a variant built on other data is measured again."""
+    tuning data's key, where a pass of the chain reads them) so a variant built on other data is measured again;
+    ``measured_on`` (the machine's signature and the runtime's library versions: ``machine_signature``,
+    ``measured_with``) so a rerun on another host or after a library upgrade measures again instead of mixing old
+    figures with new ones in one decision."""
     from servopt.passes.base import validate_params
 
     chain = [(name, validate_params(name, params).model_dump()) for name, params in v.chain]
     identity = {k: val for k, val in asdict(v).items()
                 if k not in ("default", "description", "left_out_why", "gate", "role", "refines", "same_kernels")}
     parts = [{**identity, "chain": chain, "needs_gpu": device_of(v) is Device.GPU}, source_hash, protocol, data_hash]
-    body = json.dumps(parts + ([build_data] if build_data is not None else []), sort_keys=True, default=str)
+    extra = ([build_data] if build_data is not None else []) + ([measured_on] if measured_on is not None else [])
+    body = json.dumps(parts + extra, sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
