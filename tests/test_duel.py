@@ -88,7 +88,8 @@ def test_a_real_duel_finds_the_faster_model_on_both_figures(tmp_path):
         return OpenSpec(name=name, artifact=Artifact(format="onnx", path=str(tmp_path / f"{name}.onnx")), runtime="onnxruntime",
                         options={"intra_op_threads": 1})
 
-    job = DuelJob(sessions=[spec("fast"), spec("slow")], data=str(tmp_path / "d.npz"), batch_size=8, seconds=4.0)
+    # the sweep's time per figure: enough pairs on a loaded 2-core machine (it stops once both are settled)
+    job = DuelJob(sessions=[spec("fast"), spec("slow")], data=str(tmp_path / "d.npz"), batch_size=8, seconds=8.0)
     launched = launch(job, tmp_path / "job")
     assert launched.result is not None, launched.error
     got = {d.what: d for d in launched.result.duels}
