@@ -282,3 +282,27 @@ def test_a_build_past_the_budget_is_listed_as_not_finished_and_a_larger_budget_b
     assert result.exit_code == 0, result.output
     assert sorted(r["name"] for r in _results(out)) == sorted(variants)
     assert json.loads((out / "summary.json").read_text())["not_tried"] == []
+
+
+@pytest.mark.slow
+def test_a_ray_executor_stopped_cancels_its_tasks_and_submits_nothing_more():
+    """--ray: SIGINT/SIGTERM cancels the tasks under way (their workers killed, their jobs with them) and they come back
+    Interrupted, not Lost (no failed record); nothing is submitted after."""
+    ray = pytest.importorskip("ray")
+    from servopt.optimize.ray_executor import RayExecutor
+
+    ray.init(num_cpus=1, resources={"servopt_slot": 1}, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    try:
+        with RayExecutor(owned=False) as executor:
+            assert executor.submit(os.getpid, what="warm up").result(timeout=120)
+            sleeping = executor.submit(time.sleep, 120, what="a long job")
+            time.sleep(2)
+            started = time.monotonic()
+            executor.stop()
+            with pytest.raises(launcher.Interrupted):
+                sleeping.result(timeout=60)
+            assert time.monotonic() - started < 60
+            with pytest.raises(launcher.Interrupted):
+                executor.submit(os.getpid, what="after the stop")
+    finally:
+        ray.shutdown()

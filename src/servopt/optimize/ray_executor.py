@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, ClassVar
 
+from servopt.bench.launcher import Interrupted
 from servopt.errors import UserError
 from servopt.optimize.executor import LOST, Executor, Lost
 
@@ -127,6 +128,7 @@ class RayExecutor(Executor):
         self._lock = threading.Lock()
         self._log: Path | None = None
         self._stop = threading.Event()
+        self._interrupted = False
         self._watch = threading.Thread(target=self._watchdog, name="servopt-ray-watchdog", daemon=True)
         self._watch.start()
 
@@ -191,6 +193,8 @@ class RayExecutor(Executor):
     def submit(self, fn: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None, what: str = "",
                exclusive: bool = True) -> Future:
         """Every task holds its node's slot, builds too (``exclusive`` is for one machine, where builds share it)."""
+        if self._interrupted:
+            raise Interrupted(f"{what or 'a task'} not submitted: the run is stopping")
         result: Future = Future()
         ref = self._task.options(**task_options(resources), name=f"servopt {what}"[:100]).remote(fn, args)
         with self._lock:
@@ -211,6 +215,9 @@ class RayExecutor(Executor):
             result.set_exception(e.as_instanceof_cause())
             return
         except Exception as e:  # noqa: BLE001  (a RayError: the worker or node died after the retries, or it was given up)
+            if cancelled == INTERRUPTED:  # stop(): not lost, so no failed record (a resumed run measures it)
+                result.set_exception(Interrupted(f"{what}: {INTERRUPTED}"))
+                return
             why = cancelled or f"{type(e).__name__} after {self.retries + 1} attempts: {_first_line(e)}"
             self._append({"what": what, "resources": resources, "lost": why})
             result.set_exception(Lost(f"{LOST}: {why}"))
@@ -251,6 +258,18 @@ class RayExecutor(Executor):
                                                 f"(for {now - since:.0f} s): its nodes died")
                     ray.cancel(ref, force=True)
 
+    def stop(self) -> None:
+        """SIGINT/SIGTERM: nothing more is submitted, and every task under way is cancelled (its worker killed, the job's
+        process with it); their futures raise ``launcher.Interrupted``."""
+        import ray
+
+        self._interrupted = True
+        with self._lock:
+            refs = list(self._pending)
+            self._cancelled.update(dict.fromkeys(refs, INTERRUPTED))
+        for ref in refs:
+            ray.cancel(ref, force=True)
+
     def close(self) -> None:
         self._stop.set()
         self._watch.join(timeout=5)
@@ -258,6 +277,9 @@ class RayExecutor(Executor):
             import ray
 
             ray.shutdown()
+
+
+INTERRUPTED = "the run was interrupted (SIGINT/SIGTERM)"
 
 
 def _first_line(e: BaseException) -> str:
