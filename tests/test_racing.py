@@ -495,3 +495,27 @@ def test_a_nearest_miss_slower_beyond_noise_on_a_speed_figure_gives_way():
     d = decide(strict, [ref, plain, fused], ref, IMAGES, il)
     assert d.nearest == "ort-transformers-int8-dynamic" and d.tied == ["ort-transformers-int8-dynamic"], d.reason
     assert "ort-int8-dynamic-per-channel misses by the least" in d.reason and "slower beyond noise" in d.reason
+
+
+def test_history_of_another_machine_or_library_version_does_not_order_this_run(tmp_path, monkeypatch):
+    """The ratios and seconds an earlier run remembered order and budget the next run only where it ran on this
+    machine with these libraries: after an ONNX Runtime upgrade, or from another host with the same flags, they do not
+    count (rows written before either was recorded still count for their CPU features)."""
+    from servopt.machine import cpu_features
+    from servopt.optimize import variants
+
+    monkeypatch.setenv("SERVOPT_HOME", str(tmp_path))
+    here = cpu_features()
+    racing.remember("image-classification", here, [rec("ort-fp32", 6, 200), rec("ort-int8", 3, 400)], "ort-fp32",
+                    seconds={"ort-int8": 12.0})
+    assert set(racing.learned("image-classification", here)) == {"ort-fp32", "ort-int8"}
+    assert racing.learned_seconds("image-classification", here) == {"ort-int8": 12.0}
+    with monkeypatch.context() as m:
+        m.setattr(variants, "library_versions", lambda libs: {"onnxruntime": "9.9.9"})
+        assert racing.learned("image-classification", here) == {} and racing.learned_seconds("image-classification", here) == {}
+    with monkeypatch.context() as m:
+        m.setattr(racing, "machine_signature", lambda: "AMD EPYC 7B12 64-Core Processor | avx2 | 2 cores")
+        assert racing.learned("image-classification", here) == {}
+    older = {"family": "image-classification", "cpu": racing._signature(here), "variant": "ort-old", "log_ratio": 0.1}
+    racing.append_jsonl(racing.history_path(), older)
+    assert "ort-old" in racing.learned("image-classification", here)

@@ -15,17 +15,20 @@ budget, the likely winners are measured first.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from pathlib import Path
 
 from servopt.contracts import Record, SideBySide
+from servopt.errors import UserError
 from servopt.families.base import Family
 from servopt.home import default_home
 from servopt.machine import CpuFeatures, Isa, cpu_features, richer
 from servopt.optimize.decide import eligible, judge, speed_dims
 from servopt.optimize.noise import DRIFT, SCREENING_DRIFT, ahead_every_round, clears, interval, point
 from servopt.optimize.targets import Target
+from servopt.optimize.variants import machine_signature, measured_with
 from servopt.passes.base import get_pass
 from servopt.results import append_jsonl, read_jsonl
 from servopt.runtimes.base import get_runtime
@@ -58,11 +61,33 @@ def prior(name: str, group: str, cpu: CpuFeatures) -> float:
     return base
 
 
+def _setting(runtime: str, cpu: CpuFeatures) -> dict[str, str]:
+    """What a history row was measured under besides the CPU's features: the runtime's library versions
+    (``variants.measured_with``), and the machine (``variants.machine_signature``) when ``cpu`` is this machine's."""
+    try:
+        libraries = json.dumps(measured_with(runtime), sort_keys=True)
+    except UserError:  # a runtime no longer registered (a plugin gone): its rows match no current one
+        libraries = "unknown"
+    return {"libraries": libraries, **({"machine": machine_signature()} if cpu == cpu_features() else {})}
+
+
+def _current(row: dict, family: str, cpu: CpuFeatures) -> bool:
+    """Whether a history row speaks for ``family`` on this CPU's features with today's machine and libraries (rows
+    written before they were recorded count for their features alone)."""
+    if row.get("family") != family or row.get("cpu") != _signature(cpu):
+        return False
+    if "runtime" not in row:
+        return True
+    now = _setting(row["runtime"], cpu)
+    return all(row.get(k) == v for k, v in now.items() if k in row)
+
+
 def learned(family: str, cpu: CpuFeatures) -> dict[str, float]:
-    """The mean log throughput ratio to the baseline of each variant in earlier runs of ``family`` on this CPU's features."""
+    """The mean log throughput ratio to the baseline of each variant in earlier runs of ``family`` on this CPU's
+    features (on this machine, with these libraries: ``_current``)."""
     sums: dict[str, list[float]] = defaultdict(list)
     for row in read_jsonl(history_path()):
-        if row.get("family") == family and row.get("cpu") == _signature(cpu) and row.get("log_ratio") is not None:
+        if _current(row, family, cpu) and row.get("log_ratio") is not None:
             sums[row["variant"]].append(float(row["log_ratio"]))
     return {name: sum(v) / len(v) for name, v in sums.items()}
 
@@ -93,7 +118,7 @@ def learned_seconds(family: str, cpu: CpuFeatures) -> dict[str, float]:
     """The latest wall seconds (build and measurement) each variant of ``family`` took on this CPU's features."""
     out: dict[str, float] = {}
     for row in read_jsonl(history_path()):
-        if row.get("family") == family and row.get("cpu") == _signature(cpu) and row.get("seconds") is not None:
+        if _current(row, family, cpu) and row.get("seconds") is not None:
             out[row["variant"]] = float(row["seconds"])
     return out
 
@@ -128,7 +153,8 @@ def remember(family: str, cpu: CpuFeatures, records: list[Record], baseline: str
         return
     history_path().parent.mkdir(parents=True, exist_ok=True)
     for r in by_name.values():
-        row = {"family": family, "cpu": _signature(cpu), "variant": r.name, "log_ratio": round(math.log(r.batch_ips / base.batch_ips), 4)}
+        row = {"family": family, "cpu": _signature(cpu), "variant": r.name, "log_ratio": round(math.log(r.batch_ips / base.batch_ips), 4),
+               "runtime": r.runtime, **_setting(r.runtime, cpu)}
         if seconds and r.name in seconds:
             row["seconds"] = round(seconds[r.name], 1)
         append_jsonl(history_path(), row)
