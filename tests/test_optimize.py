@@ -235,9 +235,15 @@ def _rec(name, p50, tp, size, top1, gpu=False, status="ok", env=EPYC_AVX2):
 def test_decide_picks_best_passing_and_explains_misses():
     ref = _rec("ref", 10, 100, 9, 0.95)
     recs = [ref, _rec("fast", 2, 1200, 9, 0.945), _rec("faster-but-inaccurate", 1, 2000, 3, 0.90), _rec("small", 8, 150, 2.5, 0.95)]
-    cpu = decide(PRESETS["cpu-server"], recs, ref, IMAGES)
+    # a target naming no instance is judged on the records' own machine (one naming vCPUs: tests/test_scaling.py)
+    server = PRESETS["cpu-server"].model_copy(update={"instance_vcpus": None})
+    cpu = decide(server, recs, ref, IMAGES)
     assert cpu.recommended == "fast" and cpu.status == "pass"
     assert "measured on AMD EPYC 7763 (64 cores)" in cpu.verdict.bounds[-1].note  # the record's machine, not this one
+    instance = decide(PRESETS["cpu-server"], recs, ref, IMAGES)  # no projection: nothing of the instance is judged
+    assert instance.status == "pass (not projected)" and all(
+        b.status == "not measured" and "not projected to the instance's 8 vCPUs" in b.note
+        for b in instance.verdict.bounds if b.kind == "speed")
     edge = decide(PRESETS["edge"], recs, ref, IMAGES)
     assert edge.recommended == "small" and edge.status == "pass (pending device)"
     assert next(b for b in edge.verdict.bounds if b.bound == "p50_ms").status == "not measured"
@@ -274,10 +280,11 @@ def test_a_richer_instruction_set_than_the_target_is_said():
     """cpu-server is an AVX2 EPYC 7763: figures from an AVX-512 VNNI machine carry that in the verdict."""
     vnni = Environment(cpu="AMD EPYC 9R14", cpu_flags=["avx2", "avx512f", "avx512_vnni", "avx512_bf16"], cores=2)
     ref = _rec("ref", 10, 100, 9, 0.95, env=vnni)
-    d = decide(PRESETS["cpu-server"], [ref, _rec("fast", 2, 1200, 9, 0.95, env=vnni)], ref, IMAGES)
+    server = PRESETS["cpu-server"].model_copy(update={"instance_vcpus": None})
+    d = decide(server, [ref, _rec("fast", 2, 1200, 9, 0.95, env=vnni)], ref, IMAGES)
     assert d.status == "pass" and "richer instruction set (avx512_vnni) than the target's (avx2)" in d.reason
     capped = vnni.model_copy(update={"isa_cap": "AVX2"})
-    d = decide(PRESETS["cpu-server"], [ref, _rec("fast", 2, 1200, 9, 0.95, env=capped)], ref, IMAGES)
+    d = decide(server, [ref, _rec("fast", 2, 1200, 9, 0.95, env=capped)], ref, IMAGES)
     assert "capped at AVX2" in d.reason
 
 

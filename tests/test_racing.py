@@ -195,18 +195,21 @@ def test_durations_and_rates():
         OptimizeSettings(budget="three minutes")
 
 
-def test_prices_per_million_scaled_to_the_instance_and_the_load():
+def test_prices_never_take_this_machine_for_the_instance():
+    """A target naming its instance's vCPUs is priced on the projection to it (tests/test_scaling.py), never on this
+    machine's throughput scaled by an assumption; without a projection it is not priced. A target naming no instance
+    is priced as one machine like this one, and says so."""
     t = Target(name="c", hardware="EPYC", device="cpu", max_p50_ms=3, price_per_hour=0.306, instance_vcpus=8, price_source="list")
-    r = rec("int8", 2.5, 400)  # batch of 32 in 80 ms: over the 3 ms bound, so one sample at a time within it
+    r = rec("int8", 2.5, 400)
     d = pricing.priced(decide(t, [r], r, IMAGES), [r], load_ips=1000)
-    p = d.verdict.price
-    # 400/s on 2 cores → 1600/s on 8 vCPUs: 0.306 USD/h / (1600 × 3600) per inference
-    assert p.scale == 4 and p.per_million_usd == pytest.approx(0.306 / (1600 * 3600) * 1e6)
+    assert d.verdict.price is None and all(b.status == "not measured" for b in d.verdict.bounds if b.kind == "speed")
+    mine = t.model_copy(update={"instance_vcpus": None})
+    p = pricing.priced(decide(mine, [r], r, IMAGES), [r], load_ips=1000).verdict.price
+    assert p.per_million_usd == pytest.approx(0.306 / (400 * 3600) * 1e6) and p.basis == "offline" and not p.projected
     low, high = p.per_million_range_usd
     assert low < p.per_million_usd < high
-    assert p.throughput_at_bound_ips == pytest.approx(400.0)  # 1000 / 2.5 ms
-    assert p.instances == math.ceil(1000 / (400 * 4)) == 1 and p.monthly_usd == pytest.approx(0.306 * 730)
-    assert "0.306 USD/h (list)" in p.note and "assumed" in p.note
+    assert p.instances == math.ceil(1000 / (400 / 1.02)) and p.monthly_usd == pytest.approx(p.instances * 0.306 * 730)
+    assert "0.306 USD/h (list)" in p.note and "names no instance_vcpus" in p.note
     edge = decide(PRESETS["edge"], [r], r, IMAGES)
     assert pricing.priced(edge, [r], 1000).verdict.price is None, "an edge device has no hourly price"
 

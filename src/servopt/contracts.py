@@ -502,3 +502,101 @@ class OpProfile(Contract):
     total_ms_per_run: float
     ops: list[OpTime] = Field(default_factory=list)
     error: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- the instance's answer
+class ScalingPoint(Contract):
+    """One core count of a scaling measurement: ``instances`` single-thread sessions working at once (the throughput
+    layout ``servopt serve`` runs: one instance per core), and one session with ``cores`` threads answering one sample
+    at a time (what a lone request gets). One figure per round."""
+
+    cores: int
+    instances: int
+    threads_per_instance: int
+    throughput_ips: list[float]  # samples/s of all instances together, at the batch size, per round
+    p50_ms: list[float]  # single-sample p50 of one session with ``cores`` threads, per round
+
+
+class ScalingCurve(Contract):
+    """A variant measured at 1, 2, … cores of this machine (``bench.scaling``)."""
+
+    variant: str
+    batch_size: int
+    points: list[ScalingPoint] = Field(default_factory=list)
+    error: str | None = None
+
+
+class Scaling(Contract):
+    """The result of a ``ScalingJob``: every variant's curve, taken in rounds that alternate the variants' order."""
+
+    curves: dict[str, ScalingCurve]
+    rounds: int
+    environment: Environment | None = None
+    cache_key: str | None = None
+    isa_cap: str | None = None  # the instruction set the runtimes were held to, where they could be
+
+
+class Projection(Contract):
+    """A figure of the target's instance, projected from the cores measured here (``optimize.scaling``)."""
+
+    figure: Literal["throughput_ips", "p50_ms"]
+    basis: Literal["served", "offline"] = "offline"  # served capacity within the SLO, or the offline batch loop
+    to_cores: int
+    cores_measured: list[int]
+    value: float
+    low: float  # the 95 % interval's ends (bootstrap over the rounds, refitting each time)
+    high: float
+    model: str  # the fitted law and its parameters, in words
+    measured: bool = False  # the target's core count was measured: no extrapolation
+    note: str = ""
+
+    @property
+    def pessimistic(self) -> float:
+        """The end a bound must be met at: the lowest throughput, the highest latency."""
+        return self.low if self.figure == "throughput_ips" else self.high
+
+
+class ServeConfig(Contract):
+    """A serving configuration of ``servopt serve`` (what a capacity search explores)."""
+
+    instances: int
+    threads: int
+    max_batch: int
+    max_delay_us: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.instances}×{self.threads} threads, batch ≤ {self.max_batch}, wait ≤ {self.max_delay_us} µs"
+
+
+class LoadStep(Contract):
+    """One offered rate of a capacity search (an open loop of Poisson arrivals)."""
+
+    rate_rps: float
+    achieved_rps: float
+    requests: int
+    duration_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    errors: int
+    meets: bool  # the SLO met, no errors, and the step valid
+    valid: bool  # ran its minimum duration and query count, and the client kept up with the rate
+    confirming: bool = False
+
+
+class Capacity(Contract):
+    """The highest arrival rate a served variant answers within its latency bound (MLPerf's server scenario, Triton
+    model_analyzer's constraint search), on this machine's cores, with the configuration that gives it."""
+
+    variant: str
+    slo: str  # e.g. "p99 <= 50 ms"
+    capacity_rps: float  # 0: not even the lowest rate tried met it
+    config: ServeConfig | None = None
+    steps: list[LoadStep] = Field(default_factory=list)  # the best configuration's search, the confirming run last
+    tried: list[tuple[ServeConfig, float]] = Field(default_factory=list)  # each configuration and its capacity
+    confirmed: bool = False
+    knee_found: bool = True  # False: the step limit came before a failing rate, the capacity is a lower bound
+    cores: int | None = None
+    batch_size: int = 1  # samples per request
+    environment: Environment | None = None
+    error: str | None = None

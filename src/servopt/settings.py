@@ -110,6 +110,9 @@ class OptimizeSettings(BaseSettings):
     # likeliest winners first, a build or measurement still running at its end stopped and listed (--full: none).
     budget: str | None = DEFAULT_BUDGET
     load: str | None = None  # a load to price: 500, 500/s, 30000/min (instances and USD a month per target)
+    # no served-capacity search: priced targets' picks are not served to find their capacity within the SLO
+    # (max_p99_ms); their prices and throughput bounds come from the offline figures, projected
+    no_capacity: bool = False
     ray: str | None = None  # a distributed sweep: the Ray cluster (auto, ray://HOST:10001, HOST:6379, local); None: this machine
 
     @field_validator("budget")

@@ -55,6 +55,9 @@ DemoBudgetOpt = Annotated[str | None, typer.Option("--budget", help=f"a time bud
                                                                    "first; what it did not try is listed")]
 LoadOpt = Annotated[str | None, typer.Option("--load", help="a load to price, e.g. 500/s or 30000/min: the instances and USD a "
                                                             "month each target's pick needs (targets with price_per_hour)")]
+NoCapacityOpt = Annotated[bool, typer.Option(
+    "--no-capacity", help="do not serve the priced targets' picks to search their capacity within the SLO (max_p99_ms): "
+                          "prices and throughput bounds then use the offline figures, projected to the instance")]
 RayOpt = Annotated[str | None, typer.Option(
     "--ray", help="a distributed sweep on a Ray cluster: auto, ray://HOST:10001, HOST:6379, or local (Ray started here); "
                   "the run directory must be visible from every node (docs/ray.md; needs the servopt\\[ray] extra)")]
@@ -105,16 +108,16 @@ def print_summary(summary, records) -> None:
     for col in ("target", "hardware", "status", "recommended", "why"):
         v.add_column(col)
     for row in verdict_rows(summary):
-        colour = "green" if row.status.startswith("pass") else "red" if row.status == "fail" else "yellow"
+        colour = "green" if row.status.startswith("pass") else "red" if row.status.startswith("fail") else "yellow"
         v.add_row(row.name, row.hardware, f"[{colour}]{row.status}[/{colour}]", row.recommended, escape(row.reason))
     console.print(v)
     prices = price_section(summary)
     if prices:
         p = Table(title=f"what it costs, USD per million inferences (load: {prices.load})", title_style="bold")
-        for col in ("target", "variant", "per million", "within latency bound", "instances", "USD/month"):
-            p.add_column(col, justify="left" if col in ("target", "variant") else "right")
+        for col in ("target", "variant", "instance capacity priced", "per million", "instances", "USD/month"):
+            p.add_column(col, justify="left" if col in ("target", "variant", "instance capacity priced") else "right")
         for r in prices.rows:
-            p.add_row(r.target, f"[bold]{escape(r.variant)}[/bold]" if r.pick else escape(r.variant), r.per_million, r.at_bound,
+            p.add_row(r.target, f"[bold]{escape(r.variant)}[/bold]" if r.pick else escape(r.variant), r.capacity, r.per_million,
                       r.instances, r.monthly)
         console.print(p)
         for n in prices.notes:
@@ -210,6 +213,16 @@ def stopping_on_signals(executor):
         reset_stop()
 
 
+def capacity_probe():
+    """How the sweep serves a priced target's pick and searches its capacity within the SLO (``serve.capacity``):
+    None where the serving extra is not installed (prices then come from the offline figures, and say so)."""
+    try:
+        from servopt.serve.capacity import probe
+    except ImportError:
+        return None
+    return probe
+
+
 def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) -> object:
     """Read the data through the model's family, then run the sweep (``optimize.sweep``) with progress bars."""
 
@@ -233,7 +246,8 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
     with sweep.open_executor(settings.ray) as executor, stopping_on_signals(executor) as signals:
         # --ray: a Ray cluster's nodes; else this machine, Ray never imported
         run = sweep.Sweep(model=loaded, eval_data=eval_data, calibration=calib, tuning=tune, settings=settings, targets=targets,
-                          executor=executor, progress=callbacks)
+                          executor=executor, progress=callbacks,
+                          capacity_probe=None if settings.no_capacity else capacity_probe())
         if bar:
             with bar:
                 summary = run.run()
@@ -294,6 +308,7 @@ def optimize(
     ray: RayOpt = None,
     quiet: QuietOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="print summary.json to stdout")] = False,
+    no_capacity: NoCapacityOpt = False,
 ) -> None:
     """Build every variant, verify it, benchmark it, and pick the best per deployment target."""
 
@@ -302,7 +317,7 @@ def optimize(
 
         settings = optimize_settings(targets=targets, out=out, variants=variants, include_all=include_all,
                                      calibration_samples=calibration_samples, quick=quick, ray=ray, full=full, lab=lab,
-                                     budget=budget, load=load)
+                                     budget=budget, load=load, no_capacity=no_capacity)
         run_optimize(open_model(model, arch, num_classes, trust_pickle, input_shape), data, settings, quiet, json_out)
 
     run_cli(go)
@@ -374,6 +389,7 @@ def demo(
     load: LoadOpt = None,
     ray: RayOpt = None,
     quiet: QuietOpt = False,
+    no_capacity: NoCapacityOpt = False,
     text: Annotated[bool, typer.Option("--text", help="the sentence-encoder demo: all-MiniLM-L6-v2 on the shipped texts and pairs")] = False,
     seed: Annotated[int, typer.Option("--seed", min=0, help="train another demo model with this seed (once, cached): "
                                       "models differ in how well they quantize")] = 0,
@@ -398,7 +414,7 @@ def demo(
             console.print(note)
         settings = optimize_settings(out=out or default_out, targets=targets, variants=variants, include_all=include_all, note=note,
                                      ray=ray, full=full, lab=lab, budget=budget if budget is not None else None if full else DEMO_BUDGET,
-                                     load=load)
+                                     load=load, no_capacity=no_capacity)
         run_optimize(loaded, data_raw, settings, quiet, False)
 
     run_cli(go)

@@ -30,6 +30,7 @@ def _served(source: Path, target: str | None, variant: str | None, nearest: bool
         model, packaged = from_package(source)
     elif source.is_dir():
         model = from_run(source, target, variant, nearest)
+        packaged = dict(model.found_settings)  # the target's capacity search: under the flags, like a package's
     else:
         if target or variant or nearest:
             raise UserError("--target/--variant/--nearest pick from a run directory", fix="pass the run directory, or drop them")
@@ -122,6 +123,10 @@ def serve(
                                   instances=instances, threads=threads, request_timeout_s=timeout, max_body_mb=max_body_mb,
                                   api_key=api_key, limit_concurrency=limit_concurrency)
         model.apply_instances(settings.instances, settings.threads)
+        if model.found_settings:
+            cap = model.found_capacity
+            console.print(f"[dim]serving configuration from the run's capacity search ({cap.capacity_rps:.0f} requests/s within "
+                          f"{cap.slo} on {cap.cores} core(s) there), scaled to this machine's cores; flags override it[/dim]")
         if model.parameters.get("served_as") == "nearest candidate":
             console.print(f"[yellow]no variant meets target {model.parameters['target']}: serving the nearest, "
                           f"{model.parameters['variant']}, deliberately; shortfall: {model.parameters['shortfall']}[/yellow]")
@@ -152,6 +157,53 @@ def serve(
     run_cli(go)
 
 
+DEFAULT_DURATION = 20.0
+
+
+def _capacity(url: str, model: str, slo_text: str, rate: str | None, duration: float, min_queries: int, api_key: str | None,
+              json_out: Path | None, duration_given: bool) -> None:
+    """``servopt loadtest --slo``: the capacity search (``serve.capacity``), its steps as a table."""
+    from servopt.results import write_json_atomic
+    from servopt.serve.capacity import SearchRules, measure_capacity, parse_slo
+
+    bound = parse_slo(slo_text)
+    if not url.startswith(("http://", "https://")):
+        raise UserError(f"{url!r} is not an http(s) URL", fix="e.g. http://127.0.0.1:8000")
+    try:
+        start = float(rate.split(",")[0]) if rate else 10.0
+    except ValueError as e:
+        raise UserError(f"--rate {rate!r} is not a number", fix="e.g. --rate 100 (where the search starts)") from e
+    if start <= 0:
+        raise UserError("--rate must be positive", fix="e.g. --rate 100")
+    seconds = duration if duration_given else 3.0
+    rules = SearchRules(min_seconds=seconds, min_queries=min_queries, confirm_seconds=2 * seconds, confirm_queries=2 * min_queries)
+    table = Table(title=f"capacity of {model} at {url} within {bound}", title_style="bold")
+    for col in ("offered req/s", "achieved", "requests", "p50 ms", "p99 ms", "errors", "valid", "meets"):
+        table.add_column(col, justify="right")
+
+    def show(st) -> None:
+        console.print(f"[dim]{'confirming ' if st.confirming else ''}{st.rate_rps:.1f} req/s: p50 "
+                      f"{st.p50_ms or float('nan'):.1f} ms, p99 {st.p99_ms or float('nan'):.1f} ms, {st.errors} errors"
+                      f" → {'meets' if st.meets else 'misses'} {bound}[/dim]")
+        table.add_row(f"{st.rate_rps:.1f}{' (confirm)' if st.confirming else ''}", f"{st.achieved_rps:.1f}", str(st.requests),
+                      f"{st.p50_ms:.1f}" if st.p50_ms is not None else "—", f"{st.p99_ms:.1f}" if st.p99_ms is not None else "—",
+                      str(st.errors), "yes" if st.valid else "no", "[green]yes[/green]" if st.meets else "[red]no[/red]")
+
+    result = measure_capacity(url, model, bound, start, rules, api_key, on_step=show)
+    console.print(table)
+    if result.confirmed:
+        lower = "" if result.knee_found else " (at least: the step limit came before a failing rate)"
+        console.print(f"capacity within {bound}: [bold]{result.capacity_rps:.1f} requests/s[/bold]{lower}, confirmed by a "
+                      f"{rules.confirm_seconds:g} s run")
+    else:
+        console.print(f"[red]no rate tried met {bound} with no errors[/red] (the lowest: "
+                      f"{min((s.rate_rps for s in result.steps), default=start):.1f} req/s)")
+    if json_out:
+        write_json_atomic(json_out, {"schema": "servopt.capacity/1", "url": url, "model": model, "slo": str(bound),
+                                     **result.model_dump(mode="json")})
+        console.print(f"figures written to {json_out}")
+
+
 @app.command()
 def loadtest(
     url: Annotated[str, typer.Argument(help="the server, e.g. http://127.0.0.1:8000")],
@@ -159,7 +211,7 @@ def loadtest(
     concurrency: Annotated[str | None, typer.Option(help="closed-loop steps, e.g. 1,8,32,64")] = None,
     rate: Annotated[str | None, typer.Option(help="open-loop steps in requests/s, e.g. 100,300")] = None,
     distribution: Annotated[str, typer.Option(help="open-loop arrivals: poisson or constant")] = "poisson",
-    duration: Annotated[float, typer.Option(help="seconds per step")] = 20.0,
+    duration: Annotated[float, typer.Option(help="seconds per step")] = 20.0,  # DEFAULT_DURATION
     warmup: Annotated[float, typer.Option(help="uncounted seconds before each step")] = 3.0,
     max_requests: Annotated[int, typer.Option(help="at most this many requests per closed-loop step")] = 1_000_000,
     json_body: Annotated[bool, typer.Option("--json-body", help="send JSON tensors instead of Triton binary tensors")] = False,
@@ -167,16 +219,26 @@ def loadtest(
     image: Annotated[Path | None, typer.Option(help="send this image to the classify endpoint instead")] = None,
     api_key: Annotated[str | None, typer.Option(help="bearer token (or SERVOPT_API_KEY)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
+    slo: Annotated[str | None, typer.Option(
+        help="find the capacity: the highest Poisson rate whose latency percentile meets this bound with no errors, "
+             "e.g. p99=50ms (--rate: where the search starts [default 10]; --duration: each step's minimum seconds "
+             "[default 3])")] = None,
+    min_queries: Annotated[int, typer.Option(help="--slo: each step's minimum query count (a confirming run: twice it)")] = 300,
 ) -> None:
-    """Load-test a v2 server: closed loop at fixed concurrencies, open loop at fixed rates."""
+    """Load-test a v2 server: closed loop at fixed concurrencies, open loop at fixed rates, or (--slo) its capacity
+    within a latency bound."""
 
     def go() -> None:
         from servopt.cli.common import parse_int_list
         from servopt.results import write_json_atomic
         from servopt.serve.loadtest import run_loadtest
 
+        if slo is not None:
+            _capacity(url, model, slo, rate, duration, min_queries, api_key or os.environ.get("SERVOPT_API_KEY"), json_out,
+                      duration_given=duration != DEFAULT_DURATION)
+            return
         if not concurrency and not rate:
-            raise UserError("nothing to run", fix="pass --concurrency 1,8,32 and/or --rate 100,300")
+            raise UserError("nothing to run", fix="pass --concurrency 1,8,32 and/or --rate 100,300, or --slo p99=50ms")
         if distribution not in ("poisson", "constant"):
             raise UserError(f"unknown distribution {distribution!r}", fix="use poisson or constant")
         if not url.startswith(("http://", "https://")):
@@ -230,6 +292,10 @@ def package(
         from servopt.serve.package import package as make_package
 
         model, packaged = _served(source, target, variant, nearest, name, None, {})
+        if model.found_capacity is not None and model.instance_vcpus:  # the configuration found, for the target's instance
+            from servopt.serve.model import capacity_settings
+
+            packaged = capacity_settings(model.found_capacity, model.instance_vcpus)
         settings = serve_settings(packaged, max_batch=max_batch, max_delay_us=max_delay_us, max_queue=max_queue,
                                   latency_budget_ms=latency_budget_ms, instances=instances)
         model.apply_instances(settings.instances, settings.threads)

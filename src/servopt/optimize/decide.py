@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from servopt.contracts import Contract, Interleaved, Record
+from servopt.contracts import Capacity, Contract, Interleaved, Projection, Record, Scaling
 from servopt.errors import UserError
 from servopt.families.base import Family
 from servopt.machine import CpuFeatures, Device, machine_label, richer
@@ -46,6 +46,7 @@ from servopt.optimize.noise import (
     rounds_won,
     surely_ahead_side_by_side,
 )
+from servopt.optimize.scaling import project_latency, project_throughput, why_not
 from servopt.optimize.targets import Target
 from servopt.passes.base import get_pass
 
@@ -63,6 +64,8 @@ class Bound(Contract):
     note: str = ""
     upper: bool = True  # the value must stay under the limit (False: reach it)
     kind: Literal["quality", "size", "speed", "isa"] = "speed"  # quality bounds come from the model's family
+    # an instance-level bound judged on a projection from this machine's cores: ``value`` is its pessimistic end
+    projection: Projection | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -80,19 +83,29 @@ class Figures(Contract):
     source: Literal["interleaved", "sweep"]
     isa_cap: str | None = None  # the runtime was held to this instruction set when these figures were taken
     capped_run: bool = False  # the figures come from a run that capped every runtime it could
+    # the target's instance (``instance_vcpus``), projected from this machine's cores (``optimize.scaling``): its
+    # throughput (the served capacity within the SLO where it was measured, else the offline batch loop's) and the p50
+    # one request gets there. Instance-level bounds are judged on these, never on this machine's figures.
+    instance_throughput: Projection | None = None
+    instance_p50: Projection | None = None
 
 
 class Price(Contract):
     """One variant's cost on one target's instance."""
 
-    per_million_usd: float  # at the measured batch throughput
-    per_million_range_usd: list[float] | None = None  # from the throughput's 95 % interval (low, high)
-    per_million_at_bound_usd: float | None = None  # serving within the target's latency bound
-    throughput_at_bound_ips: float | None = None  # per measured machine
-    instances: int | None = None  # for the stated load, at the latency bound
+    per_million_usd: float  # at the instance's capacity (the projection's central figure)
+    per_million_range_usd: list[float] | None = None  # from the capacity's 95 % interval (low, high)
+    capacity_ips: float | None = None  # the instance's samples/s that was priced
+    basis: Literal["served", "offline"] = "offline"  # served within the target's SLO, or the offline batch loop
+    projected: bool = False  # projected from this machine's cores to the instance's (else measured there)
+    instances: int | None = None  # for the stated load, at the capacity's pessimistic end
     monthly_usd: float | None = None
-    scale: float  # instance capacity / this machine's (instance vCPUs / measured cores)
     note: str
+    # summaries written before projections (servopt.summary/2 of 2026-11): the instance assumed to serve ``scale`` ×
+    # this machine's throughput, and the throughput within the latency bound
+    scale: float | None = None
+    per_million_at_bound_usd: float | None = None
+    throughput_at_bound_ips: float | None = None
 
 
 
@@ -117,6 +130,8 @@ class Decision(Contract):
     tied: list[str] = Field(default_factory=list)  # as fast as the fastest (or as near as the nearest) within noise; the pick among them
     reason: str
     result: Record | None = None  # the recommended (or nearest) variant's record
+    projected: str | None = None  # "projected from 2 cores to 8 vCPUs": the instance-level bounds were judged so
+    capacity: Capacity | None = None  # the pick's served capacity within the target's SLO, on this machine's cores
 
 
 def figures(rec: Record, interleaved: Interleaved | None) -> Figures:
@@ -173,13 +188,44 @@ def isa_note(target: Target, rec: Record, fig: Figures) -> str | None:
     return None
 
 
-def judge(target: Target, rec: Record, ref: Record | None, family: Family, interleaved: Interleaved | None = None) -> Verdict:
-    """The verdict of one variant against one target, bound by bound."""
-    fig = figures(rec, interleaved)
+def instance_figures(target: Target, rec: Record, fig: Figures, scaling: Scaling | None,
+                     capacity: Capacity | None) -> Figures:
+    """``fig`` with the target's instance projected from this machine's cores, where the target names an instance
+    (``instance_vcpus``) whose kind of device computes here: its throughput — the served capacity within the SLO when
+    ``capacity`` measured this variant, else the offline batch loop's — and one request's p50 with the instance's
+    threads."""
+    env = rec.environment
+    if target.instance_vcpus is None or not target.device.measurable_on(env) or target.device.computes_on is not Device.CPU:
+        return fig
+    curve = scaling.curves.get(rec.name) if scaling else None
+    if curve is None or why_not(curve) is not None:
+        return fig
+    served = capacity if capacity is not None and capacity.variant == rec.name and capacity.capacity_rps > 0 else None
+    tp = project_throughput(curve, target.instance_vcpus, served.capacity_rps * served.batch_size if served else None,
+                            served.cores if served else None)
+    if tp is not None and served is not None:
+        tp = tp.model_copy(update={"note": f"served within {served.slo} on {served.cores} core(s) here ({served.capacity_rps:.0f} "
+                                           f"requests/s), scaled by the fitted curve: {tp.note}"})
+    return fig.model_copy(update={"instance_throughput": tp, "instance_p50": project_latency(curve, target.instance_vcpus)})
+
+
+def _projection_words(proj: Projection, unit: str) -> str:
+    what = "served capacity" if proj.basis == "served" else "throughput" if proj.figure == "throughput_ips" else "one request's p50"
+    return (f"{what} on the instance's {proj.to_cores} vCPUs {proj.value:.3g}{unit} (95 %: {proj.low:.3g}–{proj.high:.3g}), "
+            f"{proj.note} ({proj.model}); judged at the pessimistic end")
+
+
+def judge(target: Target, rec: Record, ref: Record | None, family: Family, interleaved: Interleaved | None = None,
+          scaling: Scaling | None = None, capacity: Capacity | None = None) -> Verdict:
+    """The verdict of one variant against one target, bound by bound. A target naming its instance's vCPUs has its
+    speed bounds judged on the projection to that instance (``instance_figures``), at the interval's pessimistic end,
+    and never on this machine's own figures."""
+    fig = instance_figures(target, rec, figures(rec, interleaved), scaling, capacity)
     env = rec.environment
     bounds: list[Bound] = []
 
-    def add(bound: str, limit: float, value: float | None, upper: bool, measurable: bool, note: str, kind: str) -> None:
+    def add(bound: str, limit: float, value: float | None, upper: bool, measurable: bool, note: str, kind: str,
+            projection: Projection | None = None) -> None:
         if not measurable or value is None:
             status: Literal["pass", "fail", "not measured"] = "not measured"
         else:
@@ -187,7 +233,8 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
         miss = None
         if status == "fail" and value is not None:
             miss = value / limit - 1 if upper else 1 - value / limit
-        bounds.append(Bound(bound=bound, limit=limit, value=value, status=status, miss=miss, note=note, upper=upper, kind=kind))
+        bounds.append(Bound(bound=bound, limit=limit, value=value, status=status, miss=miss, note=note, upper=upper, kind=kind,
+                            projection=projection))
 
     for check in family.quality_bounds(target, rec, ref):  # the family knows what its quality is
         add(check.bound, check.limit, check.value, check.upper, check.value is not None, check.note, "quality")
@@ -195,10 +242,21 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
         add("size_mb", target.max_size_mb, rec.size_mb, True, True, "size on disk holds everywhere", "size")
     speed_here = target.device.measurable_on(env)
     speed_note = f"measured on {_where(rec)}, not on {target.hardware}" if speed_here else target.device.why_not_measurable()
-    if target.max_p50_ms is not None:
-        add("p50_ms", target.max_p50_ms, fig.p50_ms, True, speed_here, speed_note, "speed")
-    if target.min_throughput_ips is not None:
-        add("throughput_ips", target.min_throughput_ips, fig.throughput_ips, False, speed_here, speed_note, "speed")
+    instance = target.instance_vcpus is not None and speed_here and target.device.computes_on is Device.CPU
+    for bound, limit, local, proj, upper, unit in (
+            ("p50_ms", target.max_p50_ms, fig.p50_ms, fig.instance_p50, True, " ms"),
+            ("throughput_ips", target.min_throughput_ips, fig.throughput_ips, fig.instance_throughput, False, "/s")):
+        if limit is None:
+            continue
+        if not instance:
+            add(bound, limit, local, upper, speed_here, speed_note, "speed")
+        elif proj is not None:  # the instance's figure: this machine's is never compared with the instance's bound
+            add(bound, limit, proj.pessimistic, upper, True, f"{_projection_words(proj, unit)}; from {_where(rec)}, "
+                f"not from {target.hardware}", "speed", proj)
+        else:
+            curve = scaling.curves.get(rec.name) if scaling else None
+            add(bound, limit, None, upper, False, f"not projected to the instance's {target.instance_vcpus} vCPUs: "
+                f"{why_not(curve)}", "speed")
     if interleaved and rec.name in interleaved.failed:
         cap = interleaved.environment.isa_cap if interleaved.environment else None
         add("runs_on_target_isa", 1, 0, False, True,
@@ -314,14 +372,37 @@ def _why_tied(dim: str, pick: Verdict, lead: Verdict, interleaved: Interleaved |
 
 def shortfall(verdict: Verdict) -> str:
     return ", ".join(
-        f"{b.bound} {b.value:.3g} vs {'≤' if b.upper else '≥'} {b.limit:g} "
+        f"{b.bound} {b.value:.3g}{_on_instance(b)} vs {'≤' if b.upper else '≥'} {b.limit:g} "
         f"({'over' if b.upper else 'short'} by {b.miss:.0%})"
         for b in verdict.bounds if b.status == "fail" and b.value is not None and b.miss is not None)
 
 
+def _on_instance(b: Bound) -> str:
+    """Where a failed bound's figure is the instance's: projected (its pessimistic end), or measured there."""
+    if b.projection is None:
+        return ""
+    what = "served capacity" if b.projection.basis == "served" else ""
+    end = "high" if b.upper else "low"
+    where = "measured" if b.projection.measured else f"projected, the 95 % interval's {end} end; central {b.projection.value:.3g}"
+    return f" ({what + ', ' if what else ''}instance of {b.projection.to_cores} vCPUs, {where})"
+
+
+def projected_words(verdict: Verdict | None) -> str | None:
+    """"projected from 2 cores to 8 vCPUs" where the verdict's instance-level bounds were judged on a projection."""
+    projs = [b.projection for b in (verdict.bounds if verdict else []) if b.projection is not None]
+    if not projs:
+        return None
+    measured = all(p.measured for p in projs)
+    cores = max(max(p.cores_measured) for p in projs)
+    return f"measured at {projs[0].to_cores} cores" if measured else f"projected from {cores} cores to {projs[0].to_cores} vCPUs"
+
+
 def decide(target: Target, records: list[Record], ref: Record | None, family: Family,
-           interleaved: Interleaved | None = None) -> Decision:
-    """Best passing variant under the target's objective, or the nearest miss and by how much."""
+           interleaved: Interleaved | None = None, scaling: Scaling | None = None,
+           capacity: Capacity | None = None) -> Decision:
+    """Best passing variant under the target's objective, or the nearest miss and by how much. ``scaling`` (the
+    candidates measured at 1, 2, … cores) and ``capacity`` (the pick's served capacity) judge a target's
+    instance-level bounds on the projection to its instance (``judge``)."""
     records = for_target(target, records)
     candidates = [r for r in records if eligible(target, r)]
     skipped = [r.name for r in records if r.status == "skipped" and serves(target, r)]
@@ -329,7 +410,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     if target.device is Device.GPU and not candidates:
         return Decision(target=target, status="not measured",
                         reason=f"no GPU variant was measured on a GPU; skipped: {', '.join(skipped) or 'none'}")
-    verdicts = [judge(target, r, ref, family, interleaved) for r in candidates]
+    verdicts = [judge(target, r, ref, family, interleaved, scaling, capacity) for r in candidates]
     # Decide on one source of figures: when the top candidates were re-measured side by side, pick among them
     # (comparing a sweep figure with an interleaved one would compare two different moments of a noisy machine).
     side_by_side = [v for v in verdicts if v.figures.source == "interleaved"]
@@ -353,13 +434,18 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
             reason = (f"{best.variant}: meets every bound here, tied on the {objective} "
                       f"({_why_tied(_objective_dim(target), best, fastest, interleaved)}); "
                       f"the simplest recipe of the {len(equal)} tied ({', '.join(others)})")
+        projected = projected_words(best)
         if pending:
             reason += f"; still to measure on {target.hardware}: {', '.join(pending)}"
+        elif projected:
+            reason += f" ({projected}: figures from {_where(by_name[best.variant])}, not from {target.hardware})"
         elif target.device is Device.CPU:
             reason += f" (figures from {_where(by_name[best.variant])}, not from {target.hardware})"
         reason += "".join(f"; {n}" for n in best.notes)
-        return Decision(target=target, status="pass" if not pending else "pass (pending device)", recommended=best.variant,
-                        verdict=best, verdicts=verdicts, tied=[v.variant for v in equal], reason=reason, result=by_name[best.variant])
+        status = "pass" if not pending else "pass (pending device)" if target.device is not Device.CPU else "pass (not projected)"
+        return Decision(target=target, status=status, recommended=best.variant, verdict=best, verdicts=verdicts,
+                        tied=[v.variant for v in equal], reason=reason, result=by_name[best.variant], projected=projected,
+                        capacity=capacity if capacity is not None and capacity.variant == best.variant else None)
     if not verdicts:
         return Decision(target=target, status="no candidate", reason="no variant ran successfully for this target")
     closest = min(pool, key=lambda v: (v.total_miss, _objective_key(target, v)))
@@ -376,8 +462,10 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
             reason += ", but is slower beyond noise on a speed figure"
     if others or closest is not nearest:
         reason += ")"
+    projected = projected_words(nearest)
     return Decision(target=target, status="fail", nearest=nearest.variant, shortfall=misses, verdict=nearest, verdicts=verdicts,
-                    tied=[v.variant for v in equal], reason=reason, result=by_name[nearest.variant])
+                    tied=[v.variant for v in equal], reason=reason, result=by_name[nearest.variant], projected=projected,
+                    capacity=capacity if capacity is not None and capacity.variant == nearest.variant else None)
 
 
 def pareto_front(records: list[Record], ref: Record | None, family: Family) -> list[str]:

@@ -353,17 +353,17 @@ def cap_changes(names: list[str], records: list[Record], isa: Isa) -> bool:
     return any(n in by_name and get_runtime(by_name[n].runtime).isa_cap_env(isa) is not None for n in names)
 
 
-# A refinement ladder (``Sweep._refine``) gives up once this many rungs were tried and the best of them (or the variant
-# they refine) still loses more than this many times the target's tolerated drop: each rung recovers a fraction of the
-# points (a calibration, a few layers kept in float), so the rungs left cannot plausibly recover the rest, and the
-# accuracy-aware searches at the top of the ladder are the longest builds of a sweep (NNCF's accuracy control ran 25
-# minutes on an ImageNet CNN).
+# A refinement ladder (``Sweep._refine``) skips its searches (passes with ``slow_seconds``: the accuracy-aware ones, the
+# calibration search; minutes each, the longest builds of a sweep: 7 minutes past a 10-minute budget on MPNet) once this
+# many rungs were tried and the best of them (or the variant they refine) still loses more than this many times the
+# tolerated drop: what a search can still recover with INT8 kernels is a calibration's or a few layers' worth, not
+# several tolerances. The cheap rungs (other calibrations, equalization, bias correction: seconds) are all tried.
 REFINE_GIVE_UP_AFTER = 2
 REFINE_GIVE_UP_FACTOR = 3.0
 
 
 def refinement_hopeless(drops: list[float | None], tolerance: float, tried: int) -> str | None:
-    """Why the rest of a refinement ladder is not worth building, or None: ``drops``, the points lost by the variant
+    """Why a search on a refinement ladder is not worth building, or None: ``drops``, the points lost by the variant
     refined and by each rung tried (None: not measured), ``tried`` rungs so far, ``tolerance`` the tightest
     ``max_accuracy_drop`` of its targets."""
     known = [d for d in drops if d is not None]
@@ -373,4 +373,4 @@ def refinement_hopeless(drops: list[float | None], tolerance: float, tried: int)
     if best <= REFINE_GIVE_UP_FACTOR * tolerance:
         return None
     return (f"after {tried} refinements the best still loses {best:.2f} points, more than {REFINE_GIVE_UP_FACTOR:g}× the "
-            f"{tolerance:g} tolerated: the rest of the ladder cannot plausibly recover it (--full builds it)")
+            f"{tolerance:g} tolerated: a search cannot plausibly recover that with INT8 kernels (--full builds it)")

@@ -20,6 +20,7 @@ from markupsafe import Markup
 from servopt.contracts import Interleaved, Record
 from servopt.families.base import Family, family_of
 from servopt.machine import CpuFeatures, richer
+from servopt.optimize.instance_report import instance_charts, instance_section
 from servopt.optimize.rundir import Summary, load_config, load_profile
 from servopt.results import write_text_atomic
 
@@ -181,9 +182,10 @@ def verdict_rows(summary: Summary) -> list[VerdictRow]:
         recommended = d.recommended or (f"none (nearest: {d.nearest})" if d.nearest else "none")
         rows.append(VerdictRow(
             name=target.name, hardware=target.hardware + (f" ({target.isa})" if target.isa else ""), device=target.device,
-            status=d.status, recommended=recommended, reason=d.reason, isa=isa_match(summary, target.isa, target.kind),
-            bounds=[BoundRow(bound=b.bound, limit=b.limit, value=_n(b.value, "{:.3g}"), status=b.status, note=b.note)
-                    for b in (d.verdict.bounds if d.verdict else [])]))
+            status=d.status + (f" ({d.projected})" if d.projected else ""), recommended=recommended, reason=d.reason,
+            isa=isa_match(summary, target.isa, target.kind),
+            bounds=[BoundRow(bound=b.bound + (" (instance)" if b.projection else ""), limit=b.limit, value=_n(b.value, "{:.3g}"),
+                             status=b.status, note=b.note) for b in (d.verdict.bounds if d.verdict else [])]))
     return rows
 
 
@@ -192,8 +194,8 @@ class PriceRow:
     target: str
     variant: str
     pick: bool
-    per_million: str  # at the measured throughput (and its interval)
-    at_bound: str  # serving within the latency bound
+    per_million: str  # at the instance's capacity (and its interval)
+    capacity: str  # what was priced: the instance's samples/s, served or offline, measured or projected
     instances: str
     monthly: str
 
@@ -211,6 +213,14 @@ def _usd(v: float | None) -> str:
     return f"{v:,.0f}" if v >= 100 else f"{v:.2f}" if v >= 1 else f"{v:.3f}" if v >= 0.01 else f"{v:.4f}"
 
 
+def capacity_words(p) -> str:
+    """What a price row priced, in words: the instance's samples/s, served or offline, measured or projected."""
+    if p.capacity_ips is None:  # a summary written before projections
+        return f"{p.throughput_at_bound_ips:,.0f}/s at the latency bound × {p.scale:g} (assumed)" if p.throughput_at_bound_ips and p.scale else "—"
+    how = "projected" if p.projected else "measured"
+    return f"{p.capacity_ips:,.0f}/s {p.basis}, {how}"
+
+
 def price_section(summary: Summary, limit: int = 6) -> PriceSection | None:
     """Per target with a price: the pick (or nearest) first, then the other candidates that pass (up to ``limit``)."""
     rows, notes = [], []
@@ -224,7 +234,7 @@ def price_section(summary: Summary, limit: int = 6) -> PriceSection | None:
             p = v.price
             span = f" ({_usd(p.per_million_range_usd[0])}–{_usd(p.per_million_range_usd[1])})" if p.per_million_range_usd else ""
             rows.append(PriceRow(target=d.target.name, variant=v.variant + ("" if v.passes else " (misses a bound)"), pick=v.variant == pick,
-                                 per_million=_usd(p.per_million_usd) + span, at_bound=_usd(p.per_million_at_bound_usd),
+                                 per_million=_usd(p.per_million_usd) + span, capacity=capacity_words(p),
                                  instances=str(p.instances) if p.instances else "—", monthly=_usd(p.monthly_usd)))
         notes.append(f"{d.target.name}: {ordered[0].price.note}")
     if not rows:
@@ -433,11 +443,22 @@ Run directory `{{ run_dir }}` · {{ created }} · measured on {{ machine }}{% if
 |---|---|---|---|---|
 {% for b in t.bounds %}| {{ b.bound }} | {{ b.limit }} | {{ b.value }} | {{ b.status }} | {{ b.note }} |
 {% endfor %}{% endif %}{% endfor %}
+{% if instance %}
+## On the target's instance (figures from this machine's cores, projected)
+How each candidate's throughput scaled with this machine's cores ({{ instance.layout }}), the law fitted to it, and what it projects for the instance (95 % interval from the rounds):
+
+| variant | measured (cores: median samples/s) | fitted law | the instance's throughput |
+|---|---|---|---|
+{% for r in instance.scaling %}| {{ r.variant }} | {{ r.points }} | {{ r.law }} | {{ r.projection }} |
+{% endfor %}{% for c in instance.capacity %}
+**{{ c.target }}**: {{ c.variant }} served within {{ c.slo }}: **{{ c.capacity }}** with {{ c.config }} (configurations tried: {{ c.tried }}). Steps (Poisson arrivals):
+{% for s in c.steps %}- {{ s }}
+{% endfor %}{% endfor %}{% endif %}
 {% if prices %}
 ## What it costs (USD per million inferences; load: {{ prices.load }})
-| target | variant | per million at measured throughput (95 % interval) | per million within the latency bound | instances for the load | USD a month |
+| target | variant | the instance's capacity priced (served or offline; measured or projected) | per million (95 % interval) | instances for the load | USD a month |
 |---|---|---|---|---|---|
-{% for r in prices.rows %}| {{ r.target }} | {{ "**" if r.pick }}{{ r.variant }}{{ "**" if r.pick }} | {{ r.per_million }} | {{ r.at_bound }} | {{ r.instances }} | {{ r.monthly }} |
+{% for r in prices.rows %}| {{ r.target }} | {{ "**" if r.pick }}{{ r.variant }}{{ "**" if r.pick }} | {{ r.capacity }} | {{ r.per_million }} | {{ r.instances }} | {{ r.monthly }} |
 {% endfor %}
 {% for n in prices.notes %}- {{ n }}
 {% endfor %}{% endif %}{% if problems %}
@@ -542,15 +563,23 @@ td:first-child,th:first-child,td.l{text-align:left}th{background:#f4f4f4}
 {% if interrupted %}<p class="fail"><b>INTERRUPTED.</b> {{ interrupted }}</p>{% endif %}
 <h2>Verdict per target</h2>
 {% for t in verdicts %}<div class="card"><h3>{{ t.name }} <span class="muted">{{ t.hardware }}</span></h3>
-<div class="{{ 'pass' if t.status.startswith('pass') else 'fail' if t.status == 'fail' else 'nm' }}">{{ t.status }}</div>
+<div class="{{ 'pass' if t.status.startswith('pass') else 'fail' if t.status.startswith('fail') else 'nm' }}">{{ t.status }}</div>
 <p><b>{{ t.recommended }}</b><br><span class="muted">{{ t.reason }}</span></p>{% if t.isa %}<p class="muted">ISA: {{ t.isa }}</p>{% endif %}
 {% if t.bounds %}<table><tr><th>bound</th><th>limit</th><th>value</th><th>verdict</th></tr>
 {% for b in t.bounds %}<tr><td>{{ b.bound }}</td><td>{{ b.limit }}</td><td>{{ b.value }}</td>
 <td class="{{ 'pass' if b.status == 'pass' else 'fail' if b.status == 'fail' else 'nm' }}" title="{{ b.note }}">{{ b.status }}</td></tr>{% endfor %}
 </table><p class="muted">{{ t.bounds[-1].note }}</p>{% endif %}</div>{% endfor %}
+{% if instance %}<h2>On the target's instance <span class="muted">figures from this machine's cores, projected</span></h2>
+<p class="muted">Each candidate measured at 1, 2, … cores here ({{ instance.layout }}); the law fitted to the points and its 95 % band (bootstrap over the rounds) carry them to the instance's vCPUs. A projection covers the core count, not another CPU.</p>
+{{ charts.scaling|default('') }}
+<table><tr><th>variant</th><th>measured (cores: median samples/s)</th><th>fitted law</th><th>the instance's throughput</th></tr>
+{% for r in instance.scaling %}<tr><td>{{ r.variant }}</td><td class="l">{{ r.points }}</td><td class="l">{{ r.law }}</td><td class="l">{{ r.projection }}</td></tr>{% endfor %}</table>
+{% if instance.capacity %}<h3>Served capacity within the SLO</h3>{{ charts.capacity|default('') }}
+{% for c in instance.capacity %}<p><b>{{ c.target }}</b>: {{ c.variant }} served within {{ c.slo }}: <b>{{ c.capacity }}</b> with {{ c.config }}.<br><span class="muted">Configurations tried: {{ c.tried }}.</span></p>
+<details><summary>the search's steps</summary><ul class="muted">{% for s in c.steps %}<li>{{ s }}</li>{% endfor %}</ul></details>{% endfor %}{% endif %}{% endif %}
 {% if prices %}<h2>What it costs <span class="muted">USD per million inferences; load {{ prices.load }}</span></h2>
-<table><tr><th>target</th><th>variant</th><th>per million, measured throughput (95 % interval)</th><th>per million within the latency bound</th><th>instances for the load</th><th>USD a month</th></tr>
-{% for r in prices.rows %}<tr><td class="l">{{ r.target }}</td><td class="l">{% if r.pick %}<b>{{ r.variant }}</b>{% else %}{{ r.variant }}{% endif %}</td><td>{{ r.per_million }}</td><td>{{ r.at_bound }}</td><td>{{ r.instances }}</td><td>{{ r.monthly }}</td></tr>{% endfor %}</table>
+<table><tr><th>target</th><th>variant</th><th>the instance's capacity priced</th><th>per million (95 % interval)</th><th>instances for the load</th><th>USD a month</th></tr>
+{% for r in prices.rows %}<tr><td class="l">{{ r.target }}</td><td class="l">{% if r.pick %}<b>{{ r.variant }}</b>{% else %}{{ r.variant }}{% endif %}</td><td>{{ r.capacity }}</td><td>{{ r.per_million }}</td><td>{{ r.instances }}</td><td>{{ r.monthly }}</td></tr>{% endfor %}</table>
 <ul class="muted">{% for n in prices.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
 {% if problems %}<h2>Problems on the way</h2><ul>{% for p in problems %}<li>{{ p }}</li>{% endfor %}</ul>{% endif %}
 {% if interleaved %}<h2>Same-run ratios against ONNX Runtime defaults</h2>
@@ -697,11 +726,12 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
         "prices": price_section(summary), "problems": summary.problems, "race": race_section(summary, records),
         "interrupted": interrupted_banner(summary), "reused": f"reused from an earlier run into this folder (the same "
         f"variant, data, protocol, machine and library versions): {len(summary.reused)} — {', '.join(summary.reused)}"
-        if summary.reused else None,
+        if summary.reused else None, "instance": instance_section(summary),
         "batch": (config.protocol.get("batch_size") if config else None) or next((r.batch_size for r in records if r.batch_size), "?"),
     }
     write_text_atomic(out / "report.md", Environment(autoescape=False).from_string(MD).render(**ctx))
-    svgs = {k: Markup(v) for k, v in charts(records, reference, marks, family, picks, references).items()}  # our own SVG
+    drawn = {**charts(records, reference, marks, family, picks, references), **instance_charts(summary)}
+    svgs = {k: Markup(v) for k, v in drawn.items()}  # our own SVG
     write_text_atomic(out / "report.html", Environment(autoescape=True).from_string(HTML).render(**ctx, charts=svgs))
 
 

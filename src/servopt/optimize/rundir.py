@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import Field
 
-from servopt.contracts import SUMMARY_SCHEMA, Contract, Environment, Interleaved, OpProfile, Record
+from servopt.contracts import SUMMARY_SCHEMA, Contract, Environment, Interleaved, OpProfile, Record, Scaling
 from servopt.errors import UserError
 from servopt.optimize.decide import Decision
 from servopt.optimize.targets import Target, kind_slug
@@ -104,6 +104,12 @@ class RunDir:
     def interleave_label(kind: str | None = None, isa: str | None = None) -> str:
         return "-".join(["interleave", *([kind_slug(kind)] if kind else []), *([str(isa)] if isa else [])])
 
+    def scaling(self, kind: str | None = None) -> Path:
+        return self.root / ("-".join(["scaling", *([kind_slug(kind)] if kind else [])]) + ".json")
+
+    def capacity(self, target: str) -> Path:
+        return self.root / f"capacity-{target}.json"
+
     def profile(self, variant: str, kind: str | None = None) -> Path:
         return self.root / "profiles" / (f"{variant}.json" if kind is None else f"{kind_slug(kind)}/{variant}.json")
 
@@ -139,6 +145,7 @@ class KindSummary(Contract):
     capped: dict[str, Interleaved] = Field(default_factory=dict)
     pareto_front: list[str] = Field(default_factory=list)
     environment: Environment | None = None  # the machine of the kind's original (a node of that kind)
+    scaling: Scaling | None = None  # its targets' candidates at 1, 2, … cores of a node of the kind
 
 
 class Summary(Contract):
@@ -151,6 +158,8 @@ class Summary(Contract):
     pareto_front: list[str]
     interleaved: Interleaved | None = None
     capped: dict[str, Interleaved] = Field(default_factory=dict)  # per target ISA: re-measured with the ISA capped
+    # the candidates of targets naming an instance, at 1, 2, … cores here: what their projections are fitted to
+    scaling: Scaling | None = None
     counts: dict[str, int]
     environment: Environment | None = None
     kinds: list[KindSummary] = Field(default_factory=list)  # a distributed sweep: per kind of node (the fields above: kind None)

@@ -36,7 +36,8 @@ from servopt.bench.jobs import ColdStartJob, DuelJob, InterleaveJob, MeasureJob,
 from servopt.bench.launcher import Interrupted, OutOfTime, launch, stopping
 from servopt.bench.protocol import Protocol
 from servopt.bench.run import measure
-from servopt.contracts import ChainStep, ColdStart, Gate, Interleaved, OpProfile, Record, SideBySide
+from servopt.bench.scaling import ScalingJob
+from servopt.contracts import Capacity, ChainStep, ColdStart, Gate, Interleaved, OpProfile, Record, Scaling, SideBySide
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
@@ -235,6 +236,7 @@ class KindOutcome:
     interleaved: Interleaved | None
     capped: dict[str, Interleaved]
     pareto_front: list[str]
+    scaling: Scaling | None = None
 
 
 @dataclass
@@ -250,6 +252,10 @@ class Sweep:
     targets: list[Target]
     executor: Executor = field(default_factory=LocalExecutor)
     progress: Progress = field(default_factory=Progress)
+    # ``(run_dir, variant, percentile, limit_ms, start_rps, cores, budget_s, quick) -> Capacity``: a priced target's
+    # pick served and its capacity within the SLO searched (``serve.capacity.probe``, which the commands layer passes:
+    # this layer cannot start a server); None: prices come from the offline figures
+    capacity_probe: Callable[..., Capacity] | None = None
     # filled in by run()
     records: dict[tuple[str, str | None], Record] = field(default_factory=dict)
     references: dict[str | None, Record] = field(default_factory=dict)
@@ -629,6 +635,7 @@ class Sweep:
         for count, u in enumerate(units, 1):
             total += racing.expected_seconds(u.variant, learned, average)
             reserve = racing.finish_estimate(self.interleave_rounds, len(here), contenders + count, axes, remeasured)
+            reserve += self.instance_reserve(contenders + count)
             if self.elapsed() + total + reserve > budget:
                 return count - 1
         return len(units)
@@ -678,8 +685,9 @@ class Sweep:
                 measured = [self.records.get((n, kind)) for n in (base, *tried)]
                 drops = [self.family.quality_drop(racing.tuning_view(r), racing.tuning_view(ref))  # a choice: on tuning samples
                          if r is not None and r.status == "ok" else None for r in measured]
-                if self.racing and (hopeless := racing.refinement_hopeless(drops, tolerance, len(tried))):
-                    self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built: {hopeless}"))
+                search = sum(get_pass(name).slow_seconds for name, _ in u.variant.chain)  # a search: minutes, not seconds
+                if search and (hopeless := racing.refinement_hopeless(drops, tolerance, len(tried))):
+                    self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built (a search of about {search:.0f} s): {hopeless}"))
                     continue
                 self._screen([u])
                 tried.append(u.variant.name)
@@ -918,6 +926,110 @@ class Sweep:
                 capped[t.isa] = result
         return capped
 
+    def instance_reserve(self, contenders: int) -> float:
+        """Seconds the instance's answer takes at the end (``racing.instance_seconds``): the scaling of up to three
+        candidates and the baseline per target naming an instance, and a capacity search per priced one with an SLO."""
+        mine = self.instance_targets(self.targets)
+        if not mine:
+            return 0.0
+        from servopt.bench.scaling import machine_cores
+
+        candidates = min(contenders, 3 * len(mine)) + 1
+        priced = sum(t.price_per_hour is not None and t.max_p99_ms is not None for t in mine) if self.capacity_probe else 0
+        return racing.instance_seconds(candidates, machine_cores(), priced)
+
+    def instance_targets(self, targets: list[Target]) -> list[Target]:
+        """The targets naming an instance whose figures this machine (or this kind's nodes) can take: a CPU's."""
+        return [t for t in targets if t.instance_vcpus is not None and t.device is Device.CPU]
+
+    def run_scaling(self, targets: list[Target], records: list[Record], reference: Record | None,
+                    interleaved: Interleaved | None, capped: dict[str, Interleaved], kind: str | None) -> Scaling | None:
+        """The candidates of the targets naming an instance (every variant their decision can pick: those re-measured
+        side by side), at 1, 2, … cores in the layout ``servopt serve`` runs (``bench.scaling``), in one process,
+        alternating rounds; held to a target's poorer instruction set where a runtime can be, as its re-measure was.
+        Cached by the set measured: a resumed run measures nothing again."""
+        mine = self.instance_targets(targets)
+        if not mine:
+            return None
+        by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
+        pool = [n for t in mine for n in ((capped.get(t.isa or "") or interleaved).variants
+                                          if (capped.get(t.isa or "") or interleaved) else
+                                          interleave_candidates([t], records, reference, self.family))]
+        names = _joining(list(dict.fromkeys(pool)), by_name)
+        if not names:
+            return None
+        isa = next((t.isa for t in mine if t.isa and t.isa in capped), None)
+        caps = {n: get_runtime(by_name[n].runtime).isa_cap_env(isa) if isa else None for n in names}
+        quick = self.settings.quick
+        rounds, seconds = (2, 0.1) if quick else (3, racing.SCALING_SECONDS)
+        cache_key = json.dumps([sorted(str(by_name[n].key) for n in names), rounds, seconds, isa])
+        path = self.dir.scaling(kind)
+        if path.exists():
+            stored = Scaling.model_validate_json(path.read_text())
+            if stored.cache_key == cache_key:
+                return stored
+        sessions, env = _one_process(names, by_name, caps)
+        # on a node of the target's kind with as many cores as the instance, its figure is measured, not projected
+        job = ScalingJob(sessions=sessions, data=str(self.dir.eval_data), batch_size=self.interleave_protocol.batch_size,
+                         rounds=rounds, seconds=seconds, isa_cap=isa, env=env, max_cores=max(t.instance_vcpus or 1 for t in mine))
+        self.progress.step(f"measuring how {', '.join(names)} scale with cores{self._for(kind)}")
+        result = self._result_or_problem(job, self.dir.work_root / path.stem, kind, "scaling",
+                                         "the candidates' scaling was not measured: the instance's bounds are not judged")
+        if result is None:
+            return None
+        result = result.model_copy(update={"cache_key": cache_key})
+        write_json_atomic(path, result)
+        return result
+
+    def run_capacity(self, targets: list[Target], decisions: dict[str, Decision], records: list[Record],
+                     kind: str | None) -> dict[str, Capacity]:
+        """Per target with a price and an SLO (``max_p99_ms``) naming an instance: its pick served (``servopt serve``)
+        and the serving configuration with the most capacity within the SLO searched (``capacity_probe``), in the time
+        the budget leaves (``racing.CAPACITY_SECONDS`` at most). Cached by the pick's record and the SLO."""
+        out: dict[str, Capacity] = {}
+        by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
+        for t in self.instance_targets(targets):
+            d = decisions.get(t.name)
+            pick = d.recommended or d.nearest if d else None
+            if t.price_per_hour is None or t.max_p99_ms is None or pick not in by_name or self.capacity_probe is None:
+                continue
+            rec = by_name[pick]
+            if not get_runtime(rec.runtime).servable:
+                self.problems.append(f"{t.name}: {pick} runs on {rec.runtime}, which servopt serve does not run: priced offline")
+                continue
+            quick = self.settings.quick
+            cache_key = json.dumps([rec.key, t.max_p99_ms, quick])
+            path = self.dir.capacity(t.name)
+            if path.exists():
+                stored = json.loads(path.read_text())
+                if stored.get("cache_key") == cache_key:
+                    out[t.name] = Capacity.model_validate(stored["capacity"])
+                    continue
+            seconds = racing.CAPACITY_SECONDS if not quick else 15.0
+            budget = self.settings.budget_seconds
+            if budget is not None:
+                seconds = min(seconds, budget - self.elapsed() - racing.closing_seconds(len(self.targets)))
+                if seconds < racing.CAPACITY_MIN_SECONDS and not quick:
+                    self.problems.append(f"{t.name}: the time budget ({self.settings.budget}) left no time to serve {pick} and "
+                                         "search its capacity within the SLO: priced on the offline figures")
+                    continue
+            # half the offline rate, at most 200/s: a served request costs the HTTP front end and the load generator (on
+            # the same cores) far more than a tiny model's call, and the search doubles from there in a few steps
+            start = min(200.0, max(1.0, 0.5 * (rec.batch_ips or rec.throughput_ips or 20.0)))
+            self.progress.step(f"serving {pick}: its capacity within p99 <= {t.max_p99_ms:g} ms{self._for(kind)}")
+            try:
+                capacity = self.executor.submit(self.capacity_probe, self.out, pick, 99, t.max_p99_ms, start, seconds, quick,
+                                                resources=self.kinds.get(kind), what=f"capacity {pick}").result()
+            except Lost as e:
+                self.problems.append(f"{t.name}: the capacity search of {pick} was lost: {e}")
+                continue
+            if capacity.error:
+                self.problems.append(f"{t.name}: the capacity search of {pick} failed: {capacity.error} — priced on the offline figures")
+                continue
+            write_json_atomic(path, {"cache_key": cache_key, "capacity": capacity.model_dump(mode="json")})
+            out[t.name] = capacity
+        return out
+
     def profile_variants(self, names: list[str], records: list[Record], kind: str | None = None) -> None:
         """Op-level profiles of the recommended variants, each in its own process (a measurement, so not in the report
         step: ``servopt report`` only reads), cached; a failed profile is stored with its reason."""
@@ -956,9 +1068,14 @@ class Sweep:
             interleaved = self.run_alternating(names, records, interleaved, kind)
             interleaved = self.settle_ties(targets, records, reference, interleaved, kind)
         capped = self.run_capped(contenders, reference, kind, targets)
-        decisions = {t.name: pricing.priced(decide(t, records, reference, self.family, capped.get(t.isa or "") or interleaved), records,
-                                            self.settings.load_ips) for t in targets}
-        return KindOutcome(decisions, interleaved, capped, pareto_front(records, reference, self.family))
+        scaling = self.run_scaling(targets, records, reference, interleaved, capped, kind)
+
+        def decided(t: Target, capacity: Capacity | None = None) -> Decision:
+            return decide(t, records, reference, self.family, capped.get(t.isa or "") or interleaved, scaling, capacity)
+
+        capacities = self.run_capacity(targets, {t.name: decided(t) for t in targets}, records, kind)
+        decisions = {t.name: pricing.priced(decided(t, capacities.get(t.name)), records, self.settings.load_ips) for t in targets}
+        return KindOutcome(decisions, interleaved, capped, pareto_front(records, reference, self.family), scaling)
 
     def _decide_now(self, kind: str | None, records: list[Record]) -> KindOutcome:
         """An interrupted run's decisions for one kind of node: on the screening figures, nothing re-measured."""
@@ -1009,7 +1126,7 @@ class Sweep:
         here = outcomes.get(None)  # one machine, or the targets of a distributed sweep that name no resources
         by_kind = [KindSummary(kind=k, ray_resources=self.kinds[k] or {}, targets=[t.name for t in self.targets_of(k)],
                                nodes=sorted({r.environment.node for r in of_kind[k] if r.environment and r.environment.node}),
-                               interleaved=o.interleaved, capped=o.capped, pareto_front=o.pareto_front,
+                               interleaved=o.interleaved, capped=o.capped, pareto_front=o.pareto_front, scaling=o.scaling,
                                environment=self.references[k].environment if k in self.references else None)
                    for k, o in outcomes.items() if k is not None]
         primary = next((k for k in self.kinds if k in self.references), None)
@@ -1019,6 +1136,7 @@ class Sweep:
             reference_ort=self.baseline.name if any(r.name == self.baseline.name for r in records) else None,
             targets=[decisions[t.name] for t in self.targets], pareto_front=here.pareto_front if here else [],
             interleaved=here.interleaved if here else None, capped=here.capped if here else {},
+            scaling=here.scaling if here else None,
             counts={s: sum(r.status == s for r in records) for s in ("ok", "failed", "skipped")},
             environment=environment(libraries=all_libraries()), kinds=by_kind, problems=self.problems,
             not_tried=self.not_tried, racing=self.racing, budget_s=self.settings.budget_seconds, wall_s=round(self.elapsed(), 1),

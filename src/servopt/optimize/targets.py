@@ -25,7 +25,12 @@ class Target(BaseModel):
     hardware: str = Field(description="the machine the budget is for, e.g. 'AMD EPYC 7763'")
     device: Device
     objective: Literal["throughput", "latency"] = "throughput"
-    max_p50_ms: PositiveFloat | None = Field(None, description="median single-sample latency bound")
+    max_p50_ms: PositiveFloat | None = Field(None, description="median single-sample latency bound (the instance's, "
+                                             "for a target naming instance_vcpus: projected there)")
+    max_p99_ms: PositiveFloat | None = Field(
+        None, description="the serving SLO: p99 of served requests (queueing, batching and HTTP included). With a price, "
+                          "servopt optimize searches the pick's serving configuration for the most capacity within it, "
+                          "and prices that capacity (servopt loadtest --slo)")
     min_throughput_ips: PositiveFloat | None = Field(None, description="batch throughput bound, samples/s")
     max_size_mb: PositiveFloat | None = Field(None, description="model size on disk bound")
     max_accuracy_drop: NonNegativeFloat = Field(1.0, description="accuracy points lost against the original, at most")
@@ -39,7 +44,8 @@ class Target(BaseModel):
                           "inferences and the instances a load needs")
     price_source: str | None = Field(None, description="where price_per_hour comes from, and when (shown beside every price)")
     instance_vcpus: PositiveInt | None = Field(
-        None, description="that instance's vCPUs: the throughput measured here is scaled by vCPUs / the cores measured on")
+        None, description="that instance's vCPUs: its speed bounds are judged, and its price taken, on figures projected "
+                          "from the cores measured here to this many (optimize.scaling), never on this machine's own")
     ray_resources: dict[str, PositiveFloat] | None = Field(
         None, description="a distributed sweep (--ray): the Ray resources of the nodes this target's candidates are "
                           "measured on, e.g. {'epyc-7763': 1} or {'GPU': 1}; ignored on one machine")
@@ -72,7 +78,7 @@ GPU_SERVER_PRICE = ("AWS EC2 p4d.24xlarge on-demand, us-east-1: 32.77 USD/h for 
 PRESETS: dict[str, Target] = {
     "cpu-server": Target(name="cpu-server", hardware="AMD EPYC 7763", device="cpu", objective="throughput",
                          max_p50_ms=3.0, min_throughput_ips=1000, isa="avx2", price_per_hour=0.306, instance_vcpus=8,
-                         price_source=CPU_SERVER_PRICE),
+                         max_p99_ms=50.0, price_source=CPU_SERVER_PRICE),
     "gpu-server": Target(name="gpu-server", hardware="NVIDIA A100", device="gpu", objective="throughput",
                          max_p50_ms=1.0, min_throughput_ips=5000, price_per_hour=4.10, price_source=GPU_SERVER_PRICE),
     "edge": Target(name="edge", hardware="ARM Cortex-A76", device="edge", objective="latency",

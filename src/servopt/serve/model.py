@@ -41,6 +41,11 @@ class ServedModel:
     parameters: dict[str, Any] = field(default_factory=dict)  # told to clients in the model's metadata (why this variant)
     solo: Session | None = None  # the variant as measured (every core), for a call that runs alone: see apply_instances
     solo_options: dict[str, Any] | None = None
+    # serving settings the run's capacity search found for the target (``capacity_settings``): defaults under the flags,
+    # for this machine's cores; ``package`` takes them for the target's instance (``instance_vcpus``)
+    found_settings: dict[str, Any] = field(default_factory=dict)
+    found_capacity: Any = None
+    instance_vcpus: int | None = None
     _family: Family | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -189,10 +194,11 @@ def from_run(run_dir: Path, target: str | None, variant: str | None, nearest: bo
     from servopt.optimize.rundir import load_config, load_run
 
     summary, run_records = load_run(run_dir)
-    if summary is None:
+    if summary is None and (target or variant is None):  # a named variant is served from a run under way too (its
+        # capacity search serves each configuration it tries)
         raise UserError(f"{run_dir} has no summary.json", fix="run `servopt optimize … --out DIR` to the end first")
     parameters: dict[str, Any] = {}
-    decision = summary.decision(target) if target else None
+    decision = summary.decision(target) if target and summary else None
     if target and decision is None:
         raise UserError(f"no target {target!r} in {run_dir}", fix=f"one of: {', '.join(d.target.name for d in summary.targets)}")
     # A distributed sweep measured a variant once per kind of node: the target's own kind's record wins (its status).
@@ -223,7 +229,22 @@ def from_run(run_dir: Path, target: str | None, variant: str | None, nearest: bo
     model = ServedModel(Path(config.model).stem, rec.artifact.opened(), rec.runtime, rec.options, config.spec,
                         parameters={"variant": variant, **parameters})
     model.objective = decision.target.objective if decision else None
+    if decision is not None and decision.capacity is not None and decision.capacity.variant == variant:
+        model.found_settings = capacity_settings(decision.capacity, os.cpu_count() or 1)
+        model.found_capacity, model.instance_vcpus = decision.capacity, decision.target.instance_vcpus
     return model
+
+
+def capacity_settings(capacity, cores: int) -> dict[str, Any]:
+    """The serving configuration a run's capacity search found (``optimize``: the most capacity within the target's
+    SLO), for a machine of ``cores``: threads per instance and the batching as found, instances scaled from the cores
+    it was found on (one single-thread instance per core found on two cores → eight on an eight-vCPU instance)."""
+    cfg = capacity.config
+    if cfg is None:
+        return {}
+    found_on = capacity.cores or cores
+    instances = max(1, round(cfg.instances * cores / found_on))
+    return {"instances": instances, "threads": cfg.threads, "max_batch": cfg.max_batch, "max_delay_us": cfg.max_delay_us}
 
 
 class Manifest(Contract):

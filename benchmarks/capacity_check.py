@@ -1,0 +1,68 @@
+"""Check a run's served capacity with an independent open loop (issue 32): serve the target's pick in the configuration
+its capacity search found, offer Poisson arrivals at the capacity it reported and at 1.25× it, each for longer than the
+search's steps, and say whether the first meets the SLO and the second does not.
+
+    python benchmarks/capacity_check.py runs/demo --target cpu-server [--seconds 20] [--over 1.25]
+
+A separate process from the search (a fresh server, a fresh load generator): what the docs quote as the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+from servopt.machine import cpu_features, cpu_model
+from servopt.optimize.rundir import load_run
+from servopt.serve.capacity import parse_slo, payload_for
+from servopt.serve.harness import ServerProcess
+from servopt.serve.loadtest import LoadGenerator
+
+
+async def offer(url: str, rate: float, seconds: float, warmup: float) -> dict:
+    import aiohttp
+
+    payload = await payload_for(url, "m", None)
+    gen = LoadGenerator(url, payload)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        return await gen.open(session, rate, seconds, "poisson", max_in_flight=4096, warmup=warmup, seed=7)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--over", type=float, default=1.25)
+    args = ap.parse_args()
+    summary, _ = load_run(args.run)
+    decision = summary.decision(args.target) if summary else None
+    if decision is None or decision.capacity is None or decision.capacity.config is None:
+        raise SystemExit(f"{args.run} has no capacity search for {args.target}")
+    cap, cfg = decision.capacity, decision.capacity.config
+    slo = parse_slo(cap.slo.replace(" ", "").replace("<=", "="))
+    print(f"# {cpu_model()} ({cpu_features().level}); {cap.variant} within {cap.slo}: reported {cap.capacity_rps:.1f} req/s, "
+          f"{cfg.label}")
+    rows = []
+    for factor in (1.0, args.over):
+        args_ = ["--variant", cap.variant, "--instances", str(cfg.instances), "--threads", str(cfg.threads),
+                 "--max-batch", str(cfg.max_batch), "--max-delay-us", str(cfg.max_delay_us), "--name", "m"]
+        with ServerProcess(args.run, *args_) as server:
+            s = asyncio.run(offer(server.url, cap.capacity_rps * factor, args.seconds, 2.0))
+        value = s["latency_ms"][f"p{slo.percentile}"]
+        errors = sum(s["errors"].values()) + s["dropped_by_client"]
+        meets = errors == 0 and value <= slo.limit_ms
+        rows.append({"factor": factor, "rate_rps": cap.capacity_rps * factor, "ok": s["ok"], "p50_ms": s["latency_ms"]["p50"],
+                     f"p{slo.percentile}_ms": value, "errors": errors, "meets": meets})
+        print(f"{factor:.2f}x = {cap.capacity_rps * factor:8.1f} req/s for {args.seconds:g} s: {s['ok']} answers, p50 "
+              f"{s['latency_ms']['p50']:.1f} ms, p{slo.percentile} {value:.1f} ms, {errors} errors → "
+              f"{'meets' if meets else 'misses'} {cap.slo}")
+    agrees = rows[0]["meets"] and not rows[1]["meets"]
+    print(f"capacity {'agrees' if agrees else 'DISAGREES'} with the independent open loop (meets at 1x, misses at {args.over:g}x)")
+    print(json.dumps({"capacity": cap.capacity_rps, "slo": cap.slo, "rows": rows, "agrees": agrees}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""Capacity within a latency bound: the highest Poisson arrival rate a server answers with its p99 (or p50 …) under
+the bound and no errors — MLPerf's server scenario, and Triton model_analyzer's constraint search over serving
+configurations.
+
+The search (``search``) is a pure function of a ``measure(rate, seconds, confirming)`` callable, so it is tested
+against servers whose knee is known. It follows valid-run rules like LoadGen's, scaled to a 2-core machine: every
+step runs at least ``min_seconds`` and ``min_queries`` (a p99 of 200 queries is the second-worst answer: a coarse
+figure, and the rules say so), a step whose client could not keep up with the rate is not valid and does not count as
+met, and the search ends with a longer confirming run at the rate it found, stepping down until one confirms. It
+brackets the knee by doubling or halving, then bisects (geometrically) until the bracket is within ``precision``.
+
+``measure_capacity`` runs it against a live server with the load generator of ``servopt loadtest``;
+``search_configurations`` starts ``servopt serve`` on a variant of a run directory in each configuration it tries
+(instances × threads × max batch × batch delay), hill-climbing from the default, and keeps the one with the most
+capacity — what ``servopt optimize`` records for each priced target's pick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from servopt.contracts import Capacity, LoadStep, ServeConfig
+from servopt.errors import UserError
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A latency bound on served requests: the ``percentile`` of their latency (client-side: queueing, batching, the
+    model call and HTTP included) at most ``limit_ms``."""
+
+    percentile: int
+    limit_ms: float
+
+    def __str__(self) -> str:
+        return f"p{self.percentile} <= {self.limit_ms:g} ms"
+
+
+def parse_slo(text: str) -> Slo:
+    """``p99=50ms``, ``p99<=50``, ``p95=0.2s`` → Slo. Raises UserError naming the form."""
+    m = re.fullmatch(r"\s*p(50|90|95|99)\s*(?:<=|=|<)\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*", str(text).lower())
+    if not m or float(m.group(2)) <= 0:
+        raise UserError(f"--slo {text!r} is not a latency bound", fix="e.g. --slo p99=50ms (p50, p90, p95 or p99; ms or s)")
+    limit = float(m.group(2)) * (1000.0 if m.group(3) == "s" else 1.0)
+    return Slo(int(m.group(1)), limit)
+
+
+class SearchRules(BaseModel):
+    """How long each step runs and when the search stops."""
+
+    min_seconds: float = 3.0
+    min_queries: int = 300
+    confirm_seconds: float = 6.0
+    confirm_queries: int = 600
+    precision: float = 0.1  # bisect until the bracket's ends are within 10 % of each other
+    max_steps: int = 14
+    min_rps: float = 0.5
+    max_rps: float = 1e5
+    warmup_s: float = 1.0  # before the first step only: the server is warm after it
+
+    def seconds(self, rate: float, confirming: bool) -> float:
+        queries = self.confirm_queries if confirming else self.min_queries
+        return max(self.confirm_seconds if confirming else self.min_seconds, queries / rate)
+
+
+class SearchResult(BaseModel):
+    capacity_rps: float
+    steps: list[LoadStep]
+    confirmed: bool
+    knee_found: bool  # a failing rate was met (else the capacity is a lower bound: the step limit came first)
+
+
+def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, rules: SearchRules | None = None) -> SearchResult:
+    """The highest rate whose step ``meets`` (``measure(rate, seconds, confirming)``), confirmed by a longer run."""
+    rules = rules or SearchRules()
+    steps: list[LoadStep] = []
+
+    def step(rate: float, confirming: bool = False) -> bool:
+        steps.append(measure(rate, rules.seconds(rate, confirming), confirming))
+        return steps[-1].meets
+
+    lo, hi = 0.0, math.inf
+    rate = min(max(start_rps, rules.min_rps), rules.max_rps)
+    while len(steps) < rules.max_steps:  # bracket the knee
+        if step(rate):
+            lo = rate
+            if hi < math.inf or rate >= rules.max_rps:
+                break
+            rate = min(rate * 2, rules.max_rps)
+        else:
+            hi = rate
+            if lo > 0 or rate / 2 < rules.min_rps:
+                break
+            rate /= 2
+    while lo > 0 and hi < math.inf and hi / lo > 1 + rules.precision and len(steps) < rules.max_steps:  # bisect it
+        mid = math.sqrt(lo * hi)
+        if step(mid):
+            lo = mid
+        else:
+            hi = mid
+    confirmed = False
+    for _ in range(3):  # confirm, stepping down until a longer run holds
+        if lo <= 0:
+            break
+        if step(lo, confirming=True):
+            confirmed = True
+            break
+        hi, lo = lo, lo / (1 + rules.precision)
+    return SearchResult(capacity_rps=lo if confirmed else 0.0, steps=steps, confirmed=confirmed, knee_found=hi < math.inf)
+
+
+def load_step(summary: dict, slo: Slo, rate: float, seconds: float, confirming: bool) -> LoadStep:
+    """A ``LoadGenerator.open`` step's summary as a search step: met when valid, error-free and within the SLO."""
+    ok = int(summary["ok"])
+    errors = sum(int(v) for v in summary["errors"].values())
+    dropped = int(summary.get("dropped_by_client", 0))
+    duration = float(summary["duration_s"]) or seconds
+    lat = summary["latency_ms"]
+    p50 = lat.get("p50")
+    p99 = lat.get("p99")
+    value = lat.get(f"p{slo.percentile}")
+    finite = value is not None and not math.isnan(value)
+    valid = dropped == 0 and ok + errors >= 0.8 * rate * seconds  # ran its queries, and the client kept up with the rate
+    meets = valid and errors == 0 and finite and value <= slo.limit_ms
+    clean = (lambda v: None if v is None or math.isnan(v) else float(v))  # noqa: E731
+    return LoadStep(rate_rps=rate, achieved_rps=ok / duration, requests=ok + errors, duration_s=duration, p50_ms=clean(p50),
+                    p99_ms=clean(p99), errors=errors + dropped, meets=meets, valid=valid, confirming=confirming)
+
+
+async def _run_search(url: str, payload, slo: Slo, start_rps: float, rules: SearchRules, api_key: str | None,
+                      on_step: Callable[[LoadStep], None]) -> SearchResult:
+    import aiohttp
+
+    from servopt.serve.loadtest import LoadGenerator
+
+    gen = LoadGenerator(url, payload, api_key)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    steps: list[tuple[float, float, bool]] = []
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=gen.timeout_s)) as session:
+        loop = asyncio.get_running_loop()
+
+        def measure(rate: float, seconds: float, confirming: bool) -> LoadStep:
+            warm = rules.warmup_s if not steps else 0.0
+            steps.append((rate, seconds, confirming))
+            summary = asyncio.run_coroutine_threadsafe(
+                gen.open(session, rate, seconds, "poisson", max_in_flight=4096, warmup=warm, seed=len(steps)), loop).result()
+            st = load_step(summary, slo, rate, seconds, confirming)
+            on_step(st)
+            return st
+
+        # the search itself is synchronous (a pure function of ``measure``): run it in a thread beside the event loop
+        return await loop.run_in_executor(None, search, measure, start_rps, rules)
+
+
+async def payload_for(url: str, model: str, api_key: str | None, text: str | None = None):
+    """One request of one sample for ``model`` on the server at ``url``: Triton binary tensors made from its metadata,
+    or, for a model that takes strings (a text encoder), one sentence as OIP v2 ``BYTES``."""
+    from servopt.serve.loadtest import fetch_metadata, infer_payload, json_payload
+
+    meta = await fetch_metadata(url, model, api_key)
+    if any(t["datatype"] == "BYTES" for t in meta["inputs"]):
+        sentence = text or _sample_sentence()
+        name = next(t["name"] for t in meta["inputs"] if t["datatype"] == "BYTES")
+        return json_payload(f"/v2/models/{model}/infer", {"inputs": [{"name": name, "shape": [1], "datatype": "BYTES",
+                                                                      "data": [sentence]}]})
+    return infer_payload(meta, 1, True)
+
+
+def _sample_sentence() -> str:
+    """A typical short query of servopt's shipped texts (the median length of its first 50)."""
+    from servopt.data.text import DEMO_SENTENCES
+
+    lines = [line.strip() for line in DEMO_SENTENCES.read_text().splitlines() if line.strip()][:50]
+    return sorted(lines, key=len)[len(lines) // 2]
+
+
+def measure_capacity(url: str, model: str, slo: Slo, start_rps: float, rules: SearchRules | None = None,
+                     api_key: str | None = None, on_step: Callable[[LoadStep], None] = lambda s: None) -> SearchResult:
+    """The capacity of the server at ``url`` for ``model`` within ``slo`` (one sample per request)."""
+    rules = rules or SearchRules()
+
+    async def go() -> SearchResult:
+        payload = await payload_for(url, model, api_key)
+        return await _run_search(url, payload, slo, start_rps, rules, api_key, on_step)
+
+    return asyncio.run(go())
+
+
+def default_config(cores: int, max_batch: int = 32, max_delay_us: int = 2000) -> ServeConfig:
+    """What ``servopt serve`` runs for a throughput objective with no flags (``ServedModel.apply_instances``)."""
+    instances = 2 if cores >= 2 else 1
+    return ServeConfig(instances=instances, threads=max(1, cores // instances), max_batch=max_batch, max_delay_us=max_delay_us)
+
+
+def neighbours(cfg: ServeConfig, cores: int) -> list[ServeConfig]:
+    """The configurations one step from ``cfg``: the other layouts of ``cores`` (instances × threads), half and double
+    the batch, a quarter and four times the delay."""
+    out = []
+    for inst in range(1, cores + 1):
+        if cores % inst == 0 and inst != cfg.instances:
+            out.append(cfg.model_copy(update={"instances": inst, "threads": cores // inst}))
+    for mb in (cfg.max_batch // 2, cfg.max_batch * 2):
+        if 1 <= mb <= 128:
+            out.append(cfg.model_copy(update={"max_batch": mb}))
+    for d in (cfg.max_delay_us // 4, cfg.max_delay_us * 4):
+        if 100 <= d <= 20000:
+            out.append(cfg.model_copy(update={"max_delay_us": d}))
+    return out
+
+
+def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: float, cores: int, budget_s: float | None,
+                          rules: SearchRules | None = None, log: Callable[[str], None] = lambda m: None,
+                          first: ServeConfig | None = None) -> Capacity:
+    """The serving configuration of ``variant`` (a run directory's) with the most capacity within ``slo``: the default
+    first, then its neighbours (``neighbours``) one by one, moving to a better one and going on from there (Triton
+    model_analyzer's quick search), until none is better by more than the search's precision or ``budget_s`` is
+    spent. Each configuration is a fresh ``servopt serve`` process; the load generator runs here."""
+    from servopt.serve.harness import ServerProcess
+
+    rules = rules or SearchRules()
+    started = time.monotonic()
+    tried: dict[str, tuple[ServeConfig, SearchResult]] = {}
+
+    def capacity_of(cfg: ServeConfig, start: float) -> SearchResult:
+        key = cfg.model_dump_json()
+        if key not in tried:
+            log(f"capacity of {variant} within {slo}: {cfg.label}")
+            args = ["--variant", variant, "--instances", str(cfg.instances), "--threads", str(cfg.threads),
+                    "--max-batch", str(cfg.max_batch), "--max-delay-us", str(cfg.max_delay_us), "--name", "m"]
+            with ServerProcess(run_dir, *args) as server:
+                tried[key] = (cfg, measure_capacity(server.url, "m", slo, start, rules))
+        return tried[key][1]
+
+    def left() -> float:
+        return math.inf if budget_s is None else budget_s - (time.monotonic() - started)
+
+    best = first or default_config(cores)
+    try:
+        result = capacity_of(best, start_rps)
+        improved = True
+        while improved and left() > 0:
+            improved = False
+            for cand in neighbours(best, cores):
+                if left() <= 0:
+                    break
+                if cand.model_dump_json() in tried:
+                    continue
+                r = capacity_of(cand, max(result.capacity_rps, start_rps))
+                if r.capacity_rps > result.capacity_rps * (1 + rules.precision):
+                    best, result, improved = cand, r, True
+                    break
+    except (RuntimeError, UserError) as e:  # the server did not start, or the load could not reach it
+        done = [(c, r.capacity_rps) for c, r in tried.values()]
+        return Capacity(variant=variant, slo=str(slo), capacity_rps=0.0, tried=done, cores=cores, error=str(e)[:500])
+    from servopt.machine import environment
+
+    return Capacity(variant=variant, slo=str(slo), capacity_rps=result.capacity_rps, config=best, steps=result.steps,
+                    tried=[(c, r.capacity_rps) for c, r in tried.values()], confirmed=result.confirmed, cores=cores,
+                    knee_found=result.knee_found, environment=environment())
+
+
+# Each step of a sweep's search: long enough for a p99 of a few hundred answers, short enough that a configuration's
+# search (about eight steps and a confirming run) takes 15-25 s on 2 cores; ``quick``: a smoke run's.
+SWEEP_RULES = SearchRules(min_seconds=1.5, min_queries=150, confirm_seconds=3.0, confirm_queries=300, max_steps=10)
+QUICK_RULES = SearchRules(min_seconds=0.3, min_queries=20, confirm_seconds=0.5, confirm_queries=30, max_steps=6, warmup_s=0.3)
+
+
+def probe(run_dir: Path, variant: str, percentile: int, limit_ms: float, start_rps: float, budget_s: float | None,
+          quick: bool = False) -> Capacity:
+    """``servopt optimize``'s capacity search for a target's pick (``Sweep.capacity_probe``): plain arguments, so the
+    sweep (a layer below the server) can hand it to any executor."""
+    from servopt.bench.scaling import machine_cores
+
+    return search_configurations(Path(run_dir), variant, Slo(percentile, limit_ms), start_rps, machine_cores(), budget_s,
+                                 QUICK_RULES if quick else SWEEP_RULES)

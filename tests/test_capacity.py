@@ -1,0 +1,110 @@
+"""The capacity search (``servopt loadtest --slo``): against servers whose knee is known, then a real one."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from servopt.contracts import LoadStep, ServeConfig
+from servopt.errors import UserError
+from servopt.serve.capacity import SearchRules, default_config, load_step, neighbours, parse_slo, search
+
+FAST = SearchRules(min_seconds=0.1, min_queries=10, confirm_seconds=0.2, confirm_queries=20, max_steps=20)
+
+
+def knee_at(knee: float, flaky_confirm_above: float | None = None):
+    """A server whose p99 is 5 ms up to ``knee`` requests/s and 500 ms past it; its confirming runs fail above
+    ``flaky_confirm_above`` (a longer run sees what a short one missed)."""
+    calls: list[tuple[float, float, bool]] = []
+
+    def measure(rate: float, seconds: float, confirming: bool) -> LoadStep:
+        calls.append((rate, seconds, confirming))
+        ok = rate <= knee and not (confirming and flaky_confirm_above is not None and rate > flaky_confirm_above)
+        return LoadStep(rate_rps=rate, achieved_rps=rate, requests=int(rate * seconds) + 1, duration_s=seconds,
+                        p50_ms=2.0, p99_ms=5.0 if ok else 500.0, errors=0, meets=ok, valid=True, confirming=confirming)
+
+    return measure, calls
+
+
+@pytest.mark.parametrize("knee,start", [(120.0, 10.0), (120.0, 1000.0), (3.3, 10.0), (640.0, 640.0)])
+def test_the_search_finds_a_known_knee_within_its_precision_and_confirms_it(knee, start):
+    measure, calls = knee_at(knee)
+    result = search(measure, start, FAST)
+    assert result.confirmed and result.knee_found
+    assert knee / (1 + FAST.precision) <= result.capacity_rps <= knee
+    assert calls[-1][2] and calls[-1][0] == result.capacity_rps, "it ends with a confirming run at the rate it reports"
+    assert all(s >= FAST.min_seconds and r * s >= FAST.min_queries - 1e-9 for r, s, c in calls if not c), "every step's minimums"
+    assert all(s >= FAST.confirm_seconds for r, s, c in calls if c)
+
+
+def test_a_confirming_run_that_fails_steps_down_until_one_holds():
+    measure, calls = knee_at(120.0, flaky_confirm_above=100.0)
+    result = search(measure, 10.0, FAST)
+    assert result.confirmed and result.capacity_rps <= 100.0
+    assert sum(c for _, _, c in calls) >= 2
+
+
+def test_nothing_meets_the_bound():
+    measure, _ = knee_at(0.1)
+    result = search(measure, 10.0, FAST)
+    assert result.capacity_rps == 0 and not result.confirmed
+
+
+def test_the_step_limit_reports_a_lower_bound():
+    measure, _ = knee_at(math.inf)
+    result = search(measure, 10.0, SearchRules(**{**FAST.model_dump(), "max_steps": 3}))
+    assert result.confirmed and not result.knee_found and result.capacity_rps == 40.0
+
+
+def test_a_step_the_client_could_not_keep_up_with_does_not_count():
+    slo = parse_slo("p99=50ms")
+    summary = {"ok": 95, "errors": {}, "dropped_by_client": 3, "duration_s": 1.0,
+               "latency_ms": {"p50": 1.0, "p90": 2.0, "p95": 2.0, "p99": 3.0, "mean": 1.0}}
+    step = load_step(summary, slo, 100.0, 1.0, False)
+    assert not step.valid and not step.meets and step.errors == 3
+    errors = load_step({**summary, "dropped_by_client": 0, "errors": {"http 503": 1}}, slo, 100.0, 1.0, False)
+    assert errors.valid and not errors.meets
+    slow = load_step({**summary, "dropped_by_client": 0, "latency_ms": {**summary["latency_ms"], "p99": 51.0}}, slo, 100.0, 1.0, False)
+    assert slow.valid and not slow.meets
+    good = load_step({**summary, "dropped_by_client": 0}, slo, 100.0, 1.0, False)
+    assert good.meets
+
+
+def test_slo_parsing():
+    assert str(parse_slo("p99=50ms")) == "p99 <= 50 ms"
+    assert parse_slo("p95<=0.2s").limit_ms == 200 and parse_slo("P50=3").percentile == 50
+    for bad in ("p98=5ms", "50ms", "p99=-1", "p99=abc"):
+        with pytest.raises(UserError, match=r"e\.g\. --slo p99=50ms"):
+            parse_slo(bad)
+
+
+def test_configurations_one_step_away():
+    cfg = default_config(2)
+    assert cfg == ServeConfig(instances=2, threads=1, max_batch=32, max_delay_us=2000)
+    near = neighbours(cfg, 2)
+    assert ServeConfig(instances=1, threads=2, max_batch=32, max_delay_us=2000) in near
+    assert {c.max_batch for c in near} == {16, 32, 64} and {c.max_delay_us for c in near} == {500, 2000, 8000}
+
+
+@pytest.mark.slow
+def test_loadtest_slo_against_a_real_server(tmp_path):
+    """`servopt serve` on a tiny model, `servopt loadtest --slo` against it: a confirmed capacity, written as JSON."""
+    from typer.testing import CliRunner
+
+    from conftest import tiny_classifier_onnx
+    from servopt.cli import app
+    from servopt.serve.harness import ServerProcess
+
+    model = tiny_classifier_onnx(tmp_path / "tiny.onnx", ["a", "b", "c"])
+    with ServerProcess(model, "--name", "tiny") as server:
+        out = tmp_path / "cap.json"
+        res = CliRunner().invoke(app, ["loadtest", server.url, "--model", "tiny", "--slo", "p99=200ms", "--rate", "20",
+                                       "--duration", "0.5", "--min-queries", "20", "--json", str(out)])
+        assert res.exit_code == 0, res.output
+        data = json.loads(out.read_text())
+        assert data["slo"] == "p99 <= 200 ms" and data["confirmed"] and data["capacity_rps"] >= 20
+        assert data["steps"][-1]["confirming"] and data["steps"][-1]["meets"]
+        bad = CliRunner().invoke(app, ["loadtest", server.url, "--model", "tiny", "--slo", "p42=1ms"])
+        assert bad.exit_code != 0 and "p99=50ms" in bad.output

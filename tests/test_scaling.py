@@ -1,0 +1,190 @@
+"""The projection from this machine's cores to a target's instance, against curves whose law is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from servopt.contracts import ScalingCurve, ScalingPoint
+from servopt.optimize.scaling import Amdahl, Usl, band, fit_amdahl, fit_usl, project_latency, project_throughput, why_not
+
+
+def curve(throughput: dict[int, list[float]], p50: dict[int, list[float]] | None = None) -> ScalingCurve:
+    p50 = p50 or {n: [10.0 / n] * len(v) for n, v in throughput.items()}
+    return ScalingCurve(variant="v", batch_size=32, points=[
+        ScalingPoint(cores=n, instances=n, threads_per_instance=1, throughput_ips=throughput[n], p50_ms=p50[n]) for n in throughput])
+
+
+def test_usl_recovers_a_known_law_from_four_points():
+    law = Usl(100.0, 0.05, 0.002)
+    fit = fit_usl([1, 2, 3, 4], [law(n) for n in (1, 2, 3, 4)])
+    assert fit.sigma == pytest.approx(0.05, abs=1e-9) and fit.kappa == pytest.approx(0.002, abs=1e-9)
+    assert fit(8) == pytest.approx(law(8))
+
+
+def test_two_points_fit_amdahl_throughput_and_say_so():
+    law = Usl(100.0, 0.1, 0.0)
+    fit = fit_usl([1, 2], [law(1), law(2)])
+    assert fit.kappa == 0 and fit.sigma == pytest.approx(0.1)
+    assert fit(8) == pytest.approx(100 * 8 / (1 + 0.1 * 7))
+    assert "two points" in fit.describe(2)
+
+
+def test_superlinear_points_are_held_to_linear():
+    fit = fit_usl([1, 2], [100.0, 230.0])  # 2.3x on two cores: a cache effect, not a law to extrapolate
+    assert fit.sigma == 0 and fit(8) == pytest.approx(800.0)
+
+
+def test_amdahl_latency_recovers_the_parallel_share():
+    law = Amdahl(10.0, 0.8)
+    fit = fit_amdahl([1, 2, 4], [law(1), law(2), law(4)])
+    assert fit.p == pytest.approx(0.8)
+    assert fit(8) == pytest.approx(10 * (0.2 + 0.8 / 8))
+
+
+def test_projection_of_a_noiseless_curve_is_exact_and_its_interval_collapses():
+    law = Usl(100.0, 0.1, 0.0)
+    c = curve({1: [law(1)] * 3, 2: [law(2)] * 3}, {1: [10.0] * 3, 2: [6.0] * 3})
+    tp = project_throughput(c, 8)
+    assert tp is not None and tp.value == pytest.approx(law(8)) and tp.low == pytest.approx(tp.high)
+    assert not tp.measured and tp.cores_measured == [1, 2] and "projected from 2 core counts" in tp.note
+    lat = project_latency(c, 8)  # T2/T1 = 0.6 → p = 0.8 → T(8) = 10 (0.2 + 0.1)
+    assert lat is not None and lat.value == pytest.approx(3.0) and lat.pessimistic == pytest.approx(lat.high)
+
+
+def test_noise_in_the_rounds_widens_the_interval_around_the_central_projection():
+    c = curve({1: [95.0, 100.0, 105.0, 99.0, 101.0], 2: [170.0, 190.0, 180.0, 185.0, 175.0]})
+    tp = project_throughput(c, 8)
+    assert tp is not None and tp.low < tp.value < tp.high
+    assert tp.pessimistic == tp.low  # a throughput bound is met at the interval's low end
+    quiet = project_throughput(curve({1: [100.0] * 5, 2: [180.0] * 5}), 8)
+    assert quiet is not None and (tp.high - tp.low) > (quiet.high - quiet.low)
+
+
+def test_a_measured_core_count_is_not_projected():
+    tp = project_throughput(curve({1: [100.0, 101.0], 2: [190.0, 192.0]}), 2)
+    assert tp is not None and tp.measured and tp.value == pytest.approx(191.0) and "measured at 2 cores" in tp.note
+
+
+def test_served_capacity_scales_with_the_fitted_ratio():
+    c = curve({1: [100.0] * 3, 2: [200.0] * 3})  # linear
+    tp = project_throughput(c, 8, served_rps=150.0, served_cores=2)
+    assert tp is not None and tp.basis == "served" and tp.value == pytest.approx(600.0) and not tp.measured
+
+
+def test_one_core_is_not_projected():
+    c = curve({1: [100.0, 101.0]})
+    assert project_throughput(c, 8) is None and project_latency(c, 8) is None
+    assert "fewer than two points" in (why_not(c) or "")
+    assert "not measured" in (why_not(None) or "")
+
+
+def test_band_brackets_the_fit():
+    cores, fit, lo, hi = band(curve({1: [95.0, 100.0, 105.0], 2: [170.0, 190.0, 180.0]}), 8)
+    assert cores == list(range(1, 9)) and all(a <= f <= b for a, f, b in zip(lo, fit, hi, strict=True))
+
+
+def test_the_scaling_job_measures_every_core_count_in_rounds(tmp_path):
+    """Real sessions opened as the server opens them, on a tiny ONNX classifier: one point per core, every round's
+    figure kept (a projection's interval is drawn from them), a variant that cannot open recorded with why."""
+    import numpy as np
+
+    from conftest import tiny_classifier_onnx
+    from servopt.bench.jobs import OpenSpec
+    from servopt.bench.scaling import ScalingJob, machine_cores
+    from servopt.contracts import Artifact
+    from servopt.data.dataset import Dataset
+
+    model = tiny_classifier_onnx(tmp_path / "m.onnx", ["a", "b", "c"])
+    Dataset({"input": np.random.default_rng(0).standard_normal((40, 3, 32, 32)).astype(np.float32)}, None, None, "t").save(
+        tmp_path / "d.npz")
+    good = OpenSpec(name="ort", artifact=Artifact(format="onnx", path=str(model)), runtime="onnxruntime")
+    bad = OpenSpec(name="broken", artifact=Artifact(format="onnx", path=str(tmp_path / "missing.onnx")), runtime="onnxruntime")
+    result = ScalingJob(sessions=[good, bad], data=str(tmp_path / "d.npz"), batch_size=8, rounds=2, seconds=0.05).run(0.0)
+    curve = result.curves["ort"]
+    assert [p.cores for p in curve.points] == list(range(1, machine_cores() + 1))
+    assert all(len(p.throughput_ips) == 2 and len(p.p50_ms) == 2 and min(p.throughput_ips) > 0 for p in curve.points)
+    assert result.curves["broken"].error and not result.curves["broken"].points
+
+
+# ---------------------------------------------------------------------------------------------- the verdict and the price
+def _decision_inputs(tp_rounds: dict[int, list[float]], p50_rounds: dict[int, list[float]]):
+    from servopt.contracts import Scaling
+    from test_racing import HERE, IMAGES, rec
+
+    ref = rec("ort-fp32", 6.0, 200)
+    pick = rec("int8", 2.0, 420)  # this machine: 420/s on 2 cores, far under the instance's bound of 1000
+    scaling = Scaling(curves={"int8": curve(tp_rounds, p50_rounds).model_copy(update={"variant": "int8"}),
+                              "ort-fp32": curve({1: [100.0] * 3, 2: [200.0] * 3}).model_copy(update={"variant": "ort-fp32"})},
+                      rounds=3, environment=HERE)
+    return ref, pick, scaling, IMAGES
+
+
+def _target(**kw):
+    from servopt.optimize.targets import Target
+
+    return Target(name="srv", hardware="8-vCPU server", device="cpu", objective="throughput", min_throughput_ips=1000,
+                  max_p50_ms=3.0, instance_vcpus=8, price_per_hour=0.5, **kw)
+
+
+def test_a_bound_only_the_projection_meets_passes_and_says_projected():
+    from servopt.optimize import pricing
+    from servopt.optimize.decide import decide
+
+    ref, pick, scaling, family = _decision_inputs({1: [215.0, 210.0, 212.0], 2: [420.0, 418.0, 421.0]},
+                                                  {1: [4.0] * 3, 2: [2.2] * 3})
+    target = _target()
+    without = decide(target, [ref, pick], ref, family)  # no projection: this machine's figures judge nothing of the instance
+    assert all(b.status == "not measured" for b in without.verdict.bounds if b.kind == "speed")
+    assert "not projected to the instance's 8 vCPUs" in without.verdict.bounds[-1].note
+    d = decide(target, [ref, pick], ref, family, scaling=scaling)
+    assert d.status == "pass" and d.recommended == "int8" and d.projected == "projected from 2 cores to 8 vCPUs"
+    tp = next(b for b in d.verdict.bounds if b.bound == "throughput_ips")
+    assert tp.projection is not None and tp.value == tp.projection.low and tp.value >= 1000
+    priced = pricing.priced(d, [ref, pick], load_ips=5000)
+    price = priced.verdict.price
+    assert price.capacity_ips == tp.projection.value and price.projected and price.basis == "offline"
+    assert price.instances == __import__("math").ceil(5000 / tp.projection.low), "provisioned at the pessimistic end"
+
+
+def test_a_bound_met_only_by_the_central_projection_fails():
+    from servopt.optimize.decide import decide
+
+    # noisy rounds: the central projection is over 1000/s on 8 vCPUs, the interval's low end under it
+    ref, pick, scaling, family = _decision_inputs({1: [140.0, 215.0, 270.0, 210.0, 212.0], 2: [300.0, 420.0, 520.0, 418.0, 421.0]},
+                                                  {1: [4.0] * 3, 2: [2.2] * 3})
+    d = decide(_target(), [ref, pick], ref, family, scaling=scaling)
+    tp = next(b for b in d.verdict.bounds if b.bound == "throughput_ips")
+    assert tp.projection.value >= 1000 > tp.projection.low
+    assert tp.status == "fail" and d.status == "fail" and "projected" in d.shortfall
+
+
+def test_the_verdict_and_the_price_quote_the_same_served_capacity():
+    from servopt.contracts import Capacity, ServeConfig
+    from servopt.optimize import pricing
+    from servopt.optimize.decide import decide
+
+    ref, pick, scaling, family = _decision_inputs({1: [215.0] * 3, 2: [420.0] * 3}, {1: [4.0] * 3, 2: [2.2] * 3})
+    capacity = Capacity(variant="int8", slo="p99 <= 50 ms", capacity_rps=250.0, cores=2, confirmed=True,
+                        config=ServeConfig(instances=2, threads=1, max_batch=32, max_delay_us=2000))
+    d = pricing.priced(decide(_target(), [ref, pick], ref, family, scaling=scaling, capacity=capacity), [ref, pick], None)
+    tp = next(b for b in d.verdict.bounds if b.bound == "throughput_ips")
+    # served 250/s on 2 cores, scaled by the fitted curve's X(8)/X(2): about 880/s, short of 1000
+    assert tp.projection.basis == "served" and d.verdict.price.capacity_ips == tp.projection.value
+    assert tp.status == "fail" and d.capacity == capacity and "served capacity" in d.shortfall
+
+
+def test_serve_target_uses_the_configuration_found_scaled_to_the_machine():
+    from servopt.contracts import Capacity, ServeConfig
+    from servopt.serve.model import capacity_settings
+
+    cap = Capacity(variant="v", slo="p99 <= 50 ms", capacity_rps=100.0, cores=2,
+                   config=ServeConfig(instances=2, threads=1, max_batch=16, max_delay_us=500))
+    assert capacity_settings(cap, 8) == {"instances": 8, "threads": 1, "max_batch": 16, "max_delay_us": 500}
+    assert capacity_settings(cap, 2)["instances"] == 2 and capacity_settings(cap, 1)["instances"] == 1
+
+
+def test_core_counts_stay_few_on_a_large_node():
+    from servopt.bench.scaling import core_counts
+
+    assert core_counts(1) == [1] and core_counts(2) == [1, 2] and core_counts(8) == [1, 2, 3, 4, 8]
+    assert core_counts(64) == [1, 2, 3, 4, 8, 16, 32, 64] and core_counts(6) == [1, 2, 3, 4, 6]
