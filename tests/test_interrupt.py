@@ -130,8 +130,8 @@ def test_a_refinement_ladder_gives_up_when_the_rest_cannot_recover_the_points():
 
     assert refinement_hopeless([9.0, 8.0], 1.0, tried=1) is None, "not before two rungs"
     assert refinement_hopeless([9.0, 8.0, 4.0], 1.0, tried=2) == (
-        "after 2 refinements the best still loses 4.00 points, more than 3× the 1 tolerated: the rest of the ladder cannot "
-        "plausibly recover it (--full builds it)")
+        "after 2 refinements the best still loses 4.00 points, more than 3× the 1 tolerated: a search cannot plausibly "
+        "recover that with INT8 kernels (--full builds it)")
     assert refinement_hopeless([9.0, 8.0, 2.5], 1.0, tried=2) is None, "within reach: go on"
     assert refinement_hopeless([None, None, None], 1.0, tried=2) is None
 
@@ -306,3 +306,47 @@ def test_a_ray_executor_stopped_cancels_its_tasks_and_submits_nothing_more():
                 executor.submit(os.getpid, what="after the stop")
     finally:
         ray.shutdown()
+
+
+def test_a_hopeless_refinement_ladder_tries_its_cheap_rungs_and_skips_its_searches(monkeypatch):
+    """Plain INT8 loses 10 points, and two cheap rungs still 5 (5× the 1 tolerated): the calibration search and the
+    accuracy-aware search (minutes each) are listed as not built, with why; every cheap rung is still tried."""
+    from servopt.contracts import Accuracy, ClassificationQuality, Latency, Record, Throughput
+    from servopt.families import FAMILIES
+    from servopt.optimize.sweep import Sweep, Unit
+    from servopt.optimize.targets import Target
+    from servopt.optimize.variants import Variant
+    from servopt.settings import OptimizeSettings
+
+    def rec(name: str, top1: float, p50: float) -> Record:
+        return Record(name=name, runtime="onnxruntime", status="ok", size_mb=1.0, latency_ms=Latency(p50=p50),
+                      throughput_ips=Throughput(batch=1000 / p50),
+                      quality=ClassificationQuality(accuracy=Accuracy(top1=top1, correct=int(top1 * 1000), total=1000, top5=1)))
+
+    base = "ort-int8-static-qop-u8s8"
+    static = ("ort-quantize-static", {})
+    ladder = [Variant("ort-int8-entropy", "int8", "onnxruntime", [static], refines=base),
+              Variant("ort-int8-percentile", "int8", "onnxruntime", [static], refines=base),
+              Variant("ort-int8-nncf", "int8", "onnxruntime", [static], refines=base),
+              Variant("ort-int8-calibration-search", "int8", "onnxruntime", [("ort-quantize-calibration-search", {})], refines=base),
+              Variant("ort-int8-accuracy-aware", "int8", "onnxruntime", [("ort-quantize-accuracy-aware", {})], refines=base,
+                      same_kernels=False)]
+    sweep = object.__new__(Sweep)  # the ladder's logic alone: no model, no process
+    sweep.settings, sweep.family, sweep.distributed, sweep.not_tried = OptimizeSettings(), FAMILIES.get("image-classification"), False, []
+    sweep.targets = [Target(name="t", hardware="h", device="cpu", max_accuracy_drop=1.0)]
+    ref = rec("ort-fp32", 0.90, 2.0)
+    sweep.references = {None: ref}
+    sweep.records = {("ort-fp32", None): ref, (base, None): rec(base, 0.80, 1.0)}
+    screened: list[str] = []
+
+    def screen(units: list[Unit]) -> None:
+        for u in units:
+            screened.append(u.variant.name)
+            sweep.records[(u.variant.name, None)] = rec(u.variant.name, 0.85, 1.0)
+
+    monkeypatch.setattr(sweep, "_screen", screen, raising=False)
+    sweep._refine([Unit(v, None, v.name) for v in ladder])
+    assert screened == ["ort-int8-entropy", "ort-int8-percentile", "ort-int8-nncf"]
+    skipped = {v.name: v.why for v in sweep.not_tried}
+    assert set(skipped) == {"ort-int8-calibration-search", "ort-int8-accuracy-aware"}, skipped
+    assert all("a search of about" in w and "more than 3× the 1 tolerated" in w for w in skipped.values()), skipped
