@@ -435,9 +435,10 @@ class SideBySide(Contract):
 
 
 class Duel(Contract):
-    """Two variants on one speed figure, taking turns block by block in one process (``bench.duel``): a block is a few
-    tens of milliseconds of calls, so the machine's drift between the two is milliseconds, not the seconds between two
-    rounds of the interleaved re-measure."""
+    """Two variants on one speed figure, taking turns block by block in one process (``bench.duel``), each opened as
+    served (no spinning threads), a block's first calls after a switch not counted: a block is a tenth of a second or so
+    of counted calls, so the machine's drift between the two is that, not the seconds between two rounds of the
+    interleaved re-measure."""
 
     a: str
     b: str
