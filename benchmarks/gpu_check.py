@@ -56,6 +56,7 @@ class Facts:
     providers: list[str]
     tensorrt: bool  # TensorRT's library (libnvinfer, or the tensorrt wheels) is there
     dry_run: bool = False
+    cpu: str = ""  # the host's CPU, beside every figure (a GPU's batch-1 latency depends on it too)
 
 
 def probe(dry_run: bool = False) -> Facts:
@@ -64,13 +65,14 @@ def probe(dry_run: bool = False) -> Facts:
 
     import onnxruntime
 
-    from servopt.machine import gpu_name
+    from servopt.machine import cpu_model, gpu_name
     from servopt.runtimes import get_runtime
 
     gpu = gpu_name()
     torch_ok, why = get_runtime("torch-cuda").available() if gpu else (False, "no NVIDIA GPU")
     tensorrt = ctypes.util.find_library("nvinfer") is not None or any(find_spec(m) for m in ("tensorrt_libs", "tensorrt"))
-    return Facts(gpu, "" if torch_ok else why, onnxruntime.__version__, onnxruntime.get_available_providers(), tensorrt, dry_run)
+    return Facts(gpu, "" if torch_ok else why, onnxruntime.__version__, onnxruntime.get_available_providers(), tensorrt, dry_run,
+                 cpu_model())
 
 
 def skip_reason(v: GpuVariant, facts: Facts) -> str | None:
@@ -163,7 +165,7 @@ def write_report(out: Path, facts: Facts, rows: list[dict]) -> Path:
     """gpu-check.json (the machine's facts and every row) and gpu-check.md (a table the docs can take)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu-check.json").write_text(json.dumps({"facts": asdict(facts), "rows": rows}, indent=1))
-    lines = [f"GPU: {facts.gpu or 'none'}; onnxruntime {facts.ort} ({', '.join(facts.providers)}); "
+    lines = [f"GPU: {facts.gpu or 'none'}; CPU: {facts.cpu}; onnxruntime {facts.ort} ({', '.join(facts.providers)}); "
              f"TensorRT library: {'yes' if facts.tensorrt else 'no'}", "",
              "| demo | variant | status | provider ran | precision ran | p50 batch-1 (ms) | batch/s (samples) | why not |",
              "|---|---|---|---|---|---|---|---|"]

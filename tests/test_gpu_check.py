@@ -15,7 +15,8 @@ import gpu_check
 from gpu_check import CUDA, TRT, VARIANTS, Facts, GpuVariant, skip_reason
 from servopt.runtimes import get_runtime
 
-GPU = Facts(gpu="NVIDIA H100 80GB HBM3", torch_cuda="", ort="1.24.1", providers=[TRT, CUDA, "CPUExecutionProvider"], tensorrt=True)
+GPU = Facts(gpu="NVIDIA H100 80GB HBM3", torch_cuda="", ort="1.24.1", providers=[TRT, CUDA, "CPUExecutionProvider"], tensorrt=True,
+            cpu="AMD EPYC 9654 96-Core Processor")
 
 
 def test_the_variants_are_servopts_own():
@@ -51,7 +52,7 @@ def test_the_report_says_what_ran_and_why_not(tmp_path):
              "p50_ms": 0.41234, "batch_per_s": 10234.7, "batch": 32},
             {"demo": "text", "variant": "ort-tensorrt-int8", "status": "skipped", "error": "no TensorRT: a | b"}]
     md = gpu_check.write_report(tmp_path, GPU, rows).read_text()
-    assert "GPU: NVIDIA H100 80GB HBM3" in md and "TensorRT library: yes" in md
+    assert "GPU: NVIDIA H100 80GB HBM3; CPU: AMD EPYC 9654 96-Core Processor;" in md and "TensorRT library: yes" in md
     assert f"| image | ort-cuda-fp16 | ok | {CUDA} | fp16 | 0.412 | 10235 |  |" in md
     assert "| text | ort-tensorrt-int8 | skipped |  |  |  |  | no TensorRT: a / b |" in md, "a | in a reason cannot break the table"
     saved = json.loads((tmp_path / "gpu-check.json").read_text())
