@@ -350,3 +350,18 @@ def test_a_hopeless_refinement_ladder_tries_its_cheap_rungs_and_skips_its_search
     skipped = {v.name: v.why for v in sweep.not_tried}
     assert set(skipped) == {"ort-int8-calibration-search", "ort-int8-accuracy-aware"}, skipped
     assert all("a search of about" in w and "more than 3× the 1 tolerated" in w for w in skipped.values()), skipped
+
+
+@pytest.mark.slow
+def test_a_server_the_sweep_started_is_stopped_with_its_jobs(small):
+    """The capacity search serves a pick in a `servopt serve` process (serve.harness.ServerProcess), not a job: it is
+    tracked, so a stop kills it at once instead of letting the search go on against it."""
+    from servopt.serve.harness import ServerProcess
+
+    server = ServerProcess(small["path"], "--name", "m")
+    try:
+        assert launcher.stop_all() >= 1
+        assert _gone(server.proc.pid), "the server went with the stop"
+    finally:
+        launcher.reset_stop()
+        server.stop()

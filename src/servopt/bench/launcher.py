@@ -58,15 +58,30 @@ def stopping() -> bool:
 
 
 def stop_all() -> int:
-    """Stop every job process running now with its whole process group, and refuse new ones (``Interrupted``). Safe in a
-    signal handler. Returns how many jobs it stopped."""
+    """Stop every job process running now with its whole process group (and every ``track``-ed process), and refuse new
+    ones (``Interrupted``). Safe in a signal handler. Returns how many processes it stopped."""
     _stopping.set()
     with _lock:
         procs = list(_running)
     for proc in procs:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+            if os.getpgid(proc.pid) == proc.pid:  # a job: the leader of its own group
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
     return len(procs)
+
+
+def track(proc: subprocess.Popen) -> None:
+    """A process the sweep starts outside ``launch`` (a server its capacity search serves a pick with): ``stop_all``
+    stops it too. ``untrack`` it once it has ended."""
+    with _lock:
+        _running.add(proc)
+
+
+def untrack(proc: subprocess.Popen) -> None:
+    with _lock:
+        _running.discard(proc)
 
 
 def reset_stop() -> None:

@@ -27,7 +27,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -352,7 +352,7 @@ class Sweep:
         try:
             self._stages()
             return self._finish()
-        except (Interrupted, CancelledError):
+        except (Interrupted, Exception):  # once stopping, a failure is the stop's doing (a killed server's search)
             if not stopping():
                 raise
         if not self.references:
@@ -1020,6 +1020,8 @@ class Sweep:
             try:
                 capacity = self.executor.submit(self.capacity_probe, self.out, pick, 99, t.max_p99_ms, start, seconds, quick,
                                                 resources=self.kinds.get(kind), what=f"capacity {pick}").result()
+                if stopping():  # its servers were stopped mid-search: not a capacity to keep
+                    raise Interrupted(f"the capacity search of {pick} was stopped")
             except Lost as e:
                 self.problems.append(f"{t.name}: the capacity search of {pick} was lost: {e}")
                 continue

@@ -49,6 +49,9 @@ class ServerProcess:
         self.log = tempfile.NamedTemporaryFile(prefix="servopt-serve-", suffix=".log", delete=False)  # noqa: SIM115 - closed in stop
         self.command = cmd
         self.proc = subprocess.Popen(cmd, env=environ, stdout=self.log, stderr=subprocess.STDOUT)
+        from servopt.bench.launcher import track
+
+        track(self.proc)  # a sweep stopped by SIGINT/SIGTERM (launcher.stop_all) stops it too
         self._wait_ready(start_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
@@ -102,6 +105,9 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+        from servopt.bench.launcher import untrack
+
+        untrack(self.proc)
         self.log.close()
         return self.proc.returncode
 
