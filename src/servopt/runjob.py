@@ -39,6 +39,7 @@ def main(job_path: str, out_path: str) -> None:
     from servopt.bench.jobs import JOB_KINDS
     from servopt.errors import UserError
     from servopt.passes import build_job  # noqa: F401  (registers the build job)
+    from servopt.peers import jobs  # noqa: F401  (registers a peer's build job)
     from servopt.results import write_json_atomic
 
     raw = json.loads(Path(job_path).read_text())

@@ -20,6 +20,7 @@ from markupsafe import Markup
 from servopt.contracts import Interleaved, Record
 from servopt.families.base import Family, family_of
 from servopt.machine import CpuFeatures, richer
+from servopt.optimize.compare_report import with_html, with_markdown
 from servopt.optimize.instance_report import instance_charts, instance_section
 from servopt.optimize.rundir import Summary, load_config, load_profile
 from servopt.results import write_text_atomic
@@ -729,10 +730,10 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
         if summary.reused else None, "instance": instance_section(summary),
         "batch": (config.protocol.get("batch_size") if config else None) or next((r.batch_size for r in records if r.batch_size), "?"),
     }
-    write_text_atomic(out / "report.md", Environment(autoescape=False).from_string(MD).render(**ctx))
+    write_text_atomic(out / "report.md", with_markdown(Environment(autoescape=False).from_string(MD).render(**ctx), out))
     drawn = {**charts(records, reference, marks, family, picks, references), **instance_charts(summary)}
     svgs = {k: Markup(v) for k, v in drawn.items()}  # our own SVG
-    write_text_atomic(out / "report.html", Environment(autoescape=True).from_string(HTML).render(**ctx, charts=svgs))
+    write_text_atomic(out / "report.html", with_html(Environment(autoescape=True).from_string(HTML).render(**ctx, charts=svgs), out))
 
 
 def _default_family() -> Family:

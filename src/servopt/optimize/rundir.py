@@ -113,6 +113,11 @@ class RunDir:
     def profile(self, variant: str, kind: str | None = None) -> Path:
         return self.root / "profiles" / (f"{variant}.json" if kind is None else f"{kind_slug(kind)}/{variant}.json")
 
+    @property
+    def compare(self) -> Path:
+        """``servopt compare``'s result (``Comparison``); its builds and processes go under ``work/compare/``."""
+        return self.root / "compare.json"
+
 
 class LeftOut(Contract):
     name: str

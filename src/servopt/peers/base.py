@@ -1,0 +1,110 @@
+"""A peer: one tool a user would reach for instead of servopt (NNCF, sentence-transformers, Intel Neural Compressor …).
+
+A peer is one file in ``peers/builtin/`` (or a plugin module) with a ``Peer`` subclass decorated by ``@register_peer``:
+
+- ``families``: the model families it applies to; ``requirements`` (pinned) and ``environment()``, an ``EnvSpec`` when
+  it cannot share servopt's environment (``envs.ensure_env`` makes it once; its build job runs there);
+- ``available(inputs)``: whether it can run here, and why not — a peer that cannot is listed with the reason, never
+  faked; cheap (no environment is made for it);
+- ``build(inputs)``: its answer for the run's model from the run's data, run in a fresh process (``jobs.PeerBuildJob``)
+  in its environment, returning a ``PeerAnswer``: an artifact that servopt's own runtimes open, so its measurement
+  is the same protocol in the same kind of process as the pick's, and what it ran (tool, version, call).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from servopt.contracts import Artifact, Contract
+from servopt.envs import EnvSpec
+from servopt.registry import Registry
+from servopt.spec import ModelSpec
+
+# servopt's ONNX Runtime options for a session as ONNX Runtime ships it: every fusion on (servopt's own sessions leave
+# out the ones its CPU provider runs slower, ``runtimes.onnxruntime_runtime.CPU_SLOW_FUSIONS``), its own thread count.
+ORT_AS_SHIPPED: dict[str, Any] = {"cpu_slow_fusions": True}
+
+
+class PeerUnavailable(Exception):
+    """Raised by a build that finds it cannot run here (a library missing, a hub it would need): listed, not failed."""
+
+
+class PeerInputs(Contract):
+    """What a peer builds from (crosses into its build process): the run's model, as its original and its fp32 ONNX
+    file, and the run's data files (``Dataset`` .npz), the same ones servopt's own variants were built and judged on."""
+
+    peer: str
+    run_dir: str
+    family: str
+    spec: ModelSpec
+    original: Artifact  # the run's original (an ONNX file, or a torch source's ref)
+    onnx: str | None = None  # the run's fp32 ONNX model: the original when it is ONNX, else the run's export
+    calibration: str | None = None  # data/calib.npz: what servopt's static INT8 calibrated on
+    tuning: str | None = None  # data/tune.npz: what servopt's choices were made on (never the evaluation samples)
+    evaluation: str  # data/eval.npz: held out; peers judge nothing on it
+    out: str  # the peer's own folder for what it builds
+    quick: bool = False  # a smoke run: the least work that still builds a real answer
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out)
+
+
+class PeerAnswer(Contract):
+    """What a peer built: the artifact a servopt runtime opens as the peer would run it, and what ran to build it."""
+
+    artifact: Artifact
+    runtime: str = "onnxruntime"
+    options: dict[str, Any] = Field(default_factory=dict)  # the runtime's options that reproduce the peer's own session
+    configuration: dict[str, Any] = Field(default_factory=dict)  # tool, version, call, what it could not do here
+    build_s: float | None = None
+
+
+class Peer:
+    """One tool a user would use instead; see the module docstring."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    families: ClassVar[tuple[str, ...]] = ()  # the model families it applies to
+    requirements: ClassVar[tuple[str, ...]] = ()  # pinned; installed in its own environment when environment() says so
+
+    def environment(self) -> EnvSpec | None:
+        """Its own Python environment (None: it runs in servopt's)."""
+        return None
+
+    def available(self, inputs: PeerInputs) -> tuple[bool, str]:
+        """(can it run here, why not): the family, the inputs it needs, its libraries. Cheap: makes no environment."""
+        return self.applies(inputs)
+
+    def applies(self, inputs: PeerInputs) -> tuple[bool, str]:
+        if self.families and inputs.family not in self.families:
+            return False, f"it applies to {', '.join(self.families)} models, and this run's model is {inputs.family}"
+        return True, ""
+
+    def build(self, inputs: PeerInputs) -> PeerAnswer:
+        """Its answer for the model (in its own process and environment); ``PeerUnavailable`` when it cannot run here."""
+        raise NotImplementedError
+
+
+PEERS: Registry[Peer] = Registry("peer", "servopt.peers.builtin")
+
+
+def register_peer(cls: type[Peer]) -> type[Peer]:
+    return PEERS.register(cls)
+
+
+def importable(*modules: str) -> tuple[bool, str]:
+    """Whether ``modules`` import here without importing them (find_spec): a peer's cheap availability check."""
+    from importlib.util import find_spec
+
+    missing = []
+    for m in modules:
+        try:
+            if find_spec(m) is None:
+                missing.append(m)
+        except (ImportError, ValueError):
+            missing.append(m)
+    return (not missing, f"{', '.join(missing)} not installed" if missing else "")

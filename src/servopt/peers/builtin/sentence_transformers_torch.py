@@ -1,0 +1,63 @@
+"""sentence-transformers as a user runs it by default: ``SentenceTransformer(folder)`` on its torch backend, fp32, in
+``torch.inference_mode`` (what ``encode`` does), torch's own thread count.
+
+Its answer is the same module servopt's torch source of the run is (``models.hf_encoder``: Transformer → Pooling →
+Normalize, read from the same ``modules.json``), so it is measured as that torch artifact through servopt's torch
+runtime, on the run's token ids (ST's own tokenizing and length sorting are not timed; the build checks that ST's
+pooling and normalization are the ones servopt's module runs). ST's ONNX and OpenVINO backends (and its INT8 exports)
+need ``optimum``; they write token-level outputs that pool outside the graph, which servopt's runtimes do not measure
+yet, so this peer says so in what it ran rather than pretending to run them."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from servopt.peers.base import Peer, PeerAnswer, PeerInputs, PeerUnavailable, importable, register_peer
+
+
+@register_peer
+class SentenceTransformersTorch(Peer):
+    name = "sentence-transformers"
+    description = "sentence-transformers' default backend (torch eager, fp32, inference_mode)"
+    families = ("text-embedding",)
+    requirements = ("sentence-transformers==6.2.0",)
+
+    def available(self, inputs: PeerInputs) -> tuple[bool, str]:
+        ok, why = self.applies(inputs)
+        if not ok:
+            return ok, why
+        if inputs.original.format != "torch" or inputs.original.ref is None or inputs.original.ref.kind != "hf_encoder":
+            return False, "it loads a Hugging Face sentence-transformers folder, and this run's model is not one"
+        return importable("sentence_transformers", "torch", "transformers")
+
+    def build(self, inputs: PeerInputs) -> PeerAnswer:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder: never the hub
+        import sentence_transformers
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        from servopt.models.hf_encoder import inspect_encoder
+
+        ref = inputs.original.ref
+        assert ref is not None
+        t0 = time.perf_counter()
+        model = SentenceTransformer(ref.path, device="cpu")
+        seconds = time.perf_counter() - t0
+        ours = inspect_encoder(ref.path)
+        theirs = {type(m).__name__: m for m in model}
+        pooling = theirs.get("Pooling")
+        mode = pooling.get_pooling_mode_str() if pooling is not None else "mean (no Pooling module)"
+        normalize = "Normalize" in theirs
+        if mode.replace("_tokens", "").replace("_token", "") != ours.pooling or normalize != ours.normalize:
+            raise PeerUnavailable(f"its modules pool {mode}{' and normalize' if normalize else ''}, servopt's torch source "
+                                  f"{ours.pooling}{' and normalizes' if ours.normalize else ''}: not the same answer")
+        not_here = [] if importable("optimum")[0] else [
+            "backend='onnx' / 'openvino' and the INT8 exports need optimum, which is not installed here"]
+        return PeerAnswer(artifact=inputs.original, runtime="torch", options={"grad_mode": "inference_mode"}, build_s=seconds,
+                          configuration={"tool": f"sentence-transformers {sentence_transformers.__version__}, torch {torch.__version__}",
+                                         "call": 'SentenceTransformer(folder, device="cpu"); model.encode(texts)',
+                                         "modules": list(theirs), "pooling": mode, "normalize": normalize,
+                                         "max_seq_length": model.max_seq_length, "torch_threads": torch.get_num_threads(),
+                                         "measured_as": "servopt's torch artifact of the same folder (the same modules)",
+                                         "not_here": not_here})

@@ -1,0 +1,203 @@
+"""``servopt compare``: the peers' answers for a run's model and data, measured side by side with the run's pick.
+
+Reads the run directory (``rundir``: the config, the records, the data the run built and judged on, the original's
+outputs), builds each available peer's answer in its own process and environment (``jobs.PeerBuildJob``), measures
+the pick and the answers round by round (``runner``), and writes ``compare.json`` (a ``Comparison``); the run's
+report then shows it ("Against the tools you would use instead").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from servopt.bench.jobs import MeasureJob, OpenSpec
+from servopt.bench.protocol import Protocol
+from servopt.contracts import Artifact, Comparison, Measured, PeerResult, Record
+from servopt.errors import UserError
+from servopt.families.base import Family, family_of
+from servopt.optimize.rundir import RunConfig, RunDir, load_config, load_run
+from servopt.peers.base import PEERS, Peer, PeerInputs
+from servopt.peers.jobs import PeerBuildJob, PeerBuilt
+from servopt.peers.runner import Measure, launch_measure, ratios, run_rounds
+from servopt.peers.scenario import SCENARIOS
+from servopt.results import write_json_atomic
+
+DEFAULT_SCENARIOS = ("single", "offline")
+
+
+def _resolve(path: str, run: RunDir) -> str:
+    """A stored artifact path made absolute: as written, else relative to the run directory."""
+    p = Path(path)
+    for candidate in (p, run.root / p):
+        if candidate.exists():
+            return str(candidate.resolve())
+    raise UserError(f"the run's model file {path} is not there any more",
+                    fix="run servopt compare from the folder servopt optimize ran in, or give optimize an absolute model path")
+
+
+def _pick(config: RunConfig, summary, records: list[Record], target: str | None) -> tuple[str, Record]:
+    decisions = [d for d in summary.targets if d.recommended]
+    if target is not None:
+        d = summary.decision(target)
+        if d is None:
+            raise UserError(f"the run has no target {target!r}", fix=f"use one of: {', '.join(t.name for t in config.targets)}")
+        if not d.recommended:
+            raise UserError(f"target {target!r} has no pick in this run ({d.status}: {d.reason})",
+                            fix="compare on a target with a pick, or relax the target's bounds and optimize again")
+    elif not decisions:
+        raise UserError("no target of this run has a pick to compare with", fix="optimize again with bounds a variant meets")
+    else:
+        d = decisions[0]
+    rec = next((r for r in records if r.name == d.recommended and r.status == "ok" and r.artifact is not None), None)
+    if rec is None:
+        raise UserError(f"the pick {d.recommended} of {d.target.name} has no measured artifact in this run",
+                        fix="optimize again into the same folder (it resumes)")
+    return d.target.name, rec
+
+
+def peer_inputs(run: RunDir, config: RunConfig, records: list[Record], original: Record, name: str, quick: bool) -> PeerInputs:
+    """The same model and data for every peer: the run's original, its fp32 ONNX file, its calibration and tuning sets."""
+    assert original.artifact is not None
+    source = original.artifact
+    if source.path:
+        source = source.model_copy(update={"path": _resolve(source.path, run)})
+    fp32 = source if source.format == "onnx" else next(
+        (r.artifact for r in records if r.name == "ort-fp32" and r.status == "ok" and r.artifact and r.artifact.path), None)
+    onnx = (fp32.path if fp32 is source else _resolve(fp32.path, run)) if fp32 is not None and fp32.path else None
+    calib, tune = run.saved_data("calib"), run.saved_data("tune")
+    return PeerInputs(peer=name, run_dir=str(run.root), family=config.spec.family_name, spec=config.spec, original=source,
+                      onnx=onnx, calibration=str(calib) if calib.exists() else None,
+                      tuning=str(tune) if tune.exists() else None, evaluation=str(run.eval_data),
+                      out=str(run.work_root / "compare" / name / "build"), quick=quick)
+
+
+def build_peer(peer: Peer, inputs: PeerInputs, workdir: Path, progress: Callable[[str], None]) -> PeerBuilt | str:
+    """The peer's answer (or why it is unavailable), built in a fresh process in its environment; a string: why it failed."""
+    from servopt.bench.launcher import launch
+    from servopt.envs import EnvCreationError, ensure_env, servopt_src
+
+    job = PeerBuildJob(inputs=inputs)
+    spec = peer.environment()
+    if spec is not None:
+        progress(f"{peer.name}: making its environment {spec.name} (once)")
+        try:
+            ready = ensure_env(spec, progress)
+        except EnvCreationError as e:
+            return PeerBuilt(unavailable=f"its environment could not be made here: {e.problem}")
+        job = job.model_copy(update={"python": str(ready.python),
+                                     "env": {"PYTHONPATH": str(servopt_src()), "PYTHONNOUSERSITE": "1",
+                                             "VIRTUAL_ENV": str(ready.folder)}})
+    progress(f"{peer.name}: building its answer")
+    launched = launch(job, workdir)
+    if launched.result is None:
+        return f"its build failed: {launched.error}"
+    return launched.result  # type: ignore[return-value]
+
+
+def _words(family: Family, name: str, runtime: str, m: Measured | None, original: Record) -> tuple[str, float | None]:
+    if m is None or m.quality is None:
+        return "", None
+    rec = Record(name=name, runtime=runtime, status="ok", quality=m.quality)
+    return family.describe_quality(rec), family.quality_drop(rec, original)
+
+
+def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: int = 3, quick: bool = False,
+            scenarios: list[str] | None = None, measure: Measure = launch_measure,
+            progress: Callable[[str], None] = lambda _m: None) -> Comparison:
+    """Build, measure, compare; write ``compare.json`` and return it."""
+    if rounds < 1:
+        raise UserError(f"--rounds {rounds}: at least one round is needed", fix="give --rounds 3 or more (an interval needs rounds)")
+    run = RunDir(out)
+    summary, records = load_run(out)
+    config = load_config(out)
+    if summary is None or config is None:
+        raise UserError(f"{out} has no summary.json: the run did not finish", fix="run the same servopt optimize again (it resumes)")
+    if not peers:
+        raise UserError("no peers asked for", fix=f"give --peers with some of: {', '.join(PEERS.names())}")
+    for name in peers:
+        PEERS.get(name)  # an unknown name: the error lists the known ones
+    scs = [SCENARIOS.get(s) for s in (scenarios or DEFAULT_SCENARIOS)]
+    target_name, pick = _pick(config, summary, records, target)
+    original = next((r for r in records if r.name == summary.reference), None)
+    if original is None or original.artifact is None:
+        raise UserError("the run's original has no record", fix="optimize again into the same folder (it resumes)")
+    family = family_of(config.spec)
+
+    results: dict[str, PeerResult] = {}
+    answers = {}
+    for name in dict.fromkeys(peers):
+        peer = PEERS.get(name)
+        inputs = peer_inputs(run, config, records, original, name, quick)
+        ok, why = peer.available(inputs)
+        if not ok:
+            results[name] = PeerResult(name=name, status="unavailable", why=why, description=peer.description)
+            progress(f"{name}: not available here ({why})")
+            continue
+        built = build_peer(peer, inputs, run.work_root / "compare" / name / "build-job", progress)
+        if isinstance(built, str) or built.answer is None:
+            why = built if isinstance(built, str) else built.unavailable or "no answer"
+            status = "failed" if isinstance(built, str) else "unavailable"
+            results[name] = PeerResult(name=name, status=status, why=why, description=peer.description)
+            progress(f"{name}: {status} ({why})")
+            continue
+        answers[name] = built.answer
+        results[name] = PeerResult(name=name, status="ok", description=peer.description, configuration=built.answer.configuration,
+                                   artifact=built.answer.artifact, runtime=built.answer.runtime, options=built.answer.options,
+                                   build_s=built.answer.build_s, size_mb=_size_mb(built.answer.artifact))
+
+    base = Protocol.quick() if quick else Protocol.model_validate(config.protocol)
+    proto = base.model_copy(update={"cold_start": False, "grid": [], "length_batching": False, "sweep": [], "axes_only": False})
+    for sc in scs:
+        proto = sc.protocol(proto)
+    common = {"data": str(run.eval_data), "family": config.spec.family_name, "protocol": proto,
+              "reference": str(run.reference_outputs()) if run.reference_outputs().exists() else None}
+    pick_key = f"servopt:{pick.name}"
+    jobs = {pick_key: MeasureJob(session=OpenSpec(name=pick.name, artifact=pick.artifact.opened(), runtime=pick.runtime,
+                                                  options=pick.options), env=pick.env, **common)}
+    for name, answer in answers.items():
+        jobs[name] = MeasureJob(session=OpenSpec(name=name, artifact=answer.artifact, runtime=answer.runtime, options=answer.options),
+                                **common)
+    measured = run_rounds(jobs, rounds, run.work_root / "compare" / "rounds", measure, progress)
+    if pick_key in measured.failed:
+        raise UserError(f"the pick {pick.name} could not be measured: {measured.failed[pick_key]}",
+                        fix="see the job's log under work/compare/rounds/ (replay.sh re-runs it alone)")
+
+    def first(name: str) -> Measured | None:
+        return next((m for m in measured.measured[name] if m is not None), None)
+
+    pick_m = first(pick_key)
+    pick_text, pick_drop = _words(family, pick.name, pick.runtime, pick_m, original)
+    for name in answers:
+        if name in measured.failed:
+            results[name] = results[name].model_copy(update={"status": "failed", "why": f"its measurement failed: {measured.failed[name]}"})
+            continue
+        m = first(name)
+        text, drop = _words(family, name, answers[name].runtime, m, original)
+        results[name] = results[name].model_copy(update={
+            "quality": m.quality if m else None, "quality_text": text, "quality_drop": drop,
+            "ratios": ratios(measured, pick_key, name, scs), "flagged_rounds": measured.flagged(name),
+            "session": m.environment.session if m and m.environment else None})
+    comparison = Comparison(
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), run_dir=str(run.root), target=target_name,
+        pick=pick.name, pick_quality_text=pick_text, pick_quality_drop=pick_drop,
+        pick_session=pick_m.environment.session if pick_m and pick_m.environment else None,
+        scenarios=[s.name for s in scs], rounds=len(measured.order),
+        order=[[pick.name if n == pick_key else n for n in o] for o in measured.order], noisy_rounds=measured.noisy_rounds(),
+        quick=quick, peers=[results[n] for n in dict.fromkeys(peers)],
+        environment=pick_m.environment if pick_m else None)
+    write_json_atomic(run.compare, comparison)
+    from servopt.optimize.report import write_reports
+
+    write_reports(out, summary, records)
+    return comparison
+
+
+def _size_mb(artifact: Artifact) -> float | None:
+    if not artifact.path or not os.path.exists(artifact.path):
+        return None
+    from servopt.models.sources import artifact_size_mb
+
+    return round(artifact_size_mb(artifact), 4)

@@ -1,0 +1,166 @@
+"""``servopt.peers`` and ``servopt compare``: the runner's order and ratio intervals on known figures, fake peers end to
+end on a tiny run (one that runs, one never available, one that finds out at build), and NNCF's real peer (slow)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servopt import registry
+from servopt.bench.jobs import MeasureJob, OpenSpec
+from servopt.bench.protocol import Protocol
+from servopt.contracts import Artifact, Comparison, Interference, Latency, Measured, Throughput
+from servopt.peers.base import PEERS
+from servopt.peers.runner import coverage, ratio_interval, ratios, round_order, run_rounds
+from servopt.peers.scenario import SCENARIOS
+
+PLUGINS = Path(__file__).parent / "plugins"
+
+
+def _job(name: str) -> MeasureJob:
+    return MeasureJob(session=OpenSpec(name=name, artifact=Artifact(format="onnx", path="x.onnx"), runtime="onnxruntime"),
+                      data="eval.npz", family="image-classification", protocol=Protocol.quick())
+
+
+def _measured(p50: float, tp: float, flagged: bool = False) -> Measured:
+    lat = Latency(p50=p50, p90=p50, p95=p50, p99=p50, mean=p50, stdev=0.0, min=p50, max=p50, n=5, p50_ci95=[p50, p50])
+    return Measured(latency_ms=lat, throughput_ips=Throughput(single=1000 / p50, batch=tp),
+                    interference=Interference(flagged=flagged))
+
+
+def test_the_order_flips_every_round(tmp_path):
+    calls: list[str] = []
+
+    def measure(job, _workdir):
+        calls.append(job.session.name)
+        return _measured(1.0, 100.0)
+
+    rounds = run_rounds({n: _job(n) for n in ("pick", "a", "b")}, 4, tmp_path, measure)
+    assert calls == ["pick", "a", "b", "b", "a", "pick", "pick", "a", "b", "b", "a", "pick"]
+    assert rounds.order == [["pick", "a", "b"], ["b", "a", "pick"]] * 2
+    assert round_order(["x", "y"], 1) == ["y", "x"]
+
+
+def test_a_failing_answer_leaves_the_later_rounds_and_says_why(tmp_path):
+    def measure(job, _workdir):
+        if job.session.name == "a":
+            return Measured(status="failed", error="it crashed")
+        return _measured(1.0, 100.0, flagged=len(job.session.name) == 1)
+
+    rounds = run_rounds({n: _job(n) for n in ("pick", "a", "b")}, 3, tmp_path, measure)
+    assert rounds.failed == {"a": "it crashed"}
+    assert rounds.order[1:] == [["b", "pick"], ["pick", "b"]]
+    assert rounds.measured["a"] == [None, None, None] and rounds.flagged("b") == 3 and rounds.noisy_rounds() == [0, 1, 2]
+
+
+def test_ratio_interval_is_the_medians_order_statistics_with_their_exact_coverage():
+    values = [1.1, 1.2, 0.9, 1.3, 1.0, 1.15, 1.05, 1.25, 1.2, 0.95]
+    median, lo, hi, conf = ratio_interval(values)
+    s = sorted(values)
+    assert median == pytest.approx(1.125) and (lo, hi) == (s[1], s[8])  # n=10 at 95 %: ranks 2 and 9
+    assert conf == pytest.approx(1002 / 1024)  # P(2 <= B <= 8), B ~ Bin(10, 1/2)
+    assert ratio_interval([1.3, 0.8, 1.0]) == (1.0, 0.8, 1.3, 0.75)  # 3 rounds: the range, 75 %
+    assert coverage(5, 0, 4) == pytest.approx(1 - 2 / 32)
+
+
+def test_ratios_pair_each_round_with_its_own_pick():
+    rounds = run_rounds({"pick": _job("pick"), "peer": _job("peer")}, 3, Path("/nonexistent"), lambda job, _w: _measured(1, 1))
+    rounds.measured = {"pick": [_measured(2.0, 100.0), _measured(4.0, 50.0), _measured(2.0, 100.0)],
+                       "peer": [_measured(3.0, 50.0), _measured(6.0, 25.0), None]}  # round 3: no figure
+    got = {r.metric: r for r in ratios(rounds, "pick", "peer", [SCENARIOS.get("single"), SCENARIOS.get("offline")])}
+    assert got["p50_ms"].rounds == [1.5, 1.5] and got["p50_ms"].ratio == 1.5  # the drift (2 → 4 ms) cancels out
+    assert got["throughput_ips"].ratio == 0.5 and got["throughput_ips"].better == "higher"
+    assert got["p50_ms"].pick_median == 3.0
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """A tiny finished run: the tiny classifier, colour images, ort-fp32 and a static INT8 variant, quick."""
+    from conftest import tiny_classifier_onnx, write_color_folder
+    from servopt.cli import app
+
+    root = tmp_path_factory.mktemp("peers-run")
+    model = tiny_classifier_onnx(root / "tiny.onnx", ["red", "green", "blue"])
+    colors = write_color_folder(root / "colors")
+    res = CliRunner().invoke(app, ["optimize", str(model), "--data", str(colors), "--targets", "cpu-server", "--quick",
+                                   "--no-capacity", "--variants", "ort-fp32", "--variants", "ort-int8-static-qop-u8s8",
+                                   "--out", str(root / "run")])
+    assert res.exit_code == 0, res.output
+    return root / "run"
+
+
+@pytest.fixture
+def fake_peers(monkeypatch):
+    """The fake peers loaded as an installed plugin would be, here and in every job process; gone after the test."""
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.setenv("PYTHONPATH", f"{PLUGINS}:{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("SERVOPT_PLUGINS", "fake_peers")
+    registry.load_plugins()
+    yield importlib.import_module("fake_peers")
+    for name in ("copy-of-fp32", "never-here", "gone-at-build"):
+        PEERS.classes.pop(name, None)
+    registry._plugins_loaded.discard("fake_peers")
+    sys.modules.pop("fake_peers", None)
+
+
+def test_compare_end_to_end_with_fake_peers(tiny_run, fake_peers):
+    from servopt.cli import app
+
+    res = CliRunner().invoke(app, ["compare", str(tiny_run), "--peers", "copy-of-fp32,never-here,gone-at-build",
+                                   "--rounds", "2", "--quick"])
+    assert res.exit_code == 0, res.output
+    c = Comparison.model_validate_json((tiny_run / "compare.json").read_text())
+    by = {p.name: p for p in c.peers}
+    assert c.target == "cpu-server" and c.pick == "ort-fp32" and c.rounds == 2
+    assert c.order == [["ort-fp32", "copy-of-fp32"], ["copy-of-fp32", "ort-fp32"]]
+    copy = by["copy-of-fp32"]
+    assert copy.status == "ok" and {r.metric for r in copy.ratios} == {"p50_ms", "throughput_ips"}
+    assert all(r.low <= r.ratio <= r.high and len(r.rounds) == 2 for r in copy.ratios)
+    assert copy.quality_drop == 0.0 and copy.session is not None and copy.session.runtime == "onnxruntime"
+    assert by["never-here"].status == "unavailable" and "frobnicator" in by["never-here"].why
+    assert by["gone-at-build"].status == "unavailable" and "hub" in by["gone-at-build"].why
+    md = (tiny_run / "report.md").read_text()
+    assert "## Against the tools you would use instead" in md and "frobnicator" in md
+    assert "Against the tools you would use instead" in (tiny_run / "report.html").read_text()
+
+
+def test_compare_refuses_what_it_cannot_do_with_the_fix(tiny_run):
+    from servopt.cli import app
+
+    unknown = CliRunner().invoke(app, ["compare", str(tiny_run), "--peers", "no-such-tool"])
+    assert unknown.exit_code != 0 and "unknown peer 'no-such-tool'" in unknown.output and "nncf" in unknown.output
+    target = CliRunner().invoke(app, ["compare", str(tiny_run), "--peers", "nncf", "--target", "edge-x"])
+    assert target.exit_code != 0 and "no target 'edge-x'" in target.output
+    none = CliRunner().invoke(app, ["compare", str(tiny_run)])
+    assert none.exit_code != 0 and "no peers asked for" in none.output
+
+
+def test_a_peer_for_another_family_says_so(tiny_run):
+    from servopt.optimize.rundir import RunDir, load_config, load_run
+    from servopt.peers.compare import peer_inputs
+
+    summary, records = load_run(tiny_run)
+    original = next(r for r in records if r.name == summary.reference)
+    inputs = peer_inputs(RunDir(tiny_run), load_config(tiny_run), records, original, "sentence-transformers", quick=True)
+    ok, why = PEERS.get("sentence-transformers").available(inputs)
+    assert not ok and "text-embedding" in why
+
+
+@pytest.mark.slow
+def test_nncf_peer_on_the_tiny_run(tiny_run):
+    from servopt.peers.compare import compare
+
+    c = compare(tiny_run, ["nncf"], rounds=2, quick=True)
+    nncf = c.peers[0]
+    assert nncf.status == "ok", nncf.why
+    assert nncf.configuration["call"].startswith("nncf.quantize") and nncf.artifact is not None
+    assert nncf.session is not None and "int8" in (nncf.session.precision_actual or "")
+    assert json.loads((tiny_run / "compare.json").read_text())["peers"][0]["name"] == "nncf"
+    assert math.isfinite(nncf.ratios[0].ratio)
