@@ -34,11 +34,11 @@ from servopt.families.catalogue import (
     LAB,
     NO_BF16,
     NO_FP16,
-    NO_SATURATION,
     TUNED,
     CatalogueContext,
     Variant,
     asking_precision,
+    dynamic_int8,
     gpu_variants,
     nncf_onnx,
     openvino_float,
@@ -139,11 +139,14 @@ class TextEmbedding(EmbeddingBase):
         # attention (the dynamo graph fuses only BiasGelu): that chain exports that way.
         fusable = [("export-onnx", {"exporter": "torchscript", "attention": "eager"})] if ctx.is_torch else []
         fused = [*fusable, ("ort-transformers-optimize", {})]
-        dyn = "ort-quantize-dynamic"
+        # dynamic INT8 with s8 weights in 7 bits where this CPU's U8S8 kernel saturates (catalogue.dynamic_int8)
+        def dyn(**params) -> tuple[str, dict]:
+            return dynamic_int8(cpu, **params)
+        s8 = "S8 weights in 7 bits (no VNNI here: U8S8 would saturate)" if cpu.int8_saturates else "S8 weights"
+
         act = "S8" if cpu.int8_signed else "U8"  # ONNX Runtime's fast static INT8 on this CPU (see CpuFeatures.int8_signed)
         lab = LAB
         no_vnni = "static INT8 of activations needs 8-bit dot products (VNNI) to pay on transformers"
-        per_channel = "ort-int8-dynamic-per-channel"
         v: list[Variant] = []
         if ctx.is_torch:
             v += [
@@ -174,18 +177,15 @@ class TextEmbedding(EmbeddingBase):
                     {"graph_optimization_level": "disable"}, description="graph optimized offline, loaded with optimizations off (faster cold start)"),
             Variant("ort-transformers", "onnxruntime", "onnxruntime", fused,
                     description="ONNX Runtime's transformer optimizer: attention, LayerNorm, GELU fusions (which applied: build report)"),
-            Variant("ort-int8-dynamic", "int8", "onnxruntime", [*export, (dyn, {})], description="ORT dynamic INT8, S8 weights per tensor"),
-            Variant(per_channel, "int8", "onnxruntime", [*export, (dyn, {"per_channel": True})],
-                    description="ORT dynamic INT8, S8 weights per channel"),
-            Variant("ort-int8-dynamic-u8", "int8", "onnxruntime", [*export, (dyn, {"weight_type": "U8"})],
+            Variant("ort-int8-dynamic", "int8", "onnxruntime", [*export, dyn()], description=f"ORT dynamic INT8, {s8} per tensor"),
+            Variant("ort-int8-dynamic-per-channel", "int8", "onnxruntime", [*export, dyn(per_channel=True)],
+                    description=f"ORT dynamic INT8, {s8} per channel"),
+            Variant("ort-int8-dynamic-u8", "int8", "onnxruntime", [*export, dyn(weight_type="U8")],
                     description="ORT dynamic INT8, U8 weights"),
-            Variant("ort-transformers-int8-dynamic", "int8", "onnxruntime", [*fused, (dyn, {"per_channel": True})],
-                    description="transformer-optimized graph, then dynamic INT8 (S8 weights per channel)"),
+            Variant("ort-transformers-int8-dynamic", "int8", "onnxruntime", [*fused, dyn(per_channel=True)],
+                    description=f"transformer-optimized graph, then dynamic INT8 ({s8} per channel)"),
             Variant("ort-int8-static-qdq", "int8", "onnxruntime", [*export, ("ort-quantize-static", static("QDQ", act, "S8"))],
                     description=f"static INT8 QDQ {act}S8 per channel, calibrated on the tuning texts", **when(cpu.int8_dot, no_vnni)),
-            Variant("ort-int8-dynamic-per-channel-rr", "int8", "onnxruntime", [*export, (dyn, {"per_channel": True, "reduce_range": True})],
-                    description="ORT dynamic INT8, S8 weights per channel in 7 bits (reduce_range): no U8S8 saturation without VNNI",
-                    refines=per_channel, **when(cpu.int8_saturates, NO_SATURATION)),
             Variant("ort-int8-nncf", "int8", "onnxruntime", [*export, nncf_onnx(cpu, model_type="transformer", preset="mixed")],
                     description="NNCF post-training INT8 on the ONNX graph, transformer rules (SmoothQuant), QDQ run by ONNX Runtime",
                     **when(cpu.int8_dot, no_vnni)),

