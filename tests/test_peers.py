@@ -164,3 +164,29 @@ def test_nncf_peer_on_the_tiny_run(tiny_run):
     assert nncf.session is not None and "int8" in (nncf.session.precision_actual or "")
     assert json.loads((tiny_run / "compare.json").read_text())["peers"][0]["name"] == "nncf"
     assert math.isfinite(nncf.ratios[0].ratio)
+
+
+def test_without_a_pick_the_nearest_miss_is_compared_and_said(tiny_run, tmp_path):
+    import shutil
+
+    from servopt.optimize.rundir import load_config, load_run
+    from servopt.peers.compare import _pick
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    raw = json.loads((run / "summary.json").read_text())
+    for d in raw["targets"]:
+        d.update(recommended=None, nearest="ort-int8-static-qop-u8s8", status="fail", shortfall="p50 4.1 ms > 3.0 ms")
+    (run / "summary.json").write_text(json.dumps(raw))
+    summary, records = load_run(run)
+    target, rec, note = _pick(load_config(run), summary, records, None)
+    assert (target, rec.name) == ("cpu-server", "ort-int8-static-qop-u8s8") and "nearest miss" in note and "p50 4.1 ms" in note
+
+
+def test_peers_in_their_own_environment_pin_servopts_onnxruntime():
+    from importlib import metadata
+
+    for name in ("neural-compressor", "fastembed"):
+        spec = PEERS.get(name).environment()
+        assert spec is not None and f"onnxruntime=={metadata.version('onnxruntime')}" in spec.requirements
+        assert any(r.startswith(("onnx-neural-compressor==", "fastembed==")) for r in spec.requirements)

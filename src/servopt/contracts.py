@@ -658,6 +658,7 @@ class Comparison(Contract):
     run_dir: str
     target: str
     pick: str
+    pick_note: str = ""  # e.g. no variant met the target's bounds: the nearest miss is compared
     pick_quality_text: str = ""
     pick_quality_drop: float | None = None
     pick_session: SessionInfo | None = None

@@ -50,6 +50,8 @@ def compare(
             table.add_row(p.name, p.status if p.status == "ok" else f"{p.status}: {escape(p.why or '')}",
                           escape(p.quality_text), cell("p50_ms"), cell("throughput_ips"))
         console.print(table)
+        if result.pick_note:
+            console.print(f"{result.pick}: {escape(result.pick_note)}")
         if result.noisy_rounds:
             console.print(f"rounds with other processes using the CPU: {', '.join(str(i + 1) for i in result.noisy_rounds)}")
         console.print(f"compare.json and the report: {run_dir}")

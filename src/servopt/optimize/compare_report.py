@@ -46,7 +46,8 @@ def _intro(c: Comparison) -> str:
     conf = sorted({f"{r.confidence:.0%}" for p in c.peers for r in p.ratios})
     noisy = (f" Rounds where some process saw other processes use the CPU: {', '.join(str(i + 1) for i in c.noisy_rounds)}."
              if c.noisy_rounds else "")
-    return (f"servopt's pick for {c.target}, {c.pick} ({c.pick_quality_text or 'quality not judged'}), and each tool's own "
+    return (f"servopt's pick for {c.target}, {c.pick} ({c.pick_quality_text or 'quality not judged'}"
+            f"{'; ' + c.pick_note if c.pick_note else ''}), and each tool's own "
             f"answer for the same model and data, every one measured in a fresh process per round, {c.rounds} rounds, the "
             f"order flipped each round. A ratio is the peer's figure ÷ the pick's in the same round (median over rounds; "
             f"in brackets the median's distribution-free interval, coverage {', '.join(conf) or '—'}); p50 below 1 and "

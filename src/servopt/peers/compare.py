@@ -26,6 +26,8 @@ from servopt.peers.scenario import SCENARIOS
 from servopt.results import write_json_atomic
 
 DEFAULT_SCENARIOS = ("single", "offline")
+# pip's per-package lines while a peer's environment is made: not shown (a failure's error carries pip's output)
+PIP_CHATTER = ("WARNING: Location", "Processing ", "Collecting ", "Looking in", "Downloading ", "  ", "Requirement already", "INFO: pip")
 
 
 def _resolve(path: str, run: RunDir) -> str:
@@ -38,24 +40,27 @@ def _resolve(path: str, run: RunDir) -> str:
                     fix="run servopt compare from the folder servopt optimize ran in, or give optimize an absolute model path")
 
 
-def _pick(config: RunConfig, summary, records: list[Record], target: str | None) -> tuple[str, Record]:
-    decisions = [d for d in summary.targets if d.recommended]
+def _pick(config: RunConfig, summary, records: list[Record], target: str | None) -> tuple[str, Record, str]:
+    """(target, the record compared with, a note): the target's pick; where no target has one, the nearest miss (said)."""
     if target is not None:
         d = summary.decision(target)
         if d is None:
             raise UserError(f"the run has no target {target!r}", fix=f"use one of: {', '.join(t.name for t in config.targets)}")
-        if not d.recommended:
-            raise UserError(f"target {target!r} has no pick in this run ({d.status}: {d.reason})",
-                            fix="compare on a target with a pick, or relax the target's bounds and optimize again")
-    elif not decisions:
-        raise UserError("no target of this run has a pick to compare with", fix="optimize again with bounds a variant meets")
     else:
-        d = decisions[0]
-    rec = next((r for r in records if r.name == d.recommended and r.status == "ok" and r.artifact is not None), None)
+        d = next((d for d in summary.targets if d.recommended), None) or next((d for d in summary.targets if d.nearest), None)
+        if d is None:
+            raise UserError("no target of this run has a pick or a nearest variant to compare with",
+                            fix="optimize again: the run has no measured candidate")
+    name = d.recommended or d.nearest
+    if name is None:
+        raise UserError(f"target {d.target.name!r} has no pick nor nearest variant in this run ({d.status}: {d.reason})",
+                        fix="compare on another target (--target)")
+    note = "" if d.recommended else f"no variant met every bound of {d.target.name} ({d.shortfall or d.status}): its nearest miss"
+    rec = next((r for r in records if r.name == name and r.status == "ok" and r.artifact is not None), None)
     if rec is None:
-        raise UserError(f"the pick {d.recommended} of {d.target.name} has no measured artifact in this run",
+        raise UserError(f"the pick {name} of {d.target.name} has no measured artifact in this run",
                         fix="optimize again into the same folder (it resumes)")
-    return d.target.name, rec
+    return d.target.name, rec, note
 
 
 def peer_inputs(run: RunDir, config: RunConfig, records: list[Record], original: Record, name: str, quick: bool) -> PeerInputs:
@@ -84,7 +89,7 @@ def build_peer(peer: Peer, inputs: PeerInputs, workdir: Path, progress: Callable
     if spec is not None:
         progress(f"{peer.name}: making its environment {spec.name} (once)")
         try:
-            ready = ensure_env(spec, progress)
+            ready = ensure_env(spec, lambda line: progress(line) if not line.startswith(PIP_CHATTER) else None)
         except EnvCreationError as e:
             return PeerBuilt(unavailable=f"its environment could not be made here: {e.problem}")
         job = job.model_copy(update={"python": str(ready.python),
@@ -120,7 +125,7 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
     for name in peers:
         PEERS.get(name)  # an unknown name: the error lists the known ones
     scs = [SCENARIOS.get(s) for s in (scenarios or DEFAULT_SCENARIOS)]
-    target_name, pick = _pick(config, summary, records, target)
+    target_name, pick, pick_note = _pick(config, summary, records, target)
     original = next((r for r in records if r.name == summary.reference), None)
     if original is None or original.artifact is None:
         raise UserError("the run's original has no record", fix="optimize again into the same folder (it resumes)")
@@ -182,7 +187,7 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
             "session": m.environment.session if m and m.environment else None})
     comparison = Comparison(
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), run_dir=str(run.root), target=target_name,
-        pick=pick.name, pick_quality_text=pick_text, pick_quality_drop=pick_drop,
+        pick=pick.name, pick_note=pick_note, pick_quality_text=pick_text, pick_quality_drop=pick_drop,
         pick_session=pick_m.environment.session if pick_m and pick_m.environment else None,
         scenarios=[s.name for s in scs], rounds=len(measured.order),
         order=[[pick.name if n == pick_key else n for n in o] for o in measured.order], noisy_rounds=measured.noisy_rounds(),

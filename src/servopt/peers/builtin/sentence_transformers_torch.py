@@ -47,9 +47,11 @@ class SentenceTransformersTorch(Peer):
         ours = inspect_encoder(ref.path)
         theirs = {type(m).__name__: m for m in model}
         pooling = theirs.get("Pooling")
-        mode = pooling.get_pooling_mode_str() if pooling is not None else "mean (no Pooling module)"
+        config = pooling.get_config_dict() if pooling is not None else {}
+        mode = config.get("pooling_mode") or next((k.removeprefix("pooling_mode_") for k, v in config.items()
+                                                   if k.startswith("pooling_mode_") and v is True), "mean")
         normalize = "Normalize" in theirs
-        if mode.replace("_tokens", "").replace("_token", "") != ours.pooling or normalize != ours.normalize:
+        if str(mode).replace("_tokens", "").replace("_token", "") != ours.pooling or normalize != ours.normalize:
             raise PeerUnavailable(f"its modules pool {mode}{' and normalize' if normalize else ''}, servopt's torch source "
                                   f"{ours.pooling}{' and normalizes' if ours.normalize else ''}: not the same answer")
         not_here = [] if importable("optimum")[0] else [
