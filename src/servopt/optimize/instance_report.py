@@ -83,6 +83,17 @@ def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f} ms"
 
 
+def svg(fig) -> str:
+    """A matplotlib figure as inline SVG (closed once drawn): every chart of the report."""
+    import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
 def instance_charts(summary: Summary) -> dict[str, str]:
     """``scaling``: cores → throughput, each candidate's points, fit and 95 % band out to the instance's vCPUs;
     ``capacity``: offered rate → p50/p99 of each capacity search, the SLO and the capacity found."""
@@ -93,13 +104,6 @@ def instance_charts(summary: Summary) -> dict[str, str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return {}
-
-    def svg(fig) -> str:
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", bbox_inches="tight")
-        plt.close(fig)
-        text = buf.getvalue()
-        return text[text.index("<svg"):]
 
     out: dict[str, str] = {}
     scaling = _curves(summary)

@@ -9,7 +9,6 @@ charts are left out and the report says so.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from servopt.contracts import Interleaved, Record
 from servopt.families.base import Family, family_of
 from servopt.machine import CpuFeatures, richer
 from servopt.optimize.compare_report import with_html, with_markdown
-from servopt.optimize.instance_report import instance_charts, instance_section
+from servopt.optimize.instance_report import instance_charts, instance_section, svg
 from servopt.optimize.rundir import Summary, load_config, load_profile
 from servopt.results import write_text_atomic
 
@@ -360,13 +359,6 @@ def charts(records: list[Record], reference: Record | None, pareto: set[tuple[st
     ok = [r for r in records if r.status == "ok" and r.latency_ms]
     if not ok:
         return {}
-
-    def svg(fig) -> str:
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", bbox_inches="tight")
-        plt.close(fig)
-        text = buf.getvalue()
-        return text[text.index("<svg"):]
 
     def p50(r: Record) -> float:
         assert r.latency_ms is not None
