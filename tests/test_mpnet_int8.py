@@ -191,3 +191,26 @@ def test_catalogue_dynamic_int8_gives_the_same_embeddings_on_a_cpu_without_vnni(
     assert exact_cos > 0.9, cosines  # the model itself survives INT8 ...
     _, vnni_emulated_vs_exact, vnni_safe = cosines[VNNI]
     assert not vnni_safe and vnni_emulated_vs_exact < 0.995, cosines  # ... but 8-bit weights on an AVX2 kernel do not
+
+
+@pytest.mark.slow
+def test_ffn_float_variant_keeps_exactly_the_gelu_fed_projections_in_float(tmp_path, outlier_mpnet):
+    """all-mpnet-base-v2's dynamic INT8 loses its cosine in the FFN output projections (GELU's long tail): the
+    refinement keeps those, one per layer, in float and quantizes every other MatMul with weights."""
+    import onnx
+
+    from servopt.models.sources import load_model
+    from servopt.passes.base import BuildContext, build_chain, source_artifact
+
+    model = load_model(outlier_mpnet)
+    variant = {v.name: v for v in _text_catalogue(AVX2)}["ort-int8-dynamic-ffn-float"]
+    assert variant.refines == "ort-int8-dynamic-per-channel" and not variant.same_kernels
+    built = build_chain(source_artifact(model), variant.chain, tmp_path, BuildContext(source=model))
+    assert built.report["float_ffn_output"] == 2 and built.report["safe_without_vnni"]
+    graph = onnx.load(str(built.path)).graph
+    weights = {i.name for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    float_weighted = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+    assert len(float_weighted) == 2 and all(producer[n.input[0]].op_type == "Mul" for n in float_weighted)  # GELU's last Mul
+    assert sum(n.op_type == "MatMulInteger" for n in graph.node) == 2 * 5  # q, k, v, attention output, FFN input
+    assert not any(n.op_type == "DequantizeLinear" for n in graph.node), "embeddings (Gather) stay float"

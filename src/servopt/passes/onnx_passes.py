@@ -151,15 +151,42 @@ class OrtQuantizeDynamic(Pass):
         weight_type: Literal["S8", "U8"] = "S8"
         per_channel: bool = False
         reduce_range: bool = False  # 7-bit weights: U8S8 cannot saturate on x86 without VNNI
+        # The transformer FFN's output projections (the MatMuls a GELU feeds) kept in float: GELU's long tail stretches
+        # a per-tensor u8 range so far that the small values between lose their precision (see docs/text.md, MPNet).
+        float_ffn_output: bool = False
+        op_types: list[str] = Field(default_factory=list)  # the operator types to quantize; empty: ONNX Runtime's default
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         src = strip_value_info(str(artifact.path), out_dir)
+        kept = gelu_fed_matmuls(src) if params.float_ffn_output else []
         quantize_dynamic(src, str(out_dir / "model.onnx"), weight_type=getattr(QuantType, QTYPES[params.weight_type]),
-                         per_channel=params.per_channel, reduce_range=params.reduce_range, extra_options=DYNAMIC_EXTRA)
+                         per_channel=params.per_channel, reduce_range=params.reduce_range, extra_options=DYNAMIC_EXTRA,
+                         op_types_to_quantize=params.op_types or None, nodes_to_exclude=kept or None)
         Path(src).unlink(missing_ok=True)
-        return PassOutput(format="onnx", file="model.onnx", report=u8s8_overflow(str(out_dir / "model.onnx")))
+        report = {**u8s8_overflow(str(out_dir / "model.onnx")), **({"float_ffn_output": len(kept)} if params.float_ffn_output else {})}
+        return PassOutput(format="onnx", file="model.onnx", report=report)
+
+
+GELU = {"Erf", "Gelu", "FastGelu", "BiasGelu", "QuickGelu"}
+
+
+def gelu_fed_matmuls(path: str, depth: int = 5) -> list[str]:
+    """The MatMul nodes whose input comes from a GELU within ``depth`` nodes (its erf form is Div, Erf, Add, Mul, Mul):
+    a transformer FFN's output projections."""
+    import onnx
+
+    graph = onnx.load(path, load_external_data=False).graph
+    producer = {out: n for n in graph.node for out in n.output}
+
+    def fed_by_gelu(name: str, left: int) -> bool:
+        node = producer.get(name)
+        if node is None or left == 0 or node.op_type == "MatMul":
+            return False
+        return node.op_type in GELU or any(fed_by_gelu(i, left - 1) for i in node.input)
+
+    return [n.name for n in graph.node if n.op_type == "MatMul" and n.name and fed_by_gelu(n.input[0], depth)]
 
 
 # Integer products whose u8 activations meet s8 weights, and which input holds the weights.
