@@ -3,8 +3,8 @@
 There ONNX Runtime's U8S8 kernel adds the products of two neighbouring u8 activations and s8 weights into a saturating
 int16 (``vpmaddubsw``). With full-range per-channel s8 weights, all-mpnet-base-v2's embeddings came out unrelated to
 fp32's on an AVX2 Zen 2 (mean cosine 0.0104, the same in two variants that share those weights). This machine may well
-have VNNI, so the tests emulate that kernel: every U8S8 ``MatMulInteger`` rewritten into float operations that clip
-each pair's sum to int16, exactly as the kernel does, and run by ONNX Runtime.
+have VNNI, so the tests emulate that kernel (``onnx_passes.emulate_u8s8_without_vnni``: every U8S8 ``MatMulInteger``
+rewritten into float operations that clip each pair's sum to int16, as the kernel does, run by ONNX Runtime).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from servopt.contracts import Artifact
 from servopt.families.catalogue import CatalogueContext, Variant
 from servopt.machine import CpuFeatures
-from servopt.passes.onnx_passes import u8s8_overflow
+from servopt.passes.onnx_passes import emulate_u8s8_without_vnni, u8s8_overflow
 
 AVX2 = CpuFeatures(frozenset({"avx2", "fma"}))  # a Zen 2: U8S8 saturates
 VNNI = CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni"}))
@@ -71,57 +71,11 @@ def test_overflow_count_is_the_kernels_int16_bound(tmp_path):
     assert report == {"u8s8_weight_pairs": 4, "u8s8_overflowing_pairs": 2, "safe_without_vnni": False}
     assert u8s8_overflow(_matmul_integer(tmp_path, w // 2))["safe_without_vnni"]  # 7-bit weights
     even = np.vstack([w[:2], w[:2] // 2])
-    emulated = _run(_saturating(_matmul_integer(tmp_path, even), tmp_path / "sat.onnx"), {"a": np.full((1, 4), 255, np.uint8)})
+    emulated = _run(emulate_u8s8_without_vnni(_matmul_integer(tmp_path, even), tmp_path / "sat.onnx"), {"a": np.full((1, 4), 255, np.uint8)})
     # first pair clipped to int16 where it overflows, the second (weights halved: 63, 32, 63/-64, -64/-1) exact
     assert emulated.tolist() == [[32767 + 255 * 126, 32640 + 255 * 64, 255 * -1, -32768 + 255 * -65]]
     exact = _run(_matmul_integer(tmp_path, even), {"a": np.full((1, 4), 255, np.uint8)})
     assert exact.tolist() == [(255 * even.sum(0)).tolist()]
-
-
-def _saturating(src: str, dst: Path) -> str:
-    """``src`` with every U8S8 MatMulInteger computed as x86's U8S8 kernel does without VNNI: the products of each
-    pair of neighbours along the reduction axis summed and clipped to int16, then the activation zero point removed."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    model = onnx.load(src)
-    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    nodes = []
-    for n in model.graph.node:
-        w = weights.get(n.input[1]) if n.op_type == "MatMulInteger" else None
-        if w is None or w.dtype != np.int8:
-            nodes.append(n)
-            continue
-        assert len(n.input) < 4 or not n.input[3] or not weights[n.input[3]].any(), "symmetric s8 weights"
-        k, cols = w.shape
-        p = n.name + "/sat/"
-
-        def const(name: str, value: np.ndarray, p: str = p) -> str:
-            model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), p + name))
-            return p + name
-
-        i64 = np.int64
-        nodes += [
-            helper.make_node("Cast", [n.input[0]], [p + "a"], to=TensorProto.FLOAT),
-            helper.make_node("Reshape", [p + "a", const("shape", np.array([-1, k // 2, 2, 1], i64))], [p + "a4"]),
-            helper.make_node("Mul", [p + "a4", const("w", w.astype(np.float32).reshape(k // 2, 2, cols))], [p + "products"]),
-            helper.make_node("ReduceSum", [p + "products", const("pair", np.array([2], i64))], [p + "pairs"], keepdims=0),
-            helper.make_node("Clip", [p + "pairs", const("lo", np.float32(-32768)), const("hi", np.float32(32767))], [p + "int16"]),
-            helper.make_node("ReduceSum", [p + "int16", const("k", np.array([1], i64))], [p + "raw"], keepdims=0),
-            helper.make_node("Cast", [n.input[2] if len(n.input) > 2 and n.input[2] else const("za", np.uint8(0))], [p + "za"],
-                             to=TensorProto.FLOAT),
-            helper.make_node("Mul", [p + "za", const("colsum", w.astype(np.float32).sum(0))], [p + "zero"]),
-            helper.make_node("Sub", [p + "raw", p + "zero"], [p + "flat"]),
-            helper.make_node("Shape", [n.input[0]], [p + "in_shape"]),
-            helper.make_node("Slice", [p + "in_shape", const("s0", np.array([0], i64)), const("s1", np.array([-1], i64))], [p + "lead"]),
-            helper.make_node("Concat", [p + "lead", const("n", np.array([cols], i64))], [p + "out_shape"], axis=0),
-            helper.make_node("Reshape", [p + "flat", p + "out_shape"], [p + "y"]),
-            helper.make_node("Cast", [p + "y"], [n.output[0]], to=TensorProto.INT32),
-        ]
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    onnx.save(model, str(dst))
-    return str(dst)
 
 
 def _run(path: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
@@ -184,7 +138,7 @@ def test_catalogue_dynamic_int8_gives_the_same_embeddings_on_a_cpu_without_vnni(
         chain = {v.name: v.chain for v in _text_catalogue(cpu)}["ort-int8-dynamic-per-channel"]
         built: Artifact = build_chain(source_artifact(model), chain, tmp_path, ctx)
         exact = _run(str(built.path), feeds)
-        emulated = _run(_saturating(str(built.path), tmp_path / f"sat-{id(cpu)}.onnx"), feeds)
+        emulated = _run(emulate_u8s8_without_vnni(str(built.path), tmp_path / f"sat-{id(cpu)}.onnx"), feeds)
         cosines[cpu] = (_cos_inliers(exact, reference).mean(), _cos_inliers(emulated, exact).min(), built.report["safe_without_vnni"])
     exact_cos, emulated_vs_exact, safe = cosines[AVX2]
     assert safe and emulated_vs_exact > 0.9999, cosines

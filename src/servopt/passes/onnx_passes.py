@@ -169,6 +169,55 @@ class OrtQuantizeDynamic(Pass):
         return PassOutput(format="onnx", file="model.onnx", report=report)
 
 
+def emulate_u8s8_without_vnni(src: str, dst: Path) -> str:
+    """``src`` with every U8S8 MatMulInteger computed as x86's U8S8 kernel does without VNNI: the products of each
+    pair of neighbours along the reduction axis summed and clipped to int16, then the activation zero point removed:
+    what a model returns on a CPU whose ONNX Runtime has no VNNI, checked on any machine (slow: float products)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(src)
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    nodes = []
+    for n in model.graph.node:
+        w = weights.get(n.input[1]) if n.op_type == "MatMulInteger" else None
+        if w is None or w.dtype != np.int8:
+            nodes.append(n)
+            continue
+        if len(n.input) > 3 and n.input[3] and weights[n.input[3]].any():
+            raise ValueError(f"{n.name}: s8 weights with a zero point (ONNX Runtime's quantizers make them symmetric)")
+        k, cols = w.shape
+        p = n.name + "/sat/"
+
+        def const(name: str, value: np.ndarray, p: str = p) -> str:
+            model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), p + name))
+            return p + name
+
+        i64 = np.int64
+        nodes += [
+            helper.make_node("Cast", [n.input[0]], [p + "a"], to=TensorProto.FLOAT),
+            helper.make_node("Reshape", [p + "a", const("shape", np.array([-1, k // 2, 2, 1], i64))], [p + "a4"]),
+            helper.make_node("Mul", [p + "a4", const("w", w.astype(np.float32).reshape(k // 2, 2, cols))], [p + "products"]),
+            helper.make_node("ReduceSum", [p + "products", const("pair", np.array([2], i64))], [p + "pairs"], keepdims=0),
+            helper.make_node("Clip", [p + "pairs", const("lo", np.float32(-32768)), const("hi", np.float32(32767))], [p + "int16"]),
+            helper.make_node("ReduceSum", [p + "int16", const("k", np.array([1], i64))], [p + "raw"], keepdims=0),
+            helper.make_node("Cast", [n.input[2] if len(n.input) > 2 and n.input[2] else const("za", np.uint8(0))], [p + "za"],
+                             to=TensorProto.FLOAT),
+            helper.make_node("Mul", [p + "za", const("colsum", w.astype(np.float32).sum(0))], [p + "zero"]),
+            helper.make_node("Sub", [p + "raw", p + "zero"], [p + "flat"]),
+            helper.make_node("Shape", [n.input[0]], [p + "in_shape"]),
+            helper.make_node("Slice", [p + "in_shape", const("s0", np.array([0], i64)), const("s1", np.array([-1], i64))], [p + "lead"]),
+            helper.make_node("Concat", [p + "lead", const("n", np.array([cols], i64))], [p + "out_shape"], axis=0),
+            helper.make_node("Reshape", [p + "flat", p + "out_shape"], [p + "y"]),
+            helper.make_node("Cast", [p + "y"], [n.output[0]], to=TensorProto.INT32),
+        ]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(dst))
+    return str(dst)
+
+
 GELU = {"Erf", "Gelu", "FastGelu", "BiasGelu", "QuickGelu"}
 
 
