@@ -84,6 +84,27 @@ class Peer:
             return False, f"it applies to {', '.join(self.families)} models, and this run's model is {inputs.family}"
         return True, ""
 
+    def needs(self, inputs: PeerInputs, *, onnx: bool = False, calibration: bool = False, tuning: bool = False) -> tuple[bool, str]:
+        """``applies``, and the run has the inputs the peer builds from: its fp32 ONNX model, its calibration and
+        tuning samples."""
+        ok, why = self.applies(inputs)
+        if ok and onnx and inputs.onnx is None:
+            return False, "the run has no fp32 ONNX model (the original, or its ort-fp32 export) to start from"
+        for wanted, have, what in ((calibration, inputs.calibration, "calibration samples (data/calib.npz)"),
+                                   (tuning, inputs.tuning, "tuning samples (data/tune.npz)")):
+            if ok and wanted and have is None:
+                return False, f"the run saved no {what}"
+        return ok, why
+
+    def own_environment(self) -> EnvSpec:
+        """An environment of its own with its ``requirements``, servopt's core and servopt's ONNX Runtime version (what
+        builds or calibrates its model is what measures it)."""
+        from importlib import metadata
+
+        from servopt.envs import runtime_spec
+
+        return runtime_spec(f"peer-{self.name}", [*self.requirements, f"onnxruntime=={metadata.version('onnxruntime')}"])
+
     def build(self, inputs: PeerInputs) -> PeerAnswer:
         """Its answer for the model (in its own process and environment); ``PeerUnavailable`` when it cannot run here."""
         raise NotImplementedError

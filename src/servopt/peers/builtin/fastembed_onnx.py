@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from importlib import metadata
 from pathlib import Path
 
 from servopt.contracts import Artifact
-from servopt.envs import EnvSpec, runtime_spec
+from servopt.envs import EnvSpec
 from servopt.peers.base import ORT_AS_SHIPPED, Peer, PeerAnswer, PeerInputs, PeerUnavailable, register_peer
 
 TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -31,18 +30,14 @@ class Fastembed(Peer):
     requirements = ("fastembed==0.9.1",)
 
     def environment(self) -> EnvSpec:
-        return runtime_spec("peer-fastembed", [*self.requirements, f"onnxruntime=={metadata.version('onnxruntime')}"])
+        return self.own_environment()
 
     def available(self, inputs: PeerInputs) -> tuple[bool, str]:
-        ok, why = self.applies(inputs)
-        if not ok:
-            return ok, why
-        if inputs.onnx is None:
-            return False, "the run has no fp32 ONNX export (ort-fp32) for fastembed to load"
+        ok, why = self.needs(inputs, onnx=True)
         ref = inputs.original.ref
-        if ref is None or not (Path(ref.path) / "tokenizer.json").exists():
+        if ok and (ref is None or not (Path(ref.path) / "tokenizer.json").exists()):
             return False, "fastembed tokenizes with the model folder's tokenizer.json, and the run's original has none"
-        return True, ""
+        return ok, why
 
     def build(self, inputs: PeerInputs) -> PeerAnswer:
         os.environ["HF_HUB_OFFLINE"] = "1"  # the hub cannot be reached: a local folder only

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from servopt.contracts import Artifact
-from servopt.envs import EnvSpec, runtime_spec
+from servopt.envs import EnvSpec
 from servopt.peers.base import ORT_AS_SHIPPED, Peer, PeerAnswer, PeerInputs, PeerUnavailable, register_peer
 
 
@@ -25,18 +25,10 @@ class NeuralCompressor(Peer):
     requirements = ("onnx-neural-compressor==1.0", "numpy<2", "prettytable==3.18.0", "scipy==1.17.1")
 
     def environment(self) -> EnvSpec:
-        # Its ONNX Runtime pinned to servopt's, so what it calibrates and tunes with is what measures its model.
-        return runtime_spec("peer-neural-compressor", [*self.requirements, f"onnxruntime=={metadata.version('onnxruntime')}"])
+        return self.own_environment()
 
     def available(self, inputs: PeerInputs) -> tuple[bool, str]:
-        ok, why = self.applies(inputs)
-        if not ok:
-            return ok, why
-        if inputs.onnx is None:
-            return False, "the run has no fp32 ONNX model to quantize"
-        if inputs.calibration is None or inputs.tuning is None:
-            return False, "the run saved no calibration or tuning samples (data/calib.npz, data/tune.npz)"
-        return True, ""
+        return self.needs(inputs, onnx=True, calibration=True, tuning=True)
 
     def build(self, inputs: PeerInputs) -> PeerAnswer:
         try:

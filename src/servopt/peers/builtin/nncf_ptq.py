@@ -20,14 +20,8 @@ class NncfPtq(Peer):
     requirements = ("nncf==3.4.0",)
 
     def available(self, inputs: PeerInputs) -> tuple[bool, str]:
-        ok, why = self.applies(inputs)
-        if not ok:
-            return ok, why
-        if inputs.onnx is None:
-            return False, "the run has no fp32 ONNX model to quantize"
-        if inputs.calibration is None:
-            return False, "the run saved no calibration samples (data/calib.npz)"
-        return importable("nncf", "onnx")
+        ok, why = self.needs(inputs, onnx=True, calibration=True)
+        return importable("nncf", "onnx") if ok else (ok, why)
 
     def build(self, inputs: PeerInputs) -> PeerAnswer:
         import nncf
