@@ -190,3 +190,13 @@ def test_peers_in_their_own_environment_pin_servopts_onnxruntime():
         spec = PEERS.get(name).environment()
         assert spec is not None and f"onnxruntime=={metadata.version('onnxruntime')}" in spec.requirements
         assert any(r.startswith(("onnx-neural-compressor==", "fastembed==")) for r in spec.requirements)
+
+
+def test_list_names_every_built_in_peer_with_its_families():
+    from servopt.cli import app
+
+    res = CliRunner().invoke(app, ["compare", "unused", "--list"])
+    assert res.exit_code == 0, res.output
+    for name, family in (("nncf", "image-classification"), ("neural-compressor", "image-classification"),
+                         ("sentence-transformers", "text-embedding"), ("fastembed", "text-embedding")):
+        assert any(line.startswith(f"{name}:") and family in line for line in res.output.splitlines()), res.output
