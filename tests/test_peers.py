@@ -200,3 +200,20 @@ def test_list_names_every_built_in_peer_with_its_families():
     for name, family in (("nncf", "image-classification"), ("neural-compressor", "image-classification"),
                          ("sentence-transformers", "text-embedding"), ("fastembed", "text-embedding")):
         assert any(line.startswith(f"{name}:") and family in line for line in res.output.splitlines()), res.output
+
+
+def test_an_answer_built_from_the_same_inputs_is_reused_and_rebuilt_when_they_change(tiny_run, fake_peers):
+    import os as _os
+
+    from servopt.peers.compare import compare
+
+    def copy_peer(**kw):
+        return compare(tiny_run, ["copy-of-fp32"], rounds=1, quick=True, **kw).peers[0]
+
+    first = copy_peer()
+    assert first.status == "ok"
+    assert copy_peer().reused_build, "the same inputs: the earlier answer"
+    calib = tiny_run / "data" / "calib.npz"
+    st = calib.stat()
+    _os.utime(calib, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # the calibration samples changed
+    assert not copy_peer().reused_build

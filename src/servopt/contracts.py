@@ -638,6 +638,7 @@ class PeerResult(Contract):
     runtime: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     build_s: float | None = None
+    reused_build: bool = False  # built by an earlier comparison from the same inputs (the peer's source, environment, files)
     size_mb: float | None = None
     quality: AnyQuality | None = None
     quality_text: str = ""  # the family's words for it

@@ -79,8 +79,25 @@ def peer_inputs(run: RunDir, config: RunConfig, records: list[Record], original:
                       out=str(run.work_root / "compare" / name / "build"), quick=quick)
 
 
+def build_key(peer: Peer, inputs: PeerInputs, env_key: str | None) -> str:
+    """What a peer's answer depends on: the peer's own source, its environment, its inputs and the files they name (size
+    and modification time). The same key: the answer built before is reused (an auto-tuning search takes minutes)."""
+    import hashlib
+    import inspect
+
+    h = hashlib.sha256()
+    h.update(inspect.getsource(type(peer)).encode())
+    h.update(f"{env_key}\0{inputs.model_dump_json()}".encode())
+    for f in (inputs.onnx, inputs.original.path, inputs.calibration, inputs.tuning):
+        if f and Path(f).exists():
+            st = Path(f).stat()
+            h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
 def build_peer(peer: Peer, inputs: PeerInputs, workdir: Path, progress: Callable[[str], None]) -> PeerBuilt | str:
-    """The peer's answer (or why it is unavailable), built in a fresh process in its environment; a string: why it failed."""
+    """The peer's answer (or why it is unavailable), built in a fresh process in its environment, or the one built before
+    from the same inputs (``build_key``); a string: why it failed."""
     from servopt.bench.launcher import launch
     from servopt.envs import EnvCreationError, ensure_env, servopt_src
 
@@ -95,11 +112,22 @@ def build_peer(peer: Peer, inputs: PeerInputs, workdir: Path, progress: Callable
         job = job.model_copy(update={"python": str(ready.python),
                                      "env": {"PYTHONPATH": str(servopt_src()), "PYTHONNOUSERSITE": "1",
                                              "VIRTUAL_ENV": str(ready.folder)}})
+    key = build_key(peer, inputs, spec.key() if spec is not None else None)
+    stored = workdir / "answer.json"
+    if stored.exists():
+        before = PeerBuilt.model_validate_json(stored.read_text())
+        path = before.answer.artifact.path if before.answer else None
+        if before.key == key and before.answer is not None and (path is None or Path(path).exists()):
+            progress(f"{peer.name}: its answer built before from the same inputs")
+            return before.model_copy(update={"reused": True})
     progress(f"{peer.name}: building its answer")
     launched = launch(job, workdir)
     if launched.result is None:
         return f"its build failed: {launched.error}"
-    return launched.result  # type: ignore[return-value]
+    built = launched.result.model_copy(update={"key": key})  # type: ignore[union-attr]
+    if built.answer is not None:
+        write_json_atomic(stored, built)
+    return built
 
 
 def _words(family: Family, name: str, runtime: str, m: Measured | None, original: Record) -> tuple[str, float | None]:
@@ -149,7 +177,8 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
             progress(f"{name}: {status} ({why})")
             continue
         answers[name] = built.answer
-        results[name] = PeerResult(name=name, status="ok", description=peer.description, configuration=built.answer.configuration,
+        results[name] = PeerResult(name=name, status="ok", description=peer.description, reused_build=built.reused,
+                                   configuration=built.answer.configuration,
                                    artifact=built.answer.artifact, runtime=built.answer.runtime, options=built.answer.options,
                                    build_s=built.answer.build_s, size_mb=_size_mb(built.answer.artifact))
 

@@ -16,6 +16,8 @@ class PeerBuilt(Contract):
 
     answer: PeerAnswer | None = None
     unavailable: str | None = None
+    key: str | None = None  # compare.build_key of the inputs it was built from
+    reused: bool = False  # this comparison took it from an earlier one
 
 
 @register_job
