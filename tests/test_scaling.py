@@ -188,3 +188,12 @@ def test_core_counts_stay_few_on_a_large_node():
 
     assert core_counts(1) == [1] and core_counts(2) == [1, 2] and core_counts(8) == [1, 2, 3, 4, 8]
     assert core_counts(64) == [1, 2, 3, 4, 8, 16, 32, 64] and core_counts(6) == [1, 2, 3, 4, 6]
+
+
+def test_rounds_taken_while_others_used_the_machine_are_said():
+    c = curve({1: [100.0] * 3, 2: [120.0] * 3})
+    quiet = project_throughput(c, 8)
+    assert quiet is not None and "noisy" not in quiet.note
+    loud = c.model_copy(update={"points": [p.model_copy(update={"other_share": [0.02, 0.45, 0.03]}) for p in c.points]})
+    tp = project_throughput(loud, 8)
+    assert tp is not None and "noisy: other processes used up to 45% of the machine in 2 of 6 rounds" in tp.note

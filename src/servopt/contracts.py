@@ -516,6 +516,9 @@ class ScalingPoint(Contract):
     threads_per_instance: int
     throughput_ips: list[float]  # samples/s of all instances together, at the batch size, per round
     p50_ms: list[float]  # single-sample p50 of one session with ``cores`` threads, per round
+    # the share of the machine OTHER processes used while each round's two figures were taken (``bench.interference``):
+    # on a shared machine N instances may get fewer than N cores, and the fit would read that as the model's scaling
+    other_share: list[float] = Field(default_factory=list)
 
 
 class ScalingCurve(Contract):

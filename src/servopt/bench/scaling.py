@@ -21,6 +21,7 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from servopt.bench.interference import DEFAULT_THRESHOLD, CpuMonitor
 from servopt.bench.jobs import JobBase, OpenSpec, _environment, register_job
 from servopt.contracts import Contract, Scaling, ScalingCurve, ScalingPoint
 
@@ -70,6 +71,13 @@ def single_p50(session, feeds: list[dict[str, np.ndarray]], seconds: float, min_
         times.append((time.perf_counter() - t) * 1000)
         i += 1
     return float(np.median(times))
+
+
+def noisy_rounds(curve: ScalingCurve) -> tuple[int, int, float]:
+    """(rounds in which other processes used more than ``interference.DEFAULT_THRESHOLD`` of the machine, rounds, the
+    largest share they used): a fit to a curve taken while others ran reads their load as the model's scaling."""
+    shares = [x for p in curve.points for x in p.other_share]
+    return sum(x > DEFAULT_THRESHOLD for x in shares), len(shares), max(shares, default=0.0)
 
 
 def machine_cores() -> int:
@@ -124,19 +132,22 @@ class ScalingJob(JobBase):
                 curves[spec.name] = ScalingCurve(variant=spec.name, batch_size=self.batch_size, error=e.problem)
                 continue
             opened[spec.name] = (instances, threaded)
-        figures: dict[str, dict[int, tuple[list[float], list[float]]]] = {n: {c: ([], []) for c in cores} for n in opened}
+        figures: dict[str, dict[int, tuple[list[float], list[float], list[float]]]] = {
+            n: {c: ([], [], []) for c in cores} for n in opened}
         names = list(opened)
         for r in range(self.rounds):
             for name in names if r % 2 == 0 else names[::-1]:
                 instances, threaded = opened[name]
                 for n in cores if r % 2 == 0 else cores[::-1]:
-                    tp, p50 = figures[name][n]
-                    tp.append(instances_throughput(instances[:n], batch, self.batch_size, self.seconds))
-                    p50.append(single_p50(threaded[n], singles, self.seconds))
+                    tp, p50, others = figures[name][n]
+                    with CpuMonitor() as monitor:
+                        tp.append(instances_throughput(instances[:n], batch, self.batch_size, self.seconds))
+                        p50.append(single_p50(threaded[n], singles, self.seconds))
+                    others.append(monitor.report.other_share if monitor.report else 0.0)
         for name in names:
             curves[name] = ScalingCurve(variant=name, batch_size=self.batch_size, points=[
                 ScalingPoint(cores=n, instances=n, threads_per_instance=1, throughput_ips=figures[name][n][0],
-                             p50_ms=figures[name][n][1]) for n in cores])
+                             p50_ms=figures[name][n][1], other_share=figures[name][n][2]) for n in cores])
         return Scaling(curves=curves, rounds=self.rounds, environment=_environment(None), isa_cap=self.isa_cap)
 
     def runtimes(self) -> list[str]:

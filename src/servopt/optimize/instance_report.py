@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from servopt.contracts import Capacity, Scaling
 from servopt.optimize.rundir import Summary
-from servopt.optimize.scaling import band, fit_usl, medians, why_not
+from servopt.optimize.scaling import band, fit_usl, medians, noise_words, why_not
 
 
 @dataclass
@@ -56,7 +56,7 @@ def instance_section(summary: Summary) -> InstanceSection | None:
             continue
         cores, values = medians(curve, "throughput_ips")
         pts = ", ".join(f"{n}: {v:,.0f}/s" for n, v in zip(cores, values, strict=True))
-        law = fit_usl(cores, values).describe(len(cores))
+        law = fit_usl(cores, values).describe(len(cores)) + noise_words(curve)
         proj = []
         for d in summary.targets:
             v = next((v for v in d.verdicts if v.variant == name), None)

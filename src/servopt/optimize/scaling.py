@@ -127,6 +127,17 @@ def _bootstrap(curve: ScalingCurve, which: str, project: Callable[[list[int], li
     return central, float(min(lo, central)), float(max(hi, central))
 
 
+def noise_words(curve: ScalingCurve) -> str:
+    """"; noisy: …" when other processes used the machine during the curve's rounds, else ""."""
+    from servopt.bench.scaling import noisy_rounds
+
+    noisy, rounds, most = noisy_rounds(curve)
+    if not noisy:
+        return ""
+    return (f"; noisy: other processes used up to {most:.0%} of the machine in {noisy} of {rounds} rounds, which the fit "
+            "reads as the model's own scaling (rerun on a quiet machine)")
+
+
 def why_not(curve: ScalingCurve | None) -> str | None:
     """Why a curve cannot be projected from, or None."""
     if curve is None:
@@ -167,7 +178,8 @@ def project_throughput(curve: ScalingCurve, to_cores: int, served_rps: float | N
     note = (f"measured at {to_cores} cores" if measured and basis == "offline" else
             f"projected from {len(counts)} core counts ({', '.join(map(str, counts))}) to {to_cores}")
     return Projection(figure="throughput_ips", basis=basis, to_cores=to_cores, cores_measured=counts, value=value, low=low,
-                      high=high, model=law.describe(len(counts)), measured=measured and basis == "offline", note=note)
+                      high=high, model=law.describe(len(counts)), measured=measured and basis == "offline",
+                      note=note + noise_words(curve))
 
 
 def project_latency(curve: ScalingCurve, to_cores: int) -> Projection | None:
@@ -187,7 +199,7 @@ def project_latency(curve: ScalingCurve, to_cores: int) -> Projection | None:
     note = f"measured with {to_cores} threads" if measured else \
         f"projected from {len(counts)} thread counts ({', '.join(map(str, counts))}) to {to_cores}"
     return Projection(figure="p50_ms", to_cores=to_cores, cores_measured=counts, value=value, low=low, high=high,
-                      model=law.describe(), measured=measured, note=note)
+                      model=law.describe(), measured=measured, note=note + noise_words(curve))
 
 
 def band(curve: ScalingCurve, up_to: int) -> tuple[list[int], list[float], list[float], list[float]]:
