@@ -269,15 +269,18 @@ def test_under_a_time_budget_a_duel_takes_only_what_is_left():
     from servopt.optimize import racing
     from servopt.optimize.sweep import Sweep
 
-    def sweep(budget: float | None, elapsed: float) -> SimpleNamespace:
+    def sweep(budget: float | None, elapsed: float, instance: float = 0.0) -> SimpleNamespace:
         return SimpleNamespace(settings=SimpleNamespace(quick=False, budget_seconds=budget), elapsed=lambda: elapsed,
-                               targets=["cpu-server", "gpu-server", "edge"])
+                               targets=["cpu-server", "gpu-server", "edge"], instance_reserve=lambda _n: instance)
 
     assert Sweep.duel_seconds(sweep(None, 500), 2) == racing.DUEL_SECONDS_PER_FIGURE
     assert Sweep.duel_seconds(sweep(300, 200), 2) == racing.DUEL_SECONDS_PER_FIGURE
     left = 300 - 268 - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(3)
     assert Sweep.duel_seconds(sweep(300, 268), 2) == pytest.approx(left / 2) and left / 2 >= racing.DUEL_MIN_SECONDS
     assert Sweep.duel_seconds(sweep(300, 285), 2) is None
+    # the instance's answer (scaling, the capacity search) comes after the duel: its time is kept for it
+    assert Sweep.duel_seconds(sweep(300, 200, instance=60.0), 2) == pytest.approx((300 - 200 - racing.DUEL_LOAD_SECONDS
+                                                                                    - racing.closing_seconds(3) - 60) / 2)
 
 
 def test_a_duel_job_takes_its_variants_environment_and_a_new_duel_replaces_the_old_one():

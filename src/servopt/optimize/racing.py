@@ -176,9 +176,9 @@ DUEL_MIN_SECONDS = 2.0
 # The instance's answer (issue 32): each target's candidates at 1, 2, … cores (``bench.scaling``: 3 rounds × cores × two
 # figures of SCALING_SECONDS each, per candidate), and the pick's capacity within the SLO, served (``serve.capacity``:
 # a configuration's search takes 15-25 s here; at most CAPACITY_SECONDS, none when the budget leaves under the minimum).
-SCALING_SECONDS = 0.5
-CAPACITY_SECONDS = 50.0
-CAPACITY_MIN_SECONDS = 15.0
+SCALING_SECONDS = 0.3
+CAPACITY_SECONDS = 35.0
+CAPACITY_MIN_SECONDS = 12.0
 
 
 def instance_seconds(candidates: int, cores: int, priced: int) -> float:

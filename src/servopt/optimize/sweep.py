@@ -865,7 +865,9 @@ class Sweep:
         budget = self.settings.budget_seconds
         if budget is None:
             return most
-        left = (budget - self.elapsed() - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(len(self.targets))) / max(1, figures)
+        # the instance's answer (scaling, the capacity search) comes after the duel: its time is kept for it
+        left = (budget - self.elapsed() - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(len(self.targets))
+                - self.instance_reserve(3)) / max(1, figures)
         return min(most, left) if left >= min(most, racing.DUEL_MIN_SECONDS) else None
 
     def settle_ties(self, targets: list[Target], records: list[Record], reference: Record | None, interleaved: Interleaved,
