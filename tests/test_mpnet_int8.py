@@ -168,3 +168,20 @@ def test_ffn_float_variant_keeps_exactly_the_gelu_fed_projections_in_float(tmp_p
     assert len(float_weighted) == 2 and all(producer[n.input[0]].op_type == "Mul" for n in float_weighted)  # GELU's last Mul
     assert sum(n.op_type == "MatMulInteger" for n in graph.node) == 2 * 5  # q, k, v, attention output, FFN input
     assert not any(n.op_type == "DequantizeLinear" for n in graph.node), "embeddings (Gather) stay float"
+
+
+def test_a_target_without_vnni_gets_7_bit_dynamic_weights_even_on_a_vnni_machine():
+    """cpu-server is an AVX2 EPYC: a model built on this VNNI machine with 8-bit weights would compute wrong sums
+    there, so the catalogue builds the weights for the target (and decide fails one that could overflow)."""
+    from servopt.families.catalogue import CatalogueContext
+    from servopt.machine import CpuFeatures
+    from servopt.spec import ModelSpec, TensorSpec
+
+    vnni = CpuFeatures(frozenset({"avx2", "fma", "avx512f", "avx512_vnni"}))
+    spec = ModelSpec(inputs=[TensorSpec(name="x", shape=["batch", 8], dtype="float32")], outputs=[])
+    here = CatalogueContext(spec=spec, is_torch=False, linear_heavy=True, cpu=vnni)
+    there = CatalogueContext(spec=spec, is_torch=False, linear_heavy=True, cpu=vnni, deploy_without_vnni=True)
+    assert not here.int8_cpu.int8_saturates and there.int8_cpu.int8_saturates
+    from servopt.families.catalogue import dynamic_int8
+
+    assert "reduce_range" not in dynamic_int8(here.int8_cpu)[1] and dynamic_int8(there.int8_cpu)[1]["reduce_range"] is True

@@ -197,3 +197,23 @@ def test_rounds_taken_while_others_used_the_machine_are_said():
     loud = c.model_copy(update={"points": [p.model_copy(update={"other_share": [0.02, 0.45, 0.03]}) for p in c.points]})
     tp = project_throughput(loud, 8)
     assert tp is not None and "noisy: other processes used up to 45% of the machine in 2 of 6 rounds" in tp.note
+
+
+def test_a_model_whose_weights_overflow_without_vnni_fails_a_target_without_it():
+    """Built on a VNNI machine with 8-bit weights, a dynamic INT8 model computes wrong sums on an AVX2 target (U8S8
+    pairs saturate in int16): the target's ISA bound fails, naming why; a VNNI target is not concerned."""
+    from servopt.contracts import Artifact
+    from servopt.optimize.decide import judge
+    from servopt.optimize.targets import PRESETS
+    from test_racing import IMAGES, rec
+
+    ref = rec("ort-fp32", 6.0, 200)
+    risky = rec("int8", 2.0, 420).model_copy(update={"artifact": Artifact(
+        format="onnx", path="m.onnx", report={"u8s8_overflowing_pairs": 419091, "safe_without_vnni": False})})
+    safe = risky.model_copy(update={"artifact": risky.artifact.model_copy(update={"report": {"safe_without_vnni": True}})})
+    avx2 = PRESETS["cpu-server"]
+    bound = next(b for b in judge(avx2, risky, ref, IMAGES).bounds if b.bound == "runs_on_target_isa")
+    assert bound.status == "fail" and "419091 weight pairs" in bound.note
+    assert not any(b.bound == "runs_on_target_isa" for b in judge(avx2, safe, ref, IMAGES).bounds)
+    vnni = avx2.model_copy(update={"isa": "avx512_vnni"})
+    assert not any(b.bound == "runs_on_target_isa" for b in judge(vnni, risky, ref, IMAGES).bounds)

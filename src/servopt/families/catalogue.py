@@ -67,6 +67,17 @@ class CatalogueContext:
     linear_heavy: bool
     cpu: CpuFeatures
     accuracy_drop: float = 1.0
+    # a CPU target names an instruction set without 8-bit dot products (cpu-server: an AVX2 EPYC): the dynamic INT8
+    # weights are built for it, in 7 bits, even where this CPU has VNNI (``int8_cpu``)
+    deploy_without_vnni: bool = False
+
+    @property
+    def int8_cpu(self) -> CpuFeatures:
+        """The CPU the dynamic INT8 weights are built for: this one, or — a target naming an ISA without VNNI — this one
+        without its dot products (a model with 8-bit weights built here would compute wrong sums there)."""
+        if not self.deploy_without_vnni:
+            return self.cpu
+        return CpuFeatures(frozenset(self.cpu.flags - {"avx512_vnni", "avx_vnni", "avx_vnni_int8", "amx_int8"}))
 
     @property
     def export(self) -> list[tuple[str, dict]]:
@@ -209,7 +220,7 @@ def tensor_catalogue(ctx: CatalogueContext) -> list[Variant]:
                          **({} if level == "all" else LAB)))
     u8s8 = "ort-int8-static-qop-u8s8"
     v += [
-        Variant("ort-int8-dynamic", "int8", "onnxruntime", [*export, dynamic_int8(cpu)],
+        Variant("ort-int8-dynamic", "int8", "onnxruntime", [*export, dynamic_int8(ctx.int8_cpu)],
                 description="ORT dynamic INT8 (weights ahead, activations at run time)", **when(ctx.linear_heavy, NOT_LINEAR)),
         Variant("ort-int8-static-qdq", "int8", "onnxruntime", [*export, ("ort-quantize-static", static("QDQ", "S8", "S8"))],
                 description="static INT8, QDQ, S8S8, per-channel, MinMax"),

@@ -141,8 +141,9 @@ class TextEmbedding(EmbeddingBase):
         fused = [*fusable, ("ort-transformers-optimize", {})]
         # dynamic INT8 with s8 weights in 7 bits where this CPU's U8S8 kernel saturates (catalogue.dynamic_int8)
         def dyn(**params) -> tuple[str, dict]:
-            return dynamic_int8(cpu, **params)
-        s8 = "S8 weights in 7 bits (no VNNI here: U8S8 would saturate)" if cpu.int8_saturates else "S8 weights"
+            return dynamic_int8(ctx.int8_cpu, **params)
+        s8 = ("S8 weights in 7 bits (no VNNI here or on a target: U8S8 would saturate)" if ctx.int8_cpu.int8_saturates
+              else "S8 weights")
 
         act = "S8" if cpu.int8_signed else "U8"  # ONNX Runtime's fast static INT8 on this CPU (see CpuFeatures.int8_signed)
         lab = LAB

@@ -31,7 +31,7 @@ from pydantic import Field, model_validator
 from servopt.contracts import Capacity, Contract, Interleaved, Projection, Record, Scaling
 from servopt.errors import UserError
 from servopt.families.base import Family
-from servopt.machine import CpuFeatures, Device, machine_label, richer
+from servopt.machine import CpuFeatures, Device, Isa, machine_label, richer
 from servopt.optimize.noise import (
     DRIFT,
     SELECTION_DRIFT,
@@ -257,6 +257,14 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
             curve = scaling.curves.get(rec.name) if scaling else None
             add(bound, limit, None, upper, False, f"not projected to the instance's {target.instance_vcpus} vCPUs: "
                 f"{why_not(curve)}", "speed")
+    if target.isa is not None and target.isa < Isa.AVX512_VNNI and rec.artifact is not None \
+            and (rec.artifact.report or {}).get("safe_without_vnni") is False:
+        # built where VNNI sums in 32 bits: on the target's CPU its 8-bit weights can overflow ONNX Runtime's U8S8
+        # kernel (int16 pair sums), the flaw behind all-mpnet-base-v2's 0.0104 cosine on an AVX2 Zen 2
+        pairs = (rec.artifact.report or {}).get("u8s8_overflowing_pairs")
+        add("runs_on_target_isa", 1, 0, False, True,
+            f"its 8-bit weights can overflow ONNX Runtime's U8S8 sums on a CPU without VNNI ({pairs} weight pairs can): "
+            f"wrong answers on the target's {target.isa}; a variant built with 7-bit weights (reduce_range) runs there", "isa")
     if interleaved and rec.name in interleaved.failed:
         cap = interleaved.environment.isa_cap if interleaved.environment else None
         add("runs_on_target_isa", 1, 0, False, True,

@@ -41,7 +41,7 @@ from servopt.contracts import Capacity, ChainStep, ColdStart, Gate, Interleaved,
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
-from servopt.machine import CpuFeatures, Device, cpu_features, environment, gpu_present, richer
+from servopt.machine import CpuFeatures, Device, Isa, cpu_features, environment, gpu_present, richer
 from servopt.models.sources import LoadedModel
 from servopt.optimize import noise, pricing, racing
 from servopt.optimize.decide import Decision, decide, interleave_candidates, pareto_front, unsettled
@@ -273,7 +273,11 @@ class Sweep:
         self.family: Family = family_of(self.model.spec)
         self.distributed = self.executor.distributed
         drop = min((t.max_accuracy_drop for t in self.targets), default=1.0)
-        self.all_variants = catalogue(self.model, linear_heavy=_linear_heavy(self.model), accuracy_drop=drop, cpu=cpu_features())
+        # a CPU target naming an ISA without 8-bit dot products (cpu-server: AVX2) gets dynamic INT8 weights it computes
+        # right (7 bits), even where this machine has VNNI (decide also fails a model that would overflow there)
+        poorer = any(t.device is Device.CPU and t.isa is not None and t.isa < Isa.AVX512_VNNI for t in self.targets)
+        self.all_variants = catalogue(self.model, linear_heavy=_linear_heavy(self.model), accuracy_drop=drop, cpu=cpu_features(),
+                                      deploy_without_vnni=poorer)
         self.original = original_of(self.all_variants)
         self.baseline = baseline_of(self.all_variants)
         chosen = select(self.all_variants, self.settings.variants, self.settings.include_all)

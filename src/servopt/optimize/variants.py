@@ -23,12 +23,14 @@ from servopt.runtimes.base import get_runtime
 __all__ = ["Variant", "catalogue", "device_of", "is_linear_heavy", "machine_signature", "measured_with", "select", "variant_key"]
 
 
-def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 1.0, cpu: CpuFeatures | None = None) -> list[Variant]:
+def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 1.0, cpu: CpuFeatures | None = None,
+              deploy_without_vnni: bool = False) -> list[Variant]:
     """Every variant servopt knows for this model, from its family (torch ones only for torch sources). Which run by
     default follows the CPU's features (``cpu``: bf16, fp16 and 8-bit dot-product arithmetic), each exclusion with
-    its reason."""
+    its reason; ``deploy_without_vnni``: a target's CPU has no 8-bit dot products, and the weights are built for it."""
     ctx = CatalogueContext(spec=model.spec, is_torch=model.is_torch, linear_heavy=linear_heavy,
-                           cpu=cpu or CpuFeatures(frozenset()), accuracy_drop=accuracy_drop)
+                           cpu=cpu or CpuFeatures(frozenset()), accuracy_drop=accuracy_drop,
+                           deploy_without_vnni=deploy_without_vnni)
     variants = family_of(model.spec).catalogue(ctx)
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
