@@ -661,7 +661,9 @@ def data_lines(data: dict) -> list[str]:
         lines.append(f"padding at batch 32: {waste['first_come']:.2f} padded tokens per real token in arrival order, "
                      f"{waste['sorted']:.2f} sorted by length")
     if data.get("pairs"):
-        lines.append(f"{data['pairs']} scored pairs (Spearman of cosine with the scores)")
+        lines.append(f"{data['pairs']} scored pairs judged (Spearman of cosine with the scores)")
+    if data.get("split"):  # what no choice saw: the quality verdict's samples (issue 34)
+        lines.append(f"split: {data['split']}")
     return lines
 
 
