@@ -438,6 +438,13 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
                 reason += f" (as fast within noise: {', '.join(others)}; it is the simplest recipe of them)"
             elif rest:
                 reason += f" (next: {rest[0]})"
+        elif not others:  # the rounds' medians put another first, but a duel found this one ahead beyond noise
+            dim = _objective_dim(target)
+            duel = interleaved.duel(dim, best.variant, fastest.variant) if interleaved else None
+            how = (f"block by block ({duel.pairs} pairs): {best.variant} {duel_lead(duel, best.variant):.1%} ahead"
+                   if duel is not None else "beyond this machine's noise")
+            reason = (f"{best.variant}: meets every bound here with the {objective}: ahead of {fastest.variant} {how}, "
+                      f"though {fastest.variant} had the better median over the rounds")
         else:
             reason = (f"{best.variant}: meets every bound here, tied on the {objective} "
                       f"({_why_tied(_objective_dim(target), best, fastest, interleaved)}); "
