@@ -178,7 +178,7 @@ def test_the_finish_reserve_counts_a_text_encoders_axes_and_only_the_targets_re_
     assert racing.finish_estimate(3, 2, 4, axes=True) == racing.finish_estimate(3, 2, 4) + 3 * racing.AXES_SECONDS
     # cpu-server and edge: only the server target's three candidates (and the baseline) are re-measured side by side
     assert racing.finish_estimate(3, 2, 10, remeasured=1) < racing.finish_estimate(3, 2, 10)
-    assert racing.finish_estimate(3, 2, 10, remeasured=1) == racing.finish_estimate(3, 1, 10) + 5.0
+    assert racing.finish_estimate(3, 2, 10, remeasured=1) == racing.finish_estimate(3, 1, 10) + racing.closing_seconds(2) - racing.closing_seconds(1)
 
 
 def test_durations_and_rates():

@@ -176,7 +176,8 @@ def _capacity(url: str, model: str, slo_text: str, rate: str | None, duration: f
     if start <= 0:
         raise UserError("--rate must be positive", fix="e.g. --rate 100")
     seconds = duration if duration_given else 3.0
-    rules = SearchRules(min_seconds=seconds, min_queries=min_queries, confirm_seconds=2 * seconds, confirm_queries=2 * min_queries)
+    # a long confirming run: near the knee a queue builds for seconds that short steps do not see (docs/serving.md)
+    rules = SearchRules(min_seconds=seconds, min_queries=min_queries, confirm_seconds=4 * seconds, confirm_queries=4 * min_queries)
     table = Table(title=f"capacity of {model} at {url} within {bound}", title_style="bold")
     for col in ("offered req/s", "achieved", "requests", "p50 ms", "p99 ms", "errors", "valid", "meets"):
         table.add_column(col, justify="right")
@@ -223,7 +224,7 @@ def loadtest(
         help="find the capacity: the highest Poisson rate whose latency percentile meets this bound with no errors, "
              "e.g. p99=50ms (--rate: where the search starts [default 10]; --duration: each step's minimum seconds "
              "[default 3])")] = None,
-    min_queries: Annotated[int, typer.Option(help="--slo: each step's minimum query count (a confirming run: twice it)")] = 300,
+    min_queries: Annotated[int, typer.Option(help="--slo: each step's minimum query count (a confirming run: four times it)")] = 300,
 ) -> None:
     """Load-test a v2 server: closed loop at fixed concurrencies, open loop at fixed rates, or (--slo) its capacity
     within a latency bound."""

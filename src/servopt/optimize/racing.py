@@ -177,20 +177,21 @@ DUEL_MIN_SECONDS = 2.0
 # figures of SCALING_SECONDS each, per candidate), and the pick's capacity within the SLO, served (``serve.capacity``:
 # a configuration's search takes 15-25 s here; at most CAPACITY_SECONDS, none when the budget leaves under the minimum).
 SCALING_SECONDS = 0.3
-CAPACITY_SECONDS = 35.0
-CAPACITY_MIN_SECONDS = 12.0
+CAPACITY_SECONDS = 60.0
+CAPACITY_MIN_SECONDS = 10.0
 
 
 def instance_seconds(candidates: int, cores: int, priced: int) -> float:
     """What measuring the instance's answer costs: the candidates' scaling (plus opening their sessions) and the
     priced targets' capacity searches."""
     scaling = candidates * (3 * cores * 2 * SCALING_SECONDS + 2.0) if candidates else 0.0
-    return scaling + priced * CAPACITY_SECONDS
+    return scaling + priced * (CAPACITY_SECONDS + 10.0)  # + a server's start and the load generator's warm-up
 
 
 def closing_seconds(targets: int) -> float:
-    """The very end of a sweep: the picks' profiles and the report."""
-    return targets * 5.0 + 5.0
+    """The very end of a sweep: the picks' profiles and the report (the image demo's two profiles and report took 2-4 s
+    on 2 cores, 2026-11-27; 5 s a target had kept a 5-minute demo's capacity search from running)."""
+    return targets * 3.0 + 5.0
 
 
 def finish_estimate(rounds: int, targets: int, contenders: int | None = None, axes: bool = False,
