@@ -243,12 +243,14 @@ def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: floa
 
     best = first or default_config(cores)
     try:
+        began = time.monotonic()
         result = capacity_of(best, start_rps)
+        one = time.monotonic() - began  # what a configuration's search takes: a neighbour starts only if it fits
         improved = True
-        while improved and left() > 0:
+        while improved and left() >= one:
             improved = False
             for cand in neighbours(best, cores):
-                if left() <= 0:
+                if left() < one:
                     break
                 if cand.model_dump_json() in tried:
                     continue
