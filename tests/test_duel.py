@@ -279,8 +279,8 @@ def test_under_a_time_budget_a_duel_takes_only_what_is_left():
     assert Sweep.duel_seconds(sweep(300, 268), 2) == pytest.approx(left / 2) and left / 2 >= racing.DUEL_MIN_SECONDS
     assert Sweep.duel_seconds(sweep(300, 285), 2) is None
     # the instance's answer (scaling, the capacity search) comes after the duel: its time is kept for it
-    assert Sweep.duel_seconds(sweep(300, 200, instance=60.0), 2) == pytest.approx((300 - 200 - racing.DUEL_LOAD_SECONDS
-                                                                                    - racing.closing_seconds(3) - 60) / 2)
+    kept = (300 - 210 - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(3) - 60) / 2
+    assert kept < racing.DUEL_SECONDS_PER_FIGURE and Sweep.duel_seconds(sweep(300, 210, instance=60.0), 2) == pytest.approx(kept)
 
 
 def test_a_duel_job_takes_its_variants_environment_and_a_new_duel_replaces_the_old_one():

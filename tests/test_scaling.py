@@ -217,3 +217,29 @@ def test_a_model_whose_weights_overflow_without_vnni_fails_a_target_without_it()
     assert not any(b.bound == "runs_on_target_isa" for b in judge(avx2, safe, ref, IMAGES).bounds)
     vnni = avx2.model_copy(update={"isa": "avx512_vnni"})
     assert not any(b.bound == "runs_on_target_isa" for b in judge(vnni, risky, ref, IMAGES).bounds)
+
+
+def test_each_variant_is_judged_on_its_own_served_capacity():
+    """A served capacity that moves the pick gets the new pick served too (Sweep.run_capacity); decide judges each
+    variant on its own capacity and the rest on their offline projection."""
+    from servopt.contracts import Capacity, Scaling
+    from servopt.optimize.decide import decide
+    from test_racing import HERE, IMAGES, rec
+
+    ref = rec("ort-fp32", 6.0, 200)
+    a, b = rec("int8-a", 2.0, 600), rec("int8-b", 2.0, 590)
+    both = {1: [300.0] * 3, 2: [600.0] * 3}
+    curves = {n: curve(both).model_copy(update={"variant": n}) for n in ("int8-a", "int8-b")}
+    curves["ort-fp32"] = curve({1: [100.0] * 3, 2: [150.0] * 3}).model_copy(update={"variant": "ort-fp32"})  # 240/s on 8
+    scaling = Scaling(curves=curves, rounds=3, environment=HERE)
+    served_a = Capacity(variant="int8-a", slo="p99 <= 50 ms", capacity_rps=200.0, cores=2, confirmed=True)
+    first = decide(_target(), [ref, a, b], ref, IMAGES, scaling=scaling, capacity=[served_a])
+    assert first.recommended == "int8-b"  # a missed on its served 200/s (800 on 8 vCPUs); b passes on its offline figures
+    served_b = served_a.model_copy(update={"variant": "int8-b", "capacity_rps": 210.0})
+    second = decide(_target(), [ref, a, b], ref, IMAGES, scaling=scaling, capacity=[served_a, served_b])
+    assert second.status == "fail" and second.nearest in ("int8-a", "int8-b")  # both served, both short: tied, simplest
+    assert second.capacity == {"int8-a": served_a, "int8-b": served_b}[second.nearest]
+    nothing = served_a.model_copy(update={"capacity_rps": 0.0, "confirmed": False})
+    zero = decide(_target(), [ref, a], ref, IMAGES, scaling=scaling, capacity=[nothing])
+    tp = next(x for x in zero.verdict.bounds if x.bound == "throughput_ips")
+    assert tp.projection.basis == "served" and tp.value == 0 and tp.status == "fail", "nothing met the SLO: nothing served"

@@ -200,7 +200,8 @@ def instance_figures(target: Target, rec: Record, fig: Figures, scaling: Scaling
     curve = scaling.curves.get(rec.name) if scaling else None
     if curve is None or why_not(curve) is not None:
         return fig
-    served = capacity if capacity is not None and capacity.variant == rec.name and capacity.capacity_rps > 0 else None
+    # a capacity of 0 (no rate tried met the SLO) is a served figure too: the instance serves nothing within it
+    served = capacity if capacity is not None and capacity.variant == rec.name and capacity.error is None else None
     tp = project_throughput(curve, target.instance_vcpus, served.capacity_rps * served.batch_size if served else None,
                             served.cores if served else None)
     if tp is not None and served is not None:
@@ -407,7 +408,7 @@ def projected_words(verdict: Verdict | None) -> str | None:
 
 def decide(target: Target, records: list[Record], ref: Record | None, family: Family,
            interleaved: Interleaved | None = None, scaling: Scaling | None = None,
-           capacity: Capacity | None = None) -> Decision:
+           capacity: Capacity | list[Capacity] | None = None) -> Decision:
     """Best passing variant under the target's objective, or the nearest miss and by how much. ``scaling`` (the
     candidates measured at 1, 2, … cores) and ``capacity`` (the pick's served capacity) judge a target's
     instance-level bounds on the projection to its instance (``judge``)."""
@@ -418,7 +419,8 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     if target.device is Device.GPU and not candidates:
         return Decision(target=target, status="not measured",
                         reason=f"no GPU variant was measured on a GPU; skipped: {', '.join(skipped) or 'none'}")
-    verdicts = [judge(target, r, ref, family, interleaved, scaling, capacity) for r in candidates]
+    served = {c.variant: c for c in ([capacity] if isinstance(capacity, Capacity) else capacity or [])}  # per variant
+    verdicts = [judge(target, r, ref, family, interleaved, scaling, served.get(r.name)) for r in candidates]
     # Decide on one source of figures: when the top candidates were re-measured side by side, pick among them
     # (comparing a sweep figure with an interleaved one would compare two different moments of a noisy machine).
     side_by_side = [v for v in verdicts if v.figures.source == "interleaved"]
@@ -460,7 +462,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
         status = "pass" if not pending else "pass (pending device)" if target.device is not Device.CPU else "pass (not projected)"
         return Decision(target=target, status=status, recommended=best.variant, verdict=best, verdicts=verdicts,
                         tied=[v.variant for v in equal], reason=reason, result=by_name[best.variant], projected=projected,
-                        capacity=capacity if capacity is not None and capacity.variant == best.variant else None)
+                        capacity=served.get(best.variant))
     if not verdicts:
         return Decision(target=target, status="no candidate", reason="no variant ran successfully for this target")
     closest = min(pool, key=lambda v: (v.total_miss, _objective_key(target, v)))
@@ -480,7 +482,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     projected = projected_words(nearest)
     return Decision(target=target, status="fail", nearest=nearest.variant, shortfall=misses, verdict=nearest, verdicts=verdicts,
                     tied=[v.variant for v in equal], reason=reason, result=by_name[nearest.variant], projected=projected,
-                    capacity=capacity if capacity is not None and capacity.variant == nearest.variant else None)
+                    capacity=served.get(nearest.variant))
 
 
 def pareto_front(records: list[Record], ref: Record | None, family: Family) -> list[str]:

@@ -179,6 +179,7 @@ DUEL_MIN_SECONDS = 2.0
 SCALING_SECONDS = 0.3
 CAPACITY_SECONDS = 60.0
 CAPACITY_MIN_SECONDS = 10.0
+CAPACITY_PICKS = 2  # picks served per target: the first, and the one its served capacity may make the pick
 
 
 def instance_seconds(candidates: int, cores: int, priced: int) -> float:

@@ -107,8 +107,8 @@ class RunDir:
     def scaling(self, kind: str | None = None) -> Path:
         return self.root / ("-".join(["scaling", *([kind_slug(kind)] if kind else [])]) + ".json")
 
-    def capacity(self, target: str) -> Path:
-        return self.root / f"capacity-{target}.json"
+    def capacity(self, target: str, variant: str) -> Path:
+        return self.root / "capacity" / f"{target}-{variant}.json"
 
     def profile(self, variant: str, kind: str | None = None) -> Path:
         return self.root / "profiles" / (f"{variant}.json" if kind is None else f"{kind_slug(kind)}/{variant}.json")

@@ -992,56 +992,74 @@ class Sweep:
         write_json_atomic(path, result)
         return result
 
-    def run_capacity(self, targets: list[Target], decisions: dict[str, Decision], records: list[Record],
-                     kind: str | None) -> dict[str, Capacity]:
+    def run_capacity(self, targets: list[Target], decided: Callable[[Target, list[Capacity]], Decision], records: list[Record],
+                     kind: str | None) -> dict[str, list[Capacity]]:
         """Per target with a price and an SLO (``max_p99_ms``) naming an instance: its pick served (``servopt serve``)
         and the serving configuration with the most capacity within the SLO searched (``capacity_probe``), in the time
-        the budget leaves (``racing.CAPACITY_SECONDS`` at most). Cached by the pick's record and the SLO."""
-        out: dict[str, Capacity] = {}
+        the budget leaves (``racing.CAPACITY_SECONDS`` at most each). When the served capacity moves the pick (the pick
+        misses on it, another passes on its offline figures), the new pick is served too, up to ``racing.CAPACITY_PICKS``:
+        a pick is never chosen over a served figure on an offline one while there is time to serve it. Cached per
+        target, variant and SLO."""
+        out: dict[str, list[Capacity]] = {}
         by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
         for t in self.instance_targets(targets):
-            d = decisions.get(t.name)
-            pick = d.recommended or d.nearest if d else None
-            if t.price_per_hour is None or t.max_p99_ms is None or pick not in by_name or self.capacity_probe is None:
+            if t.price_per_hour is None or t.max_p99_ms is None or self.capacity_probe is None:
                 continue
-            rec = by_name[pick]
-            if not get_runtime(rec.runtime).servable:
-                self.problems.append(f"{t.name}: {pick} runs on {rec.runtime}, which servopt serve does not run: priced offline")
-                continue
-            quick = self.settings.quick
-            cache_key = json.dumps([rec.key, t.max_p99_ms, quick])
-            path = self.dir.capacity(t.name)
-            if path.exists():
-                stored = json.loads(path.read_text())
-                if stored.get("cache_key") == cache_key:
-                    out[t.name] = Capacity.model_validate(stored["capacity"])
-                    continue
-            seconds = racing.CAPACITY_SECONDS if not quick else 15.0
-            budget = self.settings.budget_seconds
-            if budget is not None:
-                seconds = min(seconds, budget - self.elapsed() - racing.closing_seconds(len(self.targets)))
-                if seconds < racing.CAPACITY_MIN_SECONDS and not quick:
-                    self.problems.append(f"{t.name}: the time budget ({self.settings.budget}) left no time to serve {pick} and "
-                                         "search its capacity within the SLO: priced on the offline figures")
-                    continue
-            # half the offline rate, at most 200/s: a served request costs the HTTP front end and the load generator (on
-            # the same cores) far more than a tiny model's call, and the search doubles from there in a few steps
-            start = min(200.0, max(1.0, 0.5 * (rec.batch_ips or rec.throughput_ips or 20.0)))
-            self.progress.step(f"serving {pick}: its capacity within p99 <= {t.max_p99_ms:g} ms{self._for(kind)}")
-            try:
-                capacity = self.executor.submit(self.capacity_probe, self.out, pick, 99, t.max_p99_ms, start, seconds, quick,
-                                                resources=self.kinds.get(kind), what=f"capacity {pick}").result()
-                if stopping():  # its servers were stopped mid-search: not a capacity to keep
-                    raise Interrupted(f"the capacity search of {pick} was stopped")
-            except Lost as e:
-                self.problems.append(f"{t.name}: the capacity search of {pick} was lost: {e}")
-                continue
-            if capacity.error:
-                self.problems.append(f"{t.name}: the capacity search of {pick} failed: {capacity.error} — priced on the offline figures")
-                continue
-            write_json_atomic(path, {"cache_key": cache_key, "capacity": capacity.model_dump(mode="json")})
-            out[t.name] = capacity
+            found: list[Capacity] = []
+            for _ in range(racing.CAPACITY_PICKS):
+                d = decided(t, found)
+                pick = d.recommended or d.nearest
+                if pick not in by_name or any(c.variant == pick for c in found):
+                    break
+                capacity = self._capacity_of(t, by_name[pick], kind)
+                if capacity is None:
+                    if found:
+                        self.problems.append(f"{t.name}: {pick} became the pick once {found[-1].variant}'s served capacity "
+                                             f"missed, but was not served itself: judged on its offline figures")
+                    break
+                found.append(capacity)
+            if found:
+                out[t.name] = found
         return out
+
+    def _capacity_of(self, t: Target, rec: Record, kind: str | None) -> Capacity | None:
+        """One variant's capacity within ``t``'s SLO (cached), or None with the reason in ``problems``."""
+        pick = rec.name
+        if not get_runtime(rec.runtime).servable:
+            self.problems.append(f"{t.name}: {pick} runs on {rec.runtime}, which servopt serve does not run: priced offline")
+            return None
+        quick = self.settings.quick
+        cache_key = json.dumps([rec.key, t.max_p99_ms, quick])
+        path = self.dir.capacity(t.name, pick)
+        if path.exists():
+            stored = json.loads(path.read_text())
+            if stored.get("cache_key") == cache_key:
+                return Capacity.model_validate(stored["capacity"])
+        seconds = racing.CAPACITY_SECONDS if not quick else 15.0
+        budget = self.settings.budget_seconds
+        if budget is not None:
+            seconds = min(seconds, budget - self.elapsed() - racing.closing_seconds(len(self.targets)))
+            if seconds < racing.CAPACITY_MIN_SECONDS and not quick:
+                self.problems.append(f"{t.name}: the time budget ({self.settings.budget}) left no time to serve {pick} and "
+                                     "search its capacity within the SLO: priced on the offline figures")
+                return None
+        # half the offline rate, at most 200/s: a served request costs the HTTP front end and the load generator (on
+        # the same cores) far more than a tiny model's call, and the search doubles from there in a few steps
+        start = min(200.0, max(1.0, 0.5 * (rec.batch_ips or rec.throughput_ips or 20.0)))
+        self.progress.step(f"serving {pick}: its capacity within p99 <= {t.max_p99_ms:g} ms{self._for(kind)}")
+        try:
+            capacity = self.executor.submit(self.capacity_probe, self.out, pick, 99, t.max_p99_ms, start, seconds, quick,
+                                            resources=self.kinds.get(kind), what=f"capacity {pick}").result()
+            if stopping():  # its servers were stopped mid-search: not a capacity to keep
+                raise Interrupted(f"the capacity search of {pick} was stopped")
+        except Lost as e:
+            self.problems.append(f"{t.name}: the capacity search of {pick} was lost: {e}")
+            return None
+        if capacity.error:
+            self.problems.append(f"{t.name}: the capacity search of {pick} failed: {capacity.error} — priced on the offline figures")
+            return None
+        write_json_atomic(path, {"cache_key": cache_key, "capacity": capacity.model_dump(mode="json")})
+        return capacity
 
     def profile_variants(self, names: list[str], records: list[Record], kind: str | None = None) -> None:
         """Op-level profiles of the recommended variants, each in its own process (a measurement, so not in the report
@@ -1083,10 +1101,10 @@ class Sweep:
         capped = self.run_capped(contenders, reference, kind, targets)
         scaling = self.run_scaling(targets, records, reference, interleaved, capped, kind)
 
-        def decided(t: Target, capacity: Capacity | None = None) -> Decision:
-            return decide(t, records, reference, self.family, capped.get(t.isa or "") or interleaved, scaling, capacity)
+        def decided(t: Target, capacities: list[Capacity] | None = None) -> Decision:
+            return decide(t, records, reference, self.family, capped.get(t.isa or "") or interleaved, scaling, capacities)
 
-        capacities = self.run_capacity(targets, {t.name: decided(t) for t in targets}, records, kind)
+        capacities = self.run_capacity(targets, decided, records, kind)
         decisions = {t.name: pricing.priced(decided(t, capacities.get(t.name)), records, self.settings.load_ips) for t in targets}
         return KindOutcome(decisions, interleaved, capped, pareto_front(records, reference, self.family), scaling)
 
