@@ -243,3 +243,20 @@ def test_each_variant_is_judged_on_its_own_served_capacity():
     zero = decide(_target(), [ref, a], ref, IMAGES, scaling=scaling, capacity=[nothing])
     tp = next(x for x in zero.verdict.bounds if x.bound == "throughput_ips")
     assert tp.projection.basis == "served" and tp.value == 0 and tp.status == "fail", "nothing met the SLO: nothing served"
+
+
+def test_a_capacity_of_nothing_is_not_priced():
+    """A pick that met the SLO at no rate tried (a loaded CI machine's quick run) fails its bound and has no price,
+    never a division by zero."""
+    from servopt.contracts import Capacity, Scaling
+    from servopt.optimize import pricing
+    from servopt.optimize.decide import decide
+    from test_racing import HERE, IMAGES, rec
+
+    ref, a = rec("ort-fp32", 6.0, 200), rec("int8-a", 2.0, 600)
+    scaling = Scaling(curves={n: curve({1: [300.0] * 3, 2: [600.0] * 3}).model_copy(update={"variant": n})
+                              for n in ("int8-a", "ort-fp32")}, rounds=3, environment=HERE)
+    nothing = Capacity(variant="int8-a", slo="p99 <= 50 ms", capacity_rps=0.0, cores=2)
+    d = pricing.priced(decide(_target(), [ref, a], ref, IMAGES, scaling=scaling, capacity=[nothing]), [ref, a], 1000)
+    v = next(v for v in d.verdicts if v.variant == "int8-a")
+    assert v.price is None and not v.passes

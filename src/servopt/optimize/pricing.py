@@ -62,8 +62,11 @@ def price(target: Target, verdict: Verdict, rec: Record, load_ips: float | None)
         basis, projected = "offline", False
     else:
         return None
+    if capacity <= 0:  # served within the SLO at no rate tried: nothing to price (the verdict's bound says so)
+        return None
     instances = math.ceil(load_ips / low) if load_ips and low > 0 else None
-    return Price(per_million_usd=per_million(capacity), per_million_range_usd=[per_million(high), per_million(low)],
+    return Price(per_million_usd=per_million(capacity),
+                 per_million_range_usd=[per_million(high), per_million(low)] if low > 0 else None,
                  capacity_ips=capacity, basis=basis, projected=projected, instances=instances,
                  monthly_usd=instances * hourly * HOURS_PER_MONTH if instances else None, note=note)
 
