@@ -963,9 +963,10 @@ class Sweep:
         if not mine:
             return None
         by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
-        pool = [n for t in mine for n in ((capped.get(t.isa or "") or interleaved).variants
-                                          if (capped.get(t.isa or "") or interleaved) else
-                                          interleave_candidates([t], records, reference, self.family))]
+        pool: list[str] = []
+        for t in mine:  # the variants its decision picks among: those its (capped) side-by-side run re-measured
+            side = capped.get(t.isa or "") or interleaved
+            pool += list(side.variants) if side else interleave_candidates([t], records, reference, self.family)
         names = _joining(list(dict.fromkeys(pool)), by_name)
         if not names:
             return None
