@@ -421,7 +421,13 @@ def test_a_node_that_dies_mid_measurement_loses_only_that_attempt(cluster, train
 
     def remove_node(proc) -> dict:
         node = proc.environ()["SERVOPT_NODE"].rsplit("/", 1)[1]
+        worker = proc.parent()
         c.remove_node(next(n for n in c.list_all_nodes() if n.node_id.startswith(node)), allow_graceful=False)
+        # A simulated node's removal kills its raylet, not its workers: a worker notices the death only later and may
+        # finish the measurement and hand its result straight to the driver (seen in CI). A machine that dies takes
+        # every process with it, so the worker goes too.
+        if worker is not None and worker.is_running():
+            worker.send_signal(signal.SIGKILL)
         return {"at": time.time(), "node": node}
 
     removed = _sweep_striking(cluster, trained["path"], digits, targets_file, out, remove_node)
