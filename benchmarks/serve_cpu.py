@@ -49,10 +49,10 @@ from pathlib import Path
 
 import numpy as np
 
-import rawhttp
+from servopt.bench.cputime import proc_cpu_ticks
+from servopt.serve import rawhttp
 from servopt.serve.batcher import INFERENCE_THREAD_PREFIX, lower_priority
 from servopt.serve.harness import ServerProcess
-from text_servers import proc_cpu_ticks
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCE = "How do I make my model faster to serve?"

@@ -69,9 +69,10 @@ from pathlib import Path
 
 import numpy as np
 
+from servopt.serve import rawhttp
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import rawhttp  # noqa: E402  (stdlib: the closed loops' client)
 import text_peers  # noqa: E402  (stdlib + numpy: the shared block loop, the worker protocol)
 
 ENV_NAME = "infinity-peers"

@@ -14,7 +14,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import int8_roofline
-import rawhttp
 import text_peers
 import text_servers
 
@@ -160,57 +159,6 @@ def test_step_figures_name_the_other_load() -> None:
     assert (fig["req_per_s"], fig["texts_per_s"], fig["server_cpu_ms_per_request"], fig["others_share"]) == (50.0, 800.0, 10.0, 0.375)
     assert fig["client_cpu_ms_per_request"] == 5.0
     assert text_servers.step_figures({**raw, "cpu_deltas": [1.0]}, 1)["others_share"] is None
-
-
-# ------------------------------------------------------------------------------------------ rawhttp.py
-
-
-def test_raw_client_reads_every_answer_shape_and_counts_errors() -> None:
-    """Answers by Content-Length and in chunks count as 200s with their latency; a 503 and a closed connection count
-    as errors of their kind, and the client opens a new connection after the server closed one."""
-    import asyncio
-
-    seen: list[bytes] = []
-    connections = [0]
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections[0] += 1
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                break
-            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-            body = await reader.readexactly(length)
-            seen.append(body)
-            kind = body.decode()
-            if kind == "plain":
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-            elif kind == "chunked":
-                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n3;x=y\r\n!!!\r\n0\r\n\r\n")
-            elif kind == "busy":
-                writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
-            else:  # "close": the server asks to close after answering
-                writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
-                await writer.drain()
-                writer.close()
-                break
-            await writer.drain()
-
-    async def main() -> dict:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        async with server:
-            return await rawhttp.closed_loop(f"http://127.0.0.1:{port}/v1/x", [b"plain", b"chunked", b"busy", b"close"],
-                                             2, 0.3, 0.05, lambda: (1.0,))
-
-    out = asyncio.run(main())
-    assert out["ok"] > 0 and out["errors"].get("503", 0) > 0 and set(out["errors"]) == {"503"}
-    assert len(out["latencies_ms"]) == out["ok"] and out["cpu_deltas"] == [0.0]
-    assert connections[0] > 2  # "close" answers made the client reconnect
-    assert set(seen) == {b"plain", b"chunked", b"busy", b"close"}
-    wire = rawhttp.request_bytes("http://127.0.0.1:9/v1/embeddings", b"{}")
-    assert wire.startswith(b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:9\r\n") and wire.endswith(b"Content-Length: 2\r\n\r\n{}")
 
 
 # ------------------------------------------------------------------------------------------ int8_roofline.py

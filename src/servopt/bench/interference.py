@@ -3,7 +3,7 @@
 On a shared machine the same variant measured twice can differ by 2×; the
 tool must say when its own figures are suspect. ``/proc/stat`` gives the whole
 machine's busy time (steal included), ``os.times`` our own; the difference is
-everyone else.
+everyone else (the readers: ``bench.cputime``).
 """
 
 from __future__ import annotations
@@ -12,27 +12,11 @@ import os
 import time
 from dataclasses import dataclass
 
+from servopt.bench.cputime import machine_busy_s, own_cpu_s
 from servopt.contracts import CpuReport
 
 # Past this share of the machine used by others during a timed phase, the figure is flagged.
 DEFAULT_THRESHOLD = 0.10
-
-
-def _machine_busy_s() -> tuple[float, float]:
-    """(busy seconds summed over all CPUs, steal seconds) since boot; (nan, nan) where /proc is absent."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return float("nan"), float("nan")
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    tick = os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq + steal) / tick, steal / tick
-
-
-def _own_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 @dataclass
@@ -43,15 +27,15 @@ class CpuMonitor:
     report: CpuReport | None = None
 
     def __enter__(self) -> CpuMonitor:
-        self._busy0, self._steal0 = _machine_busy_s()
-        self._own0 = _own_cpu_s()
+        self._busy0, self._steal0 = machine_busy_s()
+        self._own0 = own_cpu_s()
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         wall = time.perf_counter() - self._t0
-        busy1, steal1 = _machine_busy_s()
-        own = _own_cpu_s() - self._own0
+        busy1, steal1 = machine_busy_s()
+        own = own_cpu_s() - self._own0
         ncpu = os.cpu_count() or 1
         other = max(0.0, (busy1 - self._busy0) - own)
         share = other / (wall * ncpu) if wall > 0 else 0.0

@@ -379,3 +379,28 @@ def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -
     rb -= rb.mean()
     denom = np.sqrt((ra * ra).sum() * (rb * rb).sum())
     return float((ra * rb).sum() / denom) if denom > 0 else float("nan")
+
+
+def exact_length_texts(tok: TextTokenizer, words: Sequence[str], count: int, tokens: int) -> list[str]:
+    """``count`` texts of exactly ``tokens`` tokens (special tokens included) under ``tok``, made of ``words`` (each
+    text starts at another word; a word that would overshoot is skipped): a workload of one known length, so two
+    tokenizers or two engines are compared on the same work."""
+    if not words:
+        raise UserError("no words to make texts of", fix="give the words of a few sentences")
+    rows = []
+    for row in range(count):
+        cur: list[str] = []
+        i = (row * 997) % len(words)
+        for _ in range(20000):
+            cand = [*cur, words[i % len(words)]]
+            i += 1
+            n = tok.encode([" ".join(cand)])[0].full_length
+            if n <= tokens:
+                cur = cand
+            if n == tokens:
+                break
+        else:
+            raise UserError(f"could not make a text of exactly {tokens} tokens from these words",
+                            fix="give more varied words, or a length the tokenizer can reach with them")
+        rows.append(" ".join(cur))
+    return rows

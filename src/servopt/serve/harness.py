@@ -8,6 +8,7 @@ server's); the tests' in-process harness (``tests/conftest.py``) uses ``free_por
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +25,23 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def revision_src(rev: str, cache: Path, repo: Path | None = None) -> Path:
+    """The ``src`` folder of git revision ``rev`` of servopt's repository (``git archive``, kept under ``cache``): what
+    ``ServerProcess(src=...)`` runs to compare two versions of the server in one run."""
+    repo = repo or Path(servopt.__file__).resolve().parents[2]
+    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", rev], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    out = cache / f"src-{sha}"
+    if not (out / "src" / "servopt").is_dir():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache))
+        archive = subprocess.run(["git", "-C", str(repo), "archive", sha, "src"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return out / "src"
 
 
 class ServerProcess:
@@ -86,11 +104,11 @@ class ServerProcess:
         return psutil.Process(self.proc.pid).memory_info().rss
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time the server process has used so far."""
-        stat = Path(f"/proc/{self.proc.pid}/stat")
-        if stat.exists():
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU time the server and its child processes have used so far (``bench.cputime``)."""
+        if Path(f"/proc/{self.proc.pid}/stat").exists():
+            from servopt.bench.cputime import tree_cpu_s
+
+            return tree_cpu_s(self.proc.pid)
         import psutil
 
         t = psutil.Process(self.proc.pid).cpu_times()

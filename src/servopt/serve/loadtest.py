@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from servopt.errors import UserError
+from servopt.serve.metrics import parse_metrics
 from servopt.serve.protocol import DATATYPES
 
 
@@ -91,17 +92,9 @@ def self_key(mode: str) -> str:
 
 
 def _parse_metrics(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.split("\n"):
-        wanted = line.startswith("servopt_request_seconds_bucket") or (
-            line.startswith(("servopt_queue_seconds_", "servopt_compute_seconds_", "servopt_batch_size_")) and "bucket" not in line)
-        if wanted:
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = float(value)
-            except ValueError:
-                continue  # not a sample line of ours
-    return out
+    """The request-latency buckets, and the queue/compute/batch sums and counts (not their buckets)."""
+    wanted = ("servopt_request_seconds_bucket", "servopt_queue_seconds_", "servopt_compute_seconds_", "servopt_batch_size_")
+    return {k: v for k, v in parse_metrics(text, wanted).items() if k.startswith(wanted[0]) or "bucket" not in k}
 
 
 def _server_percentiles(before: dict[str, float], after: dict[str, float], code: str) -> dict | None:

@@ -4,6 +4,33 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+
+def parse_metrics(text: str, prefixes: tuple[str, ...] = ("servopt_",)) -> dict[str, float]:
+    """The samples of a Prometheus text exposition (``GET /metrics``) whose names start with one of ``prefixes``:
+    ``{'name{labels}': value}``. The one reader of the server's counters for the load generators and benchmarks."""
+    out: dict[str, float] = {}
+    for line in text.split("\n"):
+        if line.startswith(prefixes):
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                continue  # not a sample line
+    return out
+
+
+def read_metrics(url: str, prefixes: tuple[str, ...] = ("servopt_",), timeout_s: float = 10.0) -> dict[str, float]:
+    """``parse_metrics`` of the server at ``url`` now."""
+    import httpx
+
+    return parse_metrics(httpx.get(f"{url.rstrip('/')}/metrics", timeout=timeout_s).text, prefixes)
+
+
+def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What each counter gained between two readings (a sample absent before counts from 0)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096)
 
 

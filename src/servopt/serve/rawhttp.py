@@ -1,4 +1,4 @@
-"""The benchmarks' closed-loop HTTP client: keep-alive HTTP/1.1 over asyncio streams, requests built once as bytes.
+"""The cheap closed-loop HTTP client of the benchmarks: keep-alive HTTP/1.1 over asyncio streams, requests built once as bytes.
 
 Written by hand because the load client shares the machine's 2 cores with the server it measures: every millisecond of
 CPU it spends per request is taken from the server, and a CPU-bound server's requests/s falls with it. aiohttp spent
@@ -58,7 +58,7 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration:
     conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter] | None] = [None] * concurrency
 
     async def client(i: int, until: float, record: bool) -> None:
-        """Requests until ``until`` (the last one is waited for, as aiohttp's loop in text_servers.py did)."""
+        """Requests until ``until`` (the last one is waited for)."""
         while time.perf_counter() < until:
             if conns[i] is not None and conns[i][0].at_eof():  # closed by the server while idle (keep-alive timeout)
                 conns[i][1].close()

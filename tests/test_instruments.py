@@ -1,0 +1,205 @@
+"""The measuring instruments the benchmarks import from the library (issue 35): CPU accounting of the machine, a process
+tree and its threads (bench.cputime), the cheap HTTP client (serve.rawhttp), /metrics parsing (serve.metrics), timed
+blocks across environments (bench.blocks), texts of exactly N tokens (data.text), a revision's source (serve.harness)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servopt.bench import blocks, cputime
+from servopt.serve import rawhttp
+from servopt.serve.metrics import metrics_delta, parse_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+LINUX = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc only")
+
+
+def test_proc_stat_fields_survive_odd_command_names() -> None:
+    """utime and stime are fields 14 and 15 of proc(5); a command name with spaces and ')' must not shift them."""
+    rest = "S 1 2 3 4 5 6 7 8 9 10 1234 56 0 0 20 0 8 0 100 0 0"
+    assert cputime.proc_cpu_ticks(f"4242 (uvicorn) {rest}") == 1290
+    assert cputime.proc_cpu_ticks(f"4242 (a b) c)) {rest}") == 1290
+    assert cputime.proc_ppid(f"4242 (a b) c)) {rest}") == 1
+    assert cputime.status_kb("Name:\tx\nVmHWM:\t  239012 kB\nVmRSS:\t 1000 kB\n", "VmHWM") == 239012
+    assert cputime.status_kb("Name:\tx\n", "VmHWM") == 0
+
+
+@LINUX
+def test_a_process_tree_counts_its_children() -> None:
+    """A server's CPU is its tree's: a child burning CPU counts in its parent's tree, and the tree names the child."""
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.5\n"
+                              "while time.process_time() < end: pass\ntime.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and cputime.tree_cpu_s(os.getpid()) - cputime.own_cpu_s() < 0.4:
+            time.sleep(0.05)
+        assert child.pid in cputime.process_tree(os.getpid())
+        assert cputime.tree_cpu_s(os.getpid()) - cputime.own_cpu_s() >= 0.4
+        assert cputime.tree_kb(os.getpid(), "VmHWM") >= cputime.tree_kb(os.getpid(), "VmRSS") > 0
+    finally:
+        child.kill()
+        child.wait()
+    busy, steal = cputime.machine_busy_s()
+    assert busy > 0 and steal >= 0
+
+
+@LINUX
+def test_thread_cpu_counts_a_named_inference_thread_while_it_runs() -> None:
+    """A server's CPU split: the main thread (the event loop) and the threads named servopt-infer* (read while they
+    live: an ended thread leaves /proc, as the server's executor threads do not)."""
+    from servopt.serve.batcher import INFERENCE_THREAD_PREFIX, name_native_thread
+
+    done, measured = threading.Event(), threading.Event()
+
+    def burn() -> None:
+        name_native_thread()
+        end = time.process_time() + 0.4
+        while time.process_time() < end:
+            pass
+        done.set()
+        measured.wait(10)
+
+    loop0, infer0 = cputime.thread_cpu_s(os.getpid(), INFERENCE_THREAD_PREFIX)
+    t = threading.Thread(target=burn, name="servopt-infer_7")
+    t.start()
+    done.wait(10)
+    loop1, infer1 = cputime.thread_cpu_s(os.getpid(), INFERENCE_THREAD_PREFIX)
+    measured.set()
+    t.join()
+    assert infer1 - infer0 >= 0.3
+    assert loop1 - loop0 < 0.2  # the main thread waited
+
+
+def test_raw_client_reads_every_answer_shape_and_counts_errors() -> None:
+    """Answers by Content-Length and in chunks count as 200s with their latency; a 503 and a closed connection count
+    as errors of their kind, and the client opens a new connection after the server closed one."""
+    seen: list[bytes] = []
+    connections = [0]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections[0] += 1
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+            seen.append(body)
+            kind = body.decode()
+            if kind == "plain":
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            elif kind == "chunked":
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n3;x=y\r\n!!!\r\n0\r\n\r\n")
+            elif kind == "busy":
+                writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+            else:  # "close": the server asks to close after answering
+                writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+                writer.close()
+                break
+            await writer.drain()
+
+    async def main() -> dict:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await rawhttp.closed_loop(f"http://127.0.0.1:{port}/v1/x", [b"plain", b"chunked", b"busy", b"close"],
+                                             2, 0.3, 0.05, lambda: (1.0,))
+
+    out = asyncio.run(main())
+    assert out["ok"] > 0 and out["errors"].get("503", 0) > 0 and set(out["errors"]) == {"503"}
+    assert len(out["latencies_ms"]) == out["ok"] and out["cpu_deltas"] == [0.0]
+    assert connections[0] > 2  # "close" answers made the client reconnect
+    assert set(seen) == {b"plain", b"chunked", b"busy", b"close"}
+    wire = rawhttp.request_bytes("http://127.0.0.1:9/v1/embeddings", b"{}")
+    assert wire.startswith(b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:9\r\n") and wire.endswith(b"Content-Length: 2\r\n\r\n{}")
+
+
+def test_metrics_are_parsed_by_prefix_and_differenced() -> None:
+    text = ("# HELP servopt_refused_total x\n# TYPE servopt_refused_total counter\n"
+            'servopt_refused_total{reason="expected_wait"} 3.0\nservopt_batch_size_sum 64.0\nservopt_batch_size_count 4.0\n'
+            "process_cpu_seconds_total 1.5\nservopt_broken nan-ish\n")
+    values = parse_metrics(text)
+    assert values == {'servopt_refused_total{reason="expected_wait"}': 3.0, "servopt_batch_size_sum": 64.0,
+                      "servopt_batch_size_count": 4.0}
+    assert parse_metrics(text, ("servopt_batch_size_count",)) == {"servopt_batch_size_count": 4.0}
+    assert metrics_delta({"servopt_batch_size_sum": 60.0}, values)["servopt_batch_size_sum"] == 4.0
+    assert metrics_delta({}, values)["servopt_batch_size_count"] == 4.0
+
+
+def test_workloads_are_the_same_texts_for_every_side() -> None:
+    inputs = {"pools": {"short": ["a", "b"], "128": ["c"]}, "b32x128": ["x"] * 32, "short": "s", "texts": ["t", "u"]}
+    assert blocks.workload(inputs, "pool:short:8") == (["a", "b"], 8)
+    assert blocks.workload(inputs, "b1short") == (["s"], 1)
+    assert blocks.workload(inputs, "texts") == (["t", "u"], 32)
+    with pytest.raises(ValueError, match="unknown workload"):
+        blocks.workload(inputs, "nope")
+
+
+def test_a_block_worker_answers_blocks_and_reports_a_failing_command(tmp_path: Path) -> None:
+    """The controller asks a worker in another process (as in a peer's environment, servopt's src on PYTHONPATH) for a
+    timed block; a command naming no backend answers ok: false and the worker goes on."""
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps({"texts": ["a", "bb"], "short": "s", "b32x128": ["x"] * 32}))
+    code = ("import json, sys, numpy as np\nfrom servopt.bench import blocks\nout = blocks.protocol_channel()\n"
+            "print('noise a library prints')\n"
+            f"inputs = json.load(open({str(inputs)!r}))\n"
+            "blocks.answer_blocks({'len': lambda t, b: np.array([[len(x)] for x in t], np.float32)}, inputs, {'side': 'fake'}, out)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    worker = blocks.BlockWorker("fake", [sys.executable, "-c", code], env, tmp_path / "worker.log")
+    try:
+        assert worker.answer(60) == {"ready": True, "side": "fake"}
+        block = worker.ask({"op": "block", "backend": "len", "workload": "texts", "min_calls": 3, "min_seconds": 0.01,
+                            "max_seconds": 5}, 60)
+        assert block["ok"] and len(block["times_ns"]) >= 3 and block["items_per_call"] == 2 and block["stopped_by"] == "rule"
+        failed = worker.ask({"op": "block", "backend": "missing", "workload": "texts"}, 60)
+        assert not failed["ok"] and "missing" in failed["error"]
+        worker.ask({"op": "embed", "backend": "len", "out": str(tmp_path / "e.npy")}, 60)
+        assert np.load(tmp_path / "e.npy").tolist() == [[1.0], [2.0]]
+        assert worker.cpu_s() > 0
+    finally:
+        worker.stop()
+    assert worker.proc.returncode == 0 and "noise a library prints" in (tmp_path / "worker.log").read_text()
+
+
+def test_texts_of_exactly_n_tokens(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from servopt.data.text import TextTokenizer, exact_length_texts
+    from servopt.errors import UserError
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "mat"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text_tok = TextTokenizer(tmp_path / "tokenizer.json", max_length=8)  # shorter than the texts asked for: not a limit
+    texts = exact_length_texts(text_tok, ["the", "cat", "sat", "on", "the", "mat"], 3, 12)
+    assert len(texts) == 3 and len(set(texts)) > 1  # each starts at another word
+    assert [e.full_length for e in text_tok.encode(texts)] == [12, 12, 12]
+    with pytest.raises(UserError, match="no words"):
+        exact_length_texts(text_tok, [], 1, 12)
+    with pytest.raises(UserError, match="exactly 1 tokens"):
+        exact_length_texts(text_tok, ["the"], 1, 1)
+
+
+def test_a_revisions_src_is_checked_out_into_a_cache_made_on_demand(tmp_path: Path) -> None:
+    """Two versions of the server in one run: the other revision's server runs from its archived src."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    from servopt.serve.harness import revision_src
+
+    src = revision_src("HEAD", tmp_path / "not-yet" / "revisions")
+    assert (src / "servopt" / "serve" / "batcher.py").is_file()
+    assert revision_src("HEAD", tmp_path / "not-yet" / "revisions") == src  # cached: archived once
