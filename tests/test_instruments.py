@@ -203,3 +203,19 @@ def test_a_revisions_src_is_checked_out_into_a_cache_made_on_demand(tmp_path: Pa
     src = revision_src("HEAD", tmp_path / "not-yet" / "revisions")
     assert (src / "servopt" / "serve" / "batcher.py").is_file()
     assert revision_src("HEAD", tmp_path / "not-yet" / "revisions") == src  # cached: archived once
+
+
+def test_any_server_runs_until_it_answers_and_a_dead_one_says_why(tmp_path: Path) -> None:
+    """AppProcess runs a server from any command (a peer's in its own environment), ready at its first 200, with its
+    tree's CPU and memory; one that exits while starting raises with its output."""
+    from servopt.serve.harness import AppProcess, free_port
+
+    port = free_port()
+    (tmp_path / "ready").write_text("ok")
+    with AppProcess([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], port, cwd=tmp_path,
+                    ready_path="/ready", start_timeout_s=60) as app:
+        assert app.start_s > 0 and app.cpu_seconds() > 0 and app.rss_bytes() > 0
+        assert app.peak_rss_bytes() >= app.rss_bytes() or not Path("/proc").exists()
+    assert app.proc.poll() is not None
+    with pytest.raises(RuntimeError, match="(?s)exited with code 0 while starting.*no server here"):
+        AppProcess([sys.executable, "-c", "print('no server here')"], free_port(), start_timeout_s=30)

@@ -1,5 +1,7 @@
-"""Servers on free loopback ports for tests and benchmarks: one way to pick a port, and one way to run ``servopt serve``
-in a process of its own, wait until it answers, read its memory and CPU, and stop it gracefully.
+"""Servers on free loopback ports for tests and benchmarks: one way to pick a port, and one way to run a server in a
+process of its own (``AppProcess``: any command, a peer's server in its own environment too; ``ServerProcess``:
+``servopt serve``, this revision or another's source), wait until it answers, read its memory and CPU, and stop it
+gracefully.
 
 Benchmarks measure the server as a user runs it (the CLI, its own process, so the load generator's CPU is not the
 server's); the tests' in-process harness (``tests/conftest.py``) uses ``free_port`` from here too.
@@ -16,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 import servopt
 
@@ -44,35 +47,28 @@ def revision_src(rev: str, cache: Path, repo: Path | None = None) -> Path:
     return out / "src"
 
 
-class ServerProcess:
-    """``servopt serve SOURCE ARGS`` in its own process on free loopback ports (REST, and gRPC with ``grpc=True``),
-    ready once ``/v2/health/ready`` answers 200: the gRPC front end starts in the same lifespan, before REST listens.
+class AppProcess:
+    """Any HTTP server in its own process (``cmd``, from any Python environment), ready once it answers: a GET of
+    ``ready_path`` with 200, or a POST of ``ready_body`` there (a peer's server that has no health route is ready when
+    it embeds). Its output goes to a temporary file, shown when it fails to start; ``start_s`` is how long it took to
+    answer. ``with AppProcess(...) as s:`` stops it with SIGTERM (graceful) on the way out; a sweep stopped by
+    SIGINT/SIGTERM stops it too (``launcher.stop_all``)."""
 
-    It runs this very servopt (its source folder first on ``PYTHONPATH``), or the one under ``src`` (another version's
-    source folder, for a same-run comparison); its output goes to a temporary file, shown when it fails to start.
-    ``with ServerProcess(...) as s:`` stops it with SIGTERM (graceful) on the way out."""
-
-    def __init__(self, source: str | Path, *args: str, grpc: bool = False, env: dict[str, str] | None = None,
-                 start_timeout_s: float = 120.0, src: str | Path | None = None) -> None:
-        self.port = free_port()
-        self.grpc_port = free_port() if grpc else None
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.grpc_url = f"127.0.0.1:{self.grpc_port}" if grpc else None
-        cmd = [sys.executable, "-m", "servopt", "serve", str(source), "--host", "127.0.0.1", "--port", str(self.port), *args]
-        if grpc:
-            cmd += ["--grpc-port", str(self.grpc_port)]
-        src = str(src or Path(servopt.__file__).resolve().parents[1])
-        environ = {**os.environ, **(env or {})}
-        environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, environ.get("PYTHONPATH", "")) if p)
-        self.log = tempfile.NamedTemporaryFile(prefix="servopt-serve-", suffix=".log", delete=False)  # noqa: SIM115 - closed in stop
+    def __init__(self, cmd: list[str], port: int, *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+                 ready_path: str = "/v2/health/ready", ready_body: bytes | None = None, start_timeout_s: float = 120.0) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
         self.command = cmd
-        self.proc = subprocess.Popen(cmd, env=environ, stdout=self.log, stderr=subprocess.STDOUT)
+        self.log = tempfile.NamedTemporaryFile(prefix="servopt-app-", suffix=".log", delete=False)  # noqa: SIM115 - closed in stop
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT)
         from servopt.bench.launcher import track
 
-        track(self.proc)  # a sweep stopped by SIGINT/SIGTERM (launcher.stop_all) stops it too
-        self._wait_ready(start_timeout_s)
+        track(self.proc)
+        self._wait_ready(ready_path, ready_body, start_timeout_s)
+        self.start_s = time.monotonic() - t0
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def _wait_ready(self, path: str, body: bytes | None, timeout_s: float) -> None:
         import httpx
 
         deadline = time.monotonic() + timeout_s
@@ -80,28 +76,37 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 break
             try:
-                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
+                r = (httpx.post(self.url + path, content=body, headers={"Content-Type": "application/json"}, timeout=5)
+                     if body is not None else httpx.get(self.url + path, timeout=1))
+                if r.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
+        code = self.proc.poll()
         output = self.output()
         self.stop()
-        raise RuntimeError(f"`{' '.join(self.command)}` did not become ready in {timeout_s:g} s:\n{output[-3000:]}")
+        why = f"exited with code {code} while starting" if code is not None else f"did not become ready in {timeout_s:g} s"
+        raise RuntimeError(f"`{' '.join(self.command)}` {why}:\n{output[-3000:]}")
 
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
 
     def rss_bytes(self) -> int:
-        """Resident memory of the server process now (Linux: /proc; elsewhere psutil when installed)."""
-        status = Path(f"/proc/{self.proc.pid}/status")
-        if status.exists():
-            for line in status.read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
+        """Resident memory of the server's process tree now (Linux: /proc; elsewhere psutil, the process alone)."""
+        if Path(f"/proc/{self.proc.pid}/status").exists():
+            from servopt.bench.cputime import tree_kb
+
+            return tree_kb(self.proc.pid, "VmRSS") * 1024
         import psutil
 
         return psutil.Process(self.proc.pid).memory_info().rss
+
+    def peak_rss_bytes(self) -> int:
+        """The peak resident memory of each process of the tree, summed (Linux only; 0 elsewhere)."""
+        from servopt.bench.cputime import tree_kb
+
+        return tree_kb(self.proc.pid, "VmHWM") * 1024 if Path(f"/proc/{self.proc.pid}/status").exists() else 0
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the server and its child processes have used so far (``bench.cputime``)."""
@@ -129,9 +134,36 @@ class ServerProcess:
         self.log.close()
         return self.proc.returncode
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
         Path(self.log.name).unlink(missing_ok=True)
+
+
+def servopt_env(src: str | Path | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment with ``env`` over it and servopt's source folder (``src``: another version's) first on
+    ``PYTHONPATH``: how a process runs this very servopt, or another revision of it."""
+    src = str(src or Path(servopt.__file__).resolve().parents[1])
+    environ = {**os.environ, **(env or {})}
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, environ.get("PYTHONPATH", "")) if p)
+    return environ
+
+
+class ServerProcess(AppProcess):
+    """``servopt serve SOURCE ARGS`` in its own process on free loopback ports (REST, and gRPC with ``grpc=True``),
+    ready once ``/v2/health/ready`` answers 200: the gRPC front end starts in the same lifespan, before REST listens.
+
+    It runs this very servopt (its source folder first on ``PYTHONPATH``), or the one under ``src`` (another version's
+    source folder, for a same-run comparison: ``revision_src``)."""
+
+    def __init__(self, source: str | Path, *args: str, grpc: bool = False, env: dict[str, str] | None = None,
+                 start_timeout_s: float = 120.0, src: str | Path | None = None) -> None:
+        port = free_port()
+        self.grpc_port = free_port() if grpc else None
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}" if grpc else None
+        cmd = [sys.executable, "-m", "servopt", "serve", str(source), "--host", "127.0.0.1", "--port", str(port), *args]
+        if grpc:
+            cmd += ["--grpc-port", str(self.grpc_port)]
+        super().__init__(cmd, port, env=servopt_env(src, env), start_timeout_s=start_timeout_s)
