@@ -217,5 +217,67 @@ def test_any_server_runs_until_it_answers_and_a_dead_one_says_why(tmp_path: Path
         assert app.start_s > 0 and app.cpu_seconds() > 0 and app.rss_bytes() > 0
         assert app.peak_rss_bytes() >= app.rss_bytes() or not Path("/proc").exists()
     assert app.proc.poll() is not None
-    with pytest.raises(RuntimeError, match="(?s)exited with code 0 while starting.*no server here"):
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 0 while starting.*no server here"):
         AppProcess([sys.executable, "-c", "print('no server here')"], free_port(), start_timeout_s=30)
+
+
+def test_the_raw_poisson_loop_sends_at_its_rate_whatever_the_answers_and_drops_past_its_cap() -> None:
+    """An open loop keeps its arrival rate while answers are slow: at 200/s for 0.5 s against a server answering in
+    50 ms, about 100 arrive, several are in flight at once (connections are opened as needed), and with a cap of 2 in
+    flight the rest are dropped by the client, not queued."""
+    in_flight, peak = [0], [0]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+            await asyncio.sleep(0.05)
+            in_flight[0] -= 1
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async def main(cap: int) -> dict:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await rawhttp.poisson_loop(f"http://127.0.0.1:{port}/x", [b"{}"], 200, 0.5, 0.0, seed=1, max_in_flight=cap)
+
+    free = asyncio.run(main(512))
+    assert 50 <= free["ok"] <= 170 and not free["errors"] and free["dropped_by_client"] == 0 and peak[0] >= 3
+    capped = asyncio.run(main(2))
+    assert capped["dropped_by_client"] > 10 and capped["ok"] + capped["dropped_by_client"] >= 50
+
+
+def test_servopts_text_encoder_batches_by_length_and_answers_in_input_order(tmp_path: Path) -> None:
+    """The offline side of a text comparison: length-sorted batches, each padded to its own longest, rows back in the
+    order the texts came."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from servopt.families.text import text_encoder
+    from servopt.spec import ModelSpec, TensorSpec
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    ids = [TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in ("input_ids", "attention_mask")]
+    spec = ModelSpec(inputs=ids, outputs=[TensorSpec(name="e", dtype="float32", shape=["batch", 2])], task="embedding",
+                     preprocessing={"tokenizer": str(tmp_path / "tokenizer.json"), "max_length": 32})
+    widths: list[int] = []
+
+    class Session:
+        def run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+            widths.append(feed["input_ids"].shape[1])
+            n = feed["attention_mask"].sum(1).astype(np.float32)
+            return np.stack([n, n], axis=1)
+
+    texts = ["a " * 9, "a", "a " * 5, "b b"]  # 11, 3, 7 and 4 tokens
+    out = text_encoder(spec, Session())(texts, 2)
+    assert out[:, 0].tolist() == [11, 3, 7, 4]
+    assert sorted(widths) == [4, 11]  # (3, 4) and (7, 11): each batch padded to its own longest

@@ -17,6 +17,7 @@ Server: OIP v2 with a ``BYTES`` input ``text`` (tokenized in the server),
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -73,6 +74,32 @@ def tokenizer_of(spec: ModelSpec) -> TextTokenizer:
     if not pp.get("tokenizer"):
         raise UserError("this text model has no tokenizer recorded", fix="load it from its Hugging Face folder")
     return _tokenizer(str(pp["tokenizer"]), int(pp.get("max_length") or 512), bool(pp.get("lowercase")))
+
+
+def text_encoder(spec: ModelSpec, session: Any) -> Callable[[list[str], int], np.ndarray]:
+    """Texts in, embeddings out, as servopt runs a text model offline: its tokenizer (the server's), length-sorted
+    batches of ``batch_size`` each padded to its own longest text, results put back in input order. What a benchmark
+    times against a peer's own ``encode(texts, batch_size)``."""
+    from servopt.data.text import length_sorted_batches, pad_batch
+
+    tok = tokenizer_of(spec)
+    names = [t.name for t in spec.inputs]
+    cap = tok.max_length * CHARS_PER_TOKEN_CAP
+
+    def encode(texts: list[str], batch_size: int) -> np.ndarray:
+        enc = tok.encode([t[:cap] for t in texts])
+        if len(enc) <= batch_size:
+            return session.run(pad_batch(enc, names, pad_id=tok.pad_id))
+        lengths = np.fromiter((len(e.ids) for e in enc), dtype=np.int64, count=len(enc))
+        out = None
+        for idx in length_sorted_batches(lengths, batch_size):
+            y = session.run(pad_batch([enc[i] for i in idx], names, pad_id=tok.pad_id))
+            if out is None:
+                out = np.empty((len(enc), *y.shape[1:]), dtype=y.dtype)
+            out[idx] = y
+        return out
+
+    return encode
 
 
 def split_pairs(pairs: list[tuple[str, str, float]]) -> tuple[list[tuple[str, str, float]], list[tuple[str, str, float]]]:

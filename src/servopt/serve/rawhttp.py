@@ -1,4 +1,4 @@
-"""The cheap closed-loop HTTP client of the benchmarks: keep-alive HTTP/1.1 over asyncio streams, requests built once as bytes.
+"""The cheap HTTP client of the benchmarks (closed and Poisson loops): keep-alive HTTP/1.1 over asyncio streams, requests built once as bytes.
 
 Written by hand because the load client shares the machine's 2 cores with the server it measures: every millisecond of
 CPU it spends per request is taken from the server, and a CPU-bound server's requests/s falls with it. aiohttp spent
@@ -12,6 +12,7 @@ the slowest) is opened again before the next request; one closed under a request
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -94,3 +95,79 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration:
             if conn is not None:
                 conn[1].close()
     return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "cpu_deltas": deltas}
+
+
+async def poisson_loop(url: str, bodies: list[bytes], rate: float, duration: float, warmup: float, seed: int,
+                       probe: Callable[[], tuple[float, ...]] = lambda: (0.0,), max_in_flight: int = 512) -> dict:
+    """Open loop: requests sent at Poisson arrivals of ``rate``/s whatever the answers do (MLPerf's server scenario),
+    each on a connection of a pool (opened as needed, kept alive); past ``max_in_flight`` outstanding requests an
+    arrival is dropped and counted, never queued in the client. Returns what ``closed_loop`` does, plus
+    ``dropped_by_client``."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    wires = [request_bytes(url, b) for b in bodies]
+    rng = random.Random(seed)
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    dropped = [0]
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    opened: list[asyncio.StreamWriter] = []
+
+    async def one(wire: bytes, record: bool) -> None:
+        conn = None
+        while idle and conn is None:
+            conn = idle.pop()
+            if conn[0].at_eof():  # closed by the server while idle
+                conn[1].close()
+                conn = None
+        t0 = time.perf_counter()
+        try:
+            if conn is None:
+                conn = await asyncio.open_connection(host, port)
+                opened.append(conn[1])
+            conn[1].write(wire)
+            status, _, close = await asyncio.wait_for(read_answer(conn[0]), 120)
+            kind = str(status)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as e:
+            kind, close = type(e).__name__, True
+        if record and kind == "200":
+            lat.append((time.perf_counter() - t0) * 1000)
+        elif record:
+            errors[kind] = errors.get(kind, 0) + 1
+        if conn is not None:
+            if close:
+                conn[1].close()
+            else:
+                idle.append(conn)
+
+    async def run(length: float, record: bool) -> float:
+        tasks: set[asyncio.Task] = set()
+        start = t = time.perf_counter()
+        k = 0
+        while t < start + length:
+            t += rng.expovariate(rate)
+            delay = t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if len(tasks) >= max_in_flight:
+                dropped[0] += record
+                continue
+            task = asyncio.create_task(one(wires[k % len(wires)], record))
+            k += 1
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(set(tasks), timeout=120)
+        return time.perf_counter() - start
+
+    try:
+        if warmup > 0:
+            await run(warmup, False)
+        p0 = probe()
+        wall = await run(duration, True)
+        deltas = [b - a for a, b in zip(p0, probe(), strict=True)]
+    finally:
+        for writer in opened:
+            writer.close()
+    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "dropped_by_client": dropped[0],
+            "cpu_deltas": deltas}
