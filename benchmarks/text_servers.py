@@ -63,17 +63,19 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
+# stdlib-only modules of servopt: this file also runs in Infinity's environment (its src on PYTHONPATH)
+from servopt.bench import blocks
+from servopt.bench.cputime import machine_busy_s, own_cpu_s
 from servopt.serve import rawhttp
+from servopt.serve.harness import AppProcess, free_port, revision_src, servopt_env
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import text_peers  # noqa: E402  (stdlib + numpy: the shared block loop, the worker protocol)
+SRC = HERE.parent / "src"
 
 ENV_NAME = "infinity-peers"
 INFINITY_VERSION = "0.0.78"
@@ -99,62 +101,6 @@ def infinity_requirements() -> list[str]:
 # ------------------------------------------------------------------------------------------ pure helpers
 
 
-def proc_cpu_ticks(stat_line: str) -> int:
-    """utime + stime (clock ticks) from one ``/proc/<pid>/stat`` line; the command name may hold spaces and ')'."""
-    fields = stat_line[stat_line.rindex(")") + 2:].split()
-    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), counted after "pid (comm)"
-
-
-def proc_ppid(stat_line: str) -> int:
-    return int(stat_line[stat_line.rindex(")") + 2:].split()[1])
-
-
-def status_kb(status_text: str, key: str) -> int:
-    """A ``kB`` field of ``/proc/<pid>/status`` (``VmHWM``: peak resident set; ``VmRSS``); 0 when absent."""
-    for line in status_text.splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                children.setdefault(proc_ppid((entry / "stat").read_text()), []).append(int(entry.name))
-            except (OSError, ValueError):
-                continue
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its live descendants."""
-    ticks = 0
-    for p in process_tree(pid):
-        try:
-            ticks += proc_cpu_ticks(Path(f"/proc/{p}/stat").read_text())
-        except OSError:
-            continue
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def tree_kb(pid: int, key: str) -> int:
-    total = 0
-    for p in process_tree(pid):
-        try:
-            total += status_kb(Path(f"/proc/{p}/status").read_text(), key)
-        except OSError:
-            continue
-    return total
-
-
 def request_body(texts: list[str], encoding: str = "base64") -> bytes:
     return json.dumps({"model": MODEL_NAME, "input": texts, "encoding_format": encoding}).encode()
 
@@ -164,6 +110,20 @@ def decode_embeddings(answer: dict) -> np.ndarray:
     rows = sorted(answer["data"], key=lambda d: d["index"])
     return np.stack([np.frombuffer(base64.b64decode(r["embedding"]), dtype="<f4") if isinstance(r["embedding"], str)
                      else np.asarray(r["embedding"], dtype=np.float32) for r in rows])
+
+
+def embed(url: str, texts: list[str], encoding: str, chunk: int = 16) -> np.ndarray:
+    """The server's embeddings of ``texts`` over OpenAI ``/v1/embeddings``, ``chunk`` texts a request."""
+    import httpx
+
+    out = []
+    for i in range(0, len(texts), chunk):
+        r = httpx.post(f"{url}/v1/embeddings", content=request_body(texts[i:i + chunk], encoding),
+                       headers={"Content-Type": "application/json"}, timeout=120)
+        if r.status_code != 200:
+            raise RuntimeError(f"{url} answered {r.status_code}: {r.text[:500]}")
+        out.append(decode_embeddings(r.json()))
+    return np.concatenate(out)
 
 
 def make_bodies(pool: list[str], per_request: int, count: int, seed: int) -> list[bytes]:
@@ -188,7 +148,7 @@ def cells(rate: float) -> list[dict]:
 
 
 def model_alone_workload(cell: dict) -> str | None:
-    """The offline workload (``text_peers.workload``) bounding a closed-loop cell from above: the cell's texts through
+    """The offline workload (``bench.blocks.workload``) bounding a closed-loop cell from above: the cell's texts through
     the model alone, no server and no client, in calls as large as the loop's requests could be merged into (their
     texts × concurrency, at most ``servopt serve``'s default ``--max-batch``). A server that cost nothing but its model
     calls would serve at most this many texts/s, so its ratio to a peer's texts/s is the most any server running this
@@ -199,7 +159,7 @@ def model_alone_workload(cell: dict) -> str | None:
 
 
 def block_texts_per_s(answer: dict, what: str) -> float:
-    """Texts/s of one offline block answer (``text_peers.time_block``); a failed block stops the run, naming it."""
+    """Texts/s of one offline block answer (``bench.blocks.time_block``); a failed block stops the run, naming it."""
     if not answer.get("ok"):
         raise RuntimeError(f"offline block {what} failed: {answer.get('error')}")
     return answer["items_per_call"] * len(answer["times_ns"]) / (sum(answer["times_ns"]) / 1e9)
@@ -213,82 +173,6 @@ def median_ratio(a: list[float | None], b: list[float | None]) -> float | None:
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a, b = a.astype(np.float64), b.astype(np.float64)
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
-# ------------------------------------------------------------------------------------------ the client
-
-
-async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration: float, warmup: float,
-                      probe: Callable[[], tuple[float, ...]] = lambda: (0.0,)) -> dict:
-    """``concurrency`` clients, each sending the next body as soon as its answer is in; ``duration`` seconds after
-    ``warmup``. ``probe()`` (CPU counters: the server's, the machine's, this process's) is read when the timed part
-    starts and ends."""
-    import aiohttp
-
-    headers = {"Content-Type": "application/json"}
-    counter = iter(range(10**12))
-    lat: list[float] = []
-    errors: dict[str, int] = {}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)) as s:
-        async def one(record: bool) -> None:
-            await text_peers.post_timed(s, url, bodies[next(counter) % len(bodies)], headers, lat, errors, record)
-
-        async def client(until: float, record: bool) -> None:
-            while time.perf_counter() < until:
-                await one(record)
-
-        if warmup > 0:
-            end = time.perf_counter() + warmup
-            await asyncio.gather(*(client(end, False) for _ in range(concurrency)))
-        p0 = probe()
-        start = time.perf_counter()
-        await asyncio.gather(*(client(start + duration, True) for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-        deltas = [b - a for a, b in zip(p0, probe(), strict=True)]
-    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "cpu_deltas": deltas}
-
-
-async def poisson_loop(url: str, bodies: list[bytes], rate: float, duration: float, warmup: float, seed: int,
-                       probe: Callable[[], tuple[float, ...]] = lambda: (0.0,), max_in_flight: int = 512) -> dict:
-    """Open loop: requests sent at Poisson arrivals of ``rate``/s whatever the answers do (MLPerf's server scenario);
-    past ``max_in_flight`` outstanding requests an arrival is dropped and counted, never queued in the client."""
-    import aiohttp
-
-    headers = {"Content-Type": "application/json"}
-    rng = random.Random(seed)
-    lat: list[float] = []
-    errors: dict[str, int] = {}
-    dropped = [0]
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)) as s:
-        async def one(body: bytes, record: bool) -> None:
-            await text_peers.post_timed(s, url, body, headers, lat, errors, record)
-
-        async def run(length: float, record: bool) -> float:
-            tasks: set[asyncio.Task] = set()
-            start = t = time.perf_counter()
-            k = 0
-            while t < start + length:
-                t += rng.expovariate(rate)
-                delay = t - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if len(tasks) >= max_in_flight:
-                    dropped[0] += record
-                    continue
-                task = asyncio.create_task(one(bodies[k % len(bodies)], record))
-                k += 1
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.wait(set(tasks), timeout=120)
-            return time.perf_counter() - start
-
-        if warmup > 0:
-            await run(warmup, False)
-        p0 = probe()
-        wall = await run(duration, True)
-        deltas = [b - a for a, b in zip(p0, probe(), strict=True)]
-    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "dropped_by_client": dropped[0], "cpu_deltas": deltas}
 
 
 def step_figures(raw: dict, texts_per_request: int, ncpu: int = 1) -> dict:
@@ -310,62 +194,6 @@ def step_figures(raw: dict, texts_per_request: int, ncpu: int = 1) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ servers
-
-
-class Server:
-    """One server process, started alone; ready at its first 200 from ``POST /v1/embeddings``."""
-
-    def __init__(self, label: str, cmd: list[str], port: int, env: dict, cwd: Path, log: Path, timeout: float = 600) -> None:
-        import httpx
-
-        self.label, self.url = label, f"http://127.0.0.1:{port}/v1/embeddings"
-        self._log = open(log, "w")  # noqa: SIM115 - open for the server's lifetime
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
-        self.log = log
-        body = request_body(["a warm sentence"])
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{label} exited {self.proc.returncode} while starting: {log.read_text(errors='replace')[-2000:]}")
-            try:
-                if httpx.post(self.url, content=body, headers={"Content-Type": "application/json"}, timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.perf_counter() - t0 > timeout:
-                self.stop()
-                raise RuntimeError(f"{label} not ready in {timeout:.0f} s: {log.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.1)
-        self.start_s = time.perf_counter() - t0
-        self.rss_after_start_mb = tree_kb(self.proc.pid, "VmRSS") / 1024
-
-    def cpu_s(self) -> float:
-        return tree_cpu_s(self.proc.pid)
-
-    def peak_mb(self) -> float:
-        return tree_kb(self.proc.pid, "VmHWM") / 1024
-
-    def embed(self, texts: list[str], encoding: str, chunk: int = 16) -> np.ndarray:
-        import httpx
-
-        out = []
-        for i in range(0, len(texts), chunk):
-            r = httpx.post(self.url, content=request_body(texts[i:i + chunk], encoding), headers={"Content-Type": "application/json"},
-                           timeout=120)
-            if r.status_code != 200:
-                raise RuntimeError(f"{self.label} answered {r.status_code}: {r.text[:500]}")
-            out.append(decode_embeddings(r.json()))
-        return np.concatenate(out)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
 
 
 def servopt_command(args, run: Path | None, port: int, extra: str) -> list[str]:
@@ -390,7 +218,7 @@ def infinity_command(python: Path, port: int, extra: str) -> list[str]:
 def infinity_env(work: Path) -> dict:
     env = {**os.environ, **OFFLINE_ENV, "HF_HOME": str(work / "infinity-hf-home"), "INFINITY_ANONYMOUS_USAGE_STATS": "0",
            "DO_NOT_TRACK": "1"}
-    env.pop("PYTHONPATH", None)
+    env["PYTHONPATH"] = str(SRC)  # for this file's own imports in the build; Infinity imports nothing of servopt
     return env
 
 
@@ -408,7 +236,7 @@ def infinity_log_facts(log: str) -> dict:
 
 
 def int8_preset() -> str:
-    return "avx512_vnni" if "avx512_vnni" in text_peers.cpu_flags() else "avx2"
+    return "avx512_vnni" if "avx512_vnni" in set(next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])) else "avx2"
 
 
 def infinity_build(argv: list[str]) -> None:
@@ -480,28 +308,28 @@ def ensure_servopt_run(args, model_dir: Path, work: Path) -> Path:
 def offline_worker(argv: list[str]) -> None:
     """The offline side of served vs offline: servopt's INT8 file opened as servopt's runtime opens it (its default
     options: every core, the graph optimizations it makes on a CPU), servopt's tokenizer, length-sorted batches of 32
-    (``text_speed.servopt_encoder``); answers ``text_peers`` blocks."""
+    (``families.text.text_encoder``); answers ``bench.blocks`` blocks."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", default="")
     ap.add_argument("--onnx", required=True)
     ap.add_argument("--inputs", required=True)
     a = ap.parse_args(argv)
-    out = text_peers.protocol_channel()
+    out = blocks.protocol_channel()
     import onnxruntime as ort
 
-    import text_speed
     from servopt.contracts import Artifact
+    from servopt.families.text import text_encoder
     from servopt.models.sources import load_model
     from servopt.optimize.rundir import load_config
     from servopt.runtimes import open_session
 
     spec = load_config(Path(a.run)).spec if a.run else load_model(Path(a.onnx)).spec
     session = open_session(Artifact(format="onnx", path=a.onnx), "onnxruntime")
-    encode, _ = text_speed.servopt_encoder(spec, session)
+    encode = text_encoder(spec, session)
     inputs = json.loads(Path(a.inputs).read_text(encoding="utf-8"))
     encode(inputs["texts"], 32)
     info = session.info()
-    text_peers.serve({"offline": encode}, inputs, {"side": "offline", "pid": os.getpid(), "onnx": a.onnx,
+    blocks.answer_blocks({"offline": encode}, inputs, {"side": "offline", "pid": os.getpid(), "onnx": a.onnx,
                                                  "providers": info.details["providers"], "onnxruntime": ort.__version__,
                                                  "disabled_fusions": info.details["disabled_fusions"]}, out)
 
@@ -533,9 +361,8 @@ def reference_worker(argv: list[str]) -> None:
 
 
 def texts_for(model_dir: Path, spec) -> dict:
-    from servopt.data.text import DEMO_SENTENCES, read_texts
+    from servopt.data.text import DEMO_SENTENCES, exact_length_texts, read_texts
     from servopt.families.text import tokenizer_of
-    from text_speed import exact_length_texts
 
     tok = tokenizer_of(spec)
     shipped = read_texts(DEMO_SENTENCES)
@@ -552,21 +379,21 @@ def selected(all_cells: list[dict], patterns: str) -> list[dict]:
     return [c for c in all_cells if any(fnmatch.fnmatchcase(c["name"], g) for g in globs)]
 
 
-def measure_server(srv: Server, pools: dict, args, round_no: int) -> dict:
+def measure_server(srv: AppProcess, label: str, pools: dict, args, round_no: int) -> dict:
     out: dict = {}
     for cell in selected(cells(args.rate), args.cells):
         bodies = make_bodies(pools[cell["length"]], cell["texts"], 256, seed=round_no * 1000 + len(out))
         def probe() -> tuple[float, float, float]:
-            return srv.cpu_s(), text_peers.machine_busy_s(), text_peers.own_cpu_s()
+            return srv.cpu_seconds(), machine_busy_s()[0], own_cpu_s()
 
+        url = srv.url + "/v1/embeddings"
         if cell["mode"] == "closed":
-            loop = rawhttp.closed_loop if args.client == "raw" else closed_loop
-            raw = asyncio.run(loop(srv.url, bodies, cell["concurrency"], args.seconds, args.warmup, probe))
+            raw = asyncio.run(rawhttp.closed_loop(url, bodies, cell["concurrency"], args.seconds, args.warmup, probe))
         else:
-            raw = asyncio.run(poisson_loop(srv.url, bodies, cell["rate"], args.seconds, args.warmup, round_no, probe))
+            raw = asyncio.run(rawhttp.poisson_loop(url, bodies, cell["rate"], args.seconds, args.warmup, round_no, probe))
         fig = step_figures(raw, cell["texts"], os.cpu_count() or 1)
         out[cell["name"]] = fig
-        print(f"  {srv.label:9} {cell['name']:22} {fig['req_per_s']:8.1f} req/s {fig['texts_per_s']:8.1f} texts/s  p50 {fig['p50_ms']:7.1f} ms "
+        print(f"  {label:9} {cell['name']:22} {fig['req_per_s']:8.1f} req/s {fig['texts_per_s']:8.1f} texts/s  p50 {fig['p50_ms']:7.1f} ms "
               f"p99 {fig['p99_ms']:7.1f} ms  CPU {fig['server_cpu_ms_per_request'] or float('nan'):6.2f} ms/req "
               f"(client {fig['client_cpu_ms_per_request'] or float('nan'):.2f})  errors {fig['errors'] or 'none'}"
               f"{'  NOISY: other processes used ' + format(fig['others_share'], '.0%') + ' of the machine' if (fig['others_share'] or 0) > 0.1 else ''}",
@@ -708,8 +535,6 @@ def main() -> None:
     ap.add_argument("--servopt-b-rev", default=None,
                     help="also run servopt as 'servopt-b' from this git revision's src (e.g. main): a same-run A/B of a code "
                          "change; it takes --servopt-b-args if given, else --servopt-args")
-    ap.add_argument("--client", choices=("raw", "aiohttp"), default="raw",
-                    help="the closed loops' HTTP client: rawhttp.py (default; the least CPU taken from the servers' cores) or aiohttp")
     ap.add_argument("--cells", default="*", help="only the cells matching these comma-separated globs (e.g. 'c*-n1-*,poisson*')")
     ap.add_argument("--infinity-python", default=None, help="the python of an environment with infinity-emb (default: made)")
     ap.add_argument("--infinity-model", type=Path, default=None, help="a model folder with a *quantize*.onnx for Infinity")
@@ -740,25 +565,25 @@ def main() -> None:
 
     # servopt: what it serves, its spec (tokenizer) and the ONNX file the offline side opens
     from servopt.models.sources import load_model
-    from servopt.optimize.rundir import load_config
+    from servopt.optimize.rundir import load_config, load_run
 
     run = None if args.servopt_onnx else ensure_servopt_run(args, model_dir, work)
     if run is not None:
-        from text_speed import picks
-
-        pk, records = picks(run, None)
-        rec = {r.name: r for r in records}[pk["cpu_server"]]
+        summary, records = load_run(run)
+        decision = summary.decision("cpu-server") if summary else None
+        if decision is None or not (decision.recommended or decision.nearest):
+            raise SystemExit(f"{run} has no cpu-server pick (recommended or nearest): let its run finish")
+        rec = {r.name: r for r in records}[decision.recommended or decision.nearest]
         spec, onnx_file, variant_env = load_config(run).spec, Path(rec.artifact.path), dict(rec.env)
-        rep["servopt_variant"] = {"name": rec.name, "how": pk["cpu_server_how"], "file": str(onnx_file), "description": rec.description}
+        how = "recommended" if decision.recommended else f"nearest (no variant passes cpu-server: {decision.shortfall})"
+        rep["servopt_variant"] = {"name": rec.name, "how": how, "file": str(onnx_file), "description": rec.description}
     else:
         spec, onnx_file, variant_env = load_model(args.servopt_onnx).spec, args.servopt_onnx.resolve(), {}
         rep["servopt_variant"] = {"name": onnx_file.name, "file": str(onnx_file)}
-    so_env = {**os.environ, **variant_env, "PYTHONPATH": str(HERE.parent / "src")}
+    so_env = servopt_env(None, variant_env)
     b_src = None
     if args.servopt_b_rev:
-        from serve_cpu import checkout
-
-        b_src = checkout(args.servopt_b_rev, work / "revisions")
+        b_src = revision_src(args.servopt_b_rev, work / "revisions")
         rep["servopt_b_rev"] = {"rev": args.servopt_b_rev, "src": str(b_src)}
 
     inf_python = None
@@ -792,10 +617,7 @@ def main() -> None:
                     str(work / "texts.json"), "--out", str(work / "reference.npy")], check=True, env={**os.environ, **OFFLINE_ENV})
     reference = np.load(work / "reference.npy")
 
-    from servopt.serve.harness import free_port
-    from text_speed import Worker
-
-    offline = Worker("offline", [sys.executable, str(Path(__file__).resolve()), "--offline-worker", "--run", str(run or ""),
+    offline = blocks.BlockWorker("offline", [sys.executable, str(Path(__file__).resolve()), "--offline-worker", "--run", str(run or ""),
                                  "--onnx", str(onnx_file), "--inputs", str(work / "inputs.json")], so_env, work / "offline-worker.log", HERE.parent)
     rep["offline"] = offline.answer(600)
     rounds: list[dict] = []
@@ -822,24 +644,26 @@ def main() -> None:
                 else:
                     cmd, env, cwd = infinity_command(inf_python, port, args.infinity_args), infinity_env(work), inf_model
                 rep["servers"].setdefault(name, {"command": cmd, "cwd": str(cwd)})
-                srv = Server(name, cmd, port, env, cwd, work / f"server-{name}-r{r + 1}.log", args.start_timeout)
+                srv = AppProcess(cmd, port, env=env, cwd=cwd, ready_path="/v1/embeddings",
+                                 ready_body=request_body(["a warm sentence"]), start_timeout_s=args.start_timeout)
                 try:
-                    print(f"  {name} ready in {srv.start_s:.1f} s ({srv.rss_after_start_mb:.0f} MB)", flush=True)
-                    emb = srv.embed(pools["shipped"], "float")
-                    b64 = srv.embed(pools["shipped"][:16], "base64")
+                    rss_mb = srv.rss_bytes() / 2**20
+                    print(f"  {name} ready in {srv.start_s:.1f} s ({rss_mb:.0f} MB)", flush=True)
+                    emb = embed(srv.url, pools["shipped"], "float")
+                    b64 = embed(srv.url, pools["shipped"][:16], "base64")
                     cos = cosine_rows(emb, reference)
-                    info = {"start_s": round(srv.start_s, 2), "rss_after_start_mb": round(srv.rss_after_start_mb, 1),
+                    info = {"start_s": round(srv.start_s, 2), "rss_after_start_mb": round(rss_mb, 1),
                             "cosine": {"mean": float(cos.mean()), "min": float(cos.min()), "texts": len(cos),
                                        "base64_matches_float": float(np.abs(b64 - emb[:16]).max())}}
-                    info["cells"] = measure_server(srv, pools, args, r)
-                    info["peak_rss_mb"] = round(srv.peak_mb(), 1)
+                    info["cells"] = measure_server(srv, name, pools, args, r)
+                    info["peak_rss_mb"] = round(srv.peak_rss_bytes() / 2**20, 1)
                     if "c32-n1-shipped" in info["cells"]:
                         info["served_over_offline"] = info["cells"]["c32-n1-shipped"]["texts_per_s"] / row["offline_texts_per_s"]
                     row["servers"][name] = info
+                    if name == "infinity":
+                        rep["servers"][name].update(infinity_log_facts(srv.output()))
                 finally:
                     srv.stop()
-                if name == "infinity":
-                    rep["servers"][name].update(infinity_log_facts(srv.log.read_text(errors="replace")))
             rounds.append(row)
     finally:
         offline.stop()

@@ -26,7 +26,7 @@ process level: one long-lived worker per side (``text_peers.py worker`` in the S
 on workload W for at least S seconds" over a pipe while the other waits blocked on its pipe. A round runs every
 workload as ST blocks then servopt blocks (the order flips every round); a ratio is taken between blocks of the same
 round and workload, and the figure reported is the median of the per-round ratios. Both sides time with the same
-loop (``text_peers.time_block``), encode the same texts, and report their own CPU and the machine's other load per
+loop (``servopt.bench.blocks.time_block``), encode the same texts, and report their own CPU and the machine's other load per
 block (the idle peer's CPU is read too). The alternative, a fresh pair of processes per round, was rejected: every
 round would pay model loading, export caches and warm-up (seconds to tens of seconds for OpenVINO and Optimum)
 between the A and B blocks, so the two sides of a ratio would be minutes apart on a machine whose load changes by the
@@ -70,21 +70,24 @@ import argparse
 import asyncio
 import json
 import os
-import queue
 import random
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
+from servopt.bench import blocks
+from servopt.bench.blocks import BlockWorker
+from servopt.data.text import exact_length_texts
+from servopt.serve import rawhttp
+from servopt.serve.harness import AppProcess
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import text_peers  # noqa: E402  (the shared block loop and workloads; stdlib + numpy only)
+ST_BACKENDS = ("st-torch", "st-onnx", "st-onnx-int8", "st-openvino", "st-openvino-int8")  # text_peers.py builds them
 
 ENV_NAME = "st-peers"
 PEERS = HERE / "text_peers.py"
@@ -108,27 +111,6 @@ def st_requirements() -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
-
-
-def exact_length_texts(tok, words: list[str], count: int, tokens: int) -> list[str]:
-    """``count`` texts of exactly ``tokens`` tokens (special tokens included) under ``tok``, made of the shipped texts'
-    words (each row starts at another word; a word that would overshoot is skipped)."""
-    rows = []
-    for row in range(count):
-        cur: list[str] = []
-        i = (row * 997) % len(words)
-        for _ in range(20000):
-            cand = [*cur, words[i % len(words)]]
-            i += 1
-            n = len(tok.encode([" ".join(cand)])[0].ids)
-            if n <= tokens:
-                cur = cand
-            if n == tokens:
-                break
-        else:
-            raise SystemExit(f"could not make a text of exactly {tokens} tokens")
-        rows.append(" ".join(cur))
-    return rows
 
 
 def make_inputs(spec, calibration: str) -> tuple[dict, dict]:
@@ -156,58 +138,6 @@ def make_inputs(spec, calibration: str) -> tuple[dict, dict]:
 
 
 # ------------------------------------------------------------------------------------------ worker processes
-
-
-class Worker:
-    """A long-lived worker answering one JSON line per command (``text_peers.serve``)."""
-
-    def __init__(self, side: str, cmd: list[str], env: dict, log: Path, cwd: Path) -> None:
-        import psutil
-
-        self.side, self.log = side, log
-        self._log = open(log, "w")  # noqa: SIM115 - open for the worker's lifetime
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     env=env, cwd=cwd, bufsize=1)
-        self.ps = psutil.Process(self.proc.pid)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def answer(self, timeout: float) -> dict:
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            raise RuntimeError(f"the {self.side} worker did not answer within {timeout:.0f} s (log: {self.log})") from None
-        if line is None:
-            tail = " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-4:])
-            raise RuntimeError(f"the {self.side} worker exited ({self.proc.wait()}): {tail[-1200:]}")
-        return json.loads(line)
-
-    def ask(self, cmd: dict, timeout: float) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        return self.answer(timeout)
-
-    def cpu_s(self) -> float:
-        try:
-            t = self.ps.cpu_times()
-            return t.user + t.system
-        except Exception:  # noqa: BLE001 - gone
-            return float("nan")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.ask({"op": "quit"}, 30)
-                self.proc.wait(timeout=30)
-            except Exception:  # noqa: BLE001
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
 
 
 def st_env() -> tuple[object | None, dict]:
@@ -259,35 +189,10 @@ def build_st(ready, model_dir: Path, work: Path, backends: list[str], rebuild: b
 # ------------------------------------------------------------------------------------------- servopt's side
 
 
-def servopt_encoder(spec, session):
-    """Texts in, embeddings out, as servopt does it: its tokenizer (the server's code), then length-sorted batches
-    (``length_sorted_batches``) each padded to its own longest text, results scattered back into input order."""
-    from servopt.data.text import length_sorted_batches, pad_batch
-    from servopt.families.text import CHARS_PER_TOKEN_CAP, tokenizer_of
-
-    tok = tokenizer_of(spec)
-    names = [t.name for t in spec.inputs]
-    cap = tok.max_length * CHARS_PER_TOKEN_CAP
-
-    def encode(texts: list[str], batch_size: int) -> np.ndarray:
-        enc = tok.encode([t[:cap] for t in texts])
-        if len(enc) <= batch_size:
-            return session.run(pad_batch(enc, names, pad_id=tok.pad_id))
-        lengths = np.fromiter((len(e.ids) for e in enc), dtype=np.int64, count=len(enc))
-        out = None
-        for idx in length_sorted_batches(lengths, batch_size):
-            y = session.run(pad_batch([enc[i] for i in idx], names, pad_id=tok.pad_id))
-            if out is None:
-                out = np.empty((len(enc), *y.shape[1:]), dtype=y.dtype)
-            out[idx] = y
-        return out
-
-    return encode, tok
-
-
 def servopt_worker(args) -> None:
-    out = text_peers.protocol_channel()
+    out = blocks.protocol_channel()
     from servopt.bench.jobs import OpenSpec
+    from servopt.families.text import text_encoder, tokenizer_of
     from servopt.optimize.rundir import load_config, load_run
 
     run = Path(args.run)
@@ -301,7 +206,7 @@ def servopt_worker(args) -> None:
             r = by[name]
             t0 = time.perf_counter()
             session = OpenSpec(name=name, artifact=r.artifact.opened(), runtime=r.runtime, options=r.options).open()
-            encode, tok = servopt_encoder(spec, session)
+            encode, tok = text_encoder(spec, session), tokenizer_of(spec)
             backends[name], toks[name] = encode, tok
             infos[name] = {"runtime": r.runtime, "options": r.options, "artifact": r.artifact.path, "description": r.description,
                            "load_s": round(time.perf_counter() - t0, 2), "session": session.info().model_dump(mode="json"),
@@ -312,8 +217,8 @@ def servopt_worker(args) -> None:
     def lengths_of(tok, texts: list[str]) -> list[int]:
         return [len(e.ids) for e in tok.encode(texts)]
 
-    tokens = text_peers.warm_and_check(backends, inputs, failed, lengths_of, toks)
-    text_peers.serve(backends, inputs, {"side": "servopt", "pid": os.getpid(), "backends": infos, "failed": failed,
+    tokens = blocks.warm_and_check(backends, inputs, failed, lengths_of, toks)
+    blocks.answer_blocks(backends, inputs, {"side": "servopt", "pid": os.getpid(), "backends": infos, "failed": failed,
                                         "tokens": tokens}, out)
 
 
@@ -388,12 +293,12 @@ def median_ratio(a: list[float], b: list[float]) -> float | None:
     return statistics.median(x / y for x, y in pairs) if pairs else None
 
 
-def run_speed(st: Worker, so: Worker, st_names: list[str], so_names: list[str], args, ncpu: int) -> dict:
+def run_speed(st: BlockWorker, so: BlockWorker, st_names: list[str], so_names: list[str], args, ncpu: int) -> dict:
     """Rounds of [ST blocks, servopt blocks] per workload (order flipped every round): per-block figures by backend."""
-    blocks: dict[str, dict[str, list[dict]]] = {n: {w: [] for w in text_peers.WORKLOADS} for n in [*st_names, *so_names]}
+    blocks: dict[str, dict[str, list[dict]]] = {n: {w: [] for w in blocks.WORKLOADS} for n in [*st_names, *so_names]}
     min_calls = {"b32x128": args.min_calls_batch, "b1short": args.min_calls_single, "texts": 1}
     for r in range(args.rounds):
-        for w in text_peers.WORKLOADS:
+        for w in blocks.WORKLOADS:
             sides = [(st, st_names, so), (so, so_names, st)]
             if r % 2:
                 sides.reverse()
@@ -423,11 +328,11 @@ def summarize_speed(blocks: dict, st_names: list[str], so_names: list[str], qual
     figures = {n: {w: {"median": statistics.median([x for x in series(n, w) if x is not None]) if any(x is not None for x in series(n, w)) else None,
                        "rounds": series(n, w), "metric": metric(w),
                        "flagged_rounds": sum(1 for b in blocks[n][w] if (b.get("other_share") or 0) > 0.10)}
-                   for w in text_peers.WORKLOADS} for n in blocks}
+                   for w in blocks.WORKLOADS} for n in blocks}
     ratios = {}
     for v in so_names:
         for b in st_names:
-            for w in text_peers.WORKLOADS:
+            for w in blocks.WORKLOADS:
                 ratios.setdefault(v, {}).setdefault(b, {})[w] = median_ratio(series(v, w), series(b, w))
     eligible = [b for b in st_names if (quality.get(b) or {}).get("cosine_mean", 0) >= MIN_COSINE]
     excluded = {b: (quality.get(b) or {}).get("cosine_mean") for b in st_names if b not in eligible}
@@ -484,101 +389,27 @@ def cosines(emb_dir: Path, names: list[str], reference: str) -> dict:
 
 
 
-class Server:
-    def __init__(self, label: str, cmd: list[str], port: int, env: dict, log: Path) -> None:
-        import httpx
-        import psutil
-
-        self.label, self.url = label, f"http://127.0.0.1:{port}"
-        self._log = open(log, "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{label} server exited {self.proc.returncode}: {log.read_text()[-1500:]}")
-            try:
-                if httpx.get(self.url + "/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        else:
-            raise RuntimeError(f"{label} server not ready in 180 s: {log.read_text()[-1500:]}")
-        self.ps = psutil.Process(self.proc.pid)
-        self.meta = httpx.get(f"{self.url}/v2/models/{MODEL_NAME}", timeout=10).json()
-
-    def cpu_s(self) -> float:
-        t = self.ps.cpu_times()
-        return t.user + t.system
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
-
-
 def infer_body(texts: list[str]) -> bytes:
     return json.dumps({"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": texts}]}).encode()
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.split("\n"):
-        if not line.startswith("servopt_"):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            continue
-    return out
-
-
-async def closed_loop(url: str, bodies: list[bytes], order: list[int], concurrency: int, duration: float, warmup: float,
-                      max_requests: int) -> dict:
-    """Closed loop: ``concurrency`` clients, each sending one text per request (the next of ``order``, cycling) and
-    the next as soon as the answer is in; bounded in time and count. Server figures from /metrics before and after."""
-    import aiohttp
-
+def closed_loop(url: str, bodies: list[bytes], order: list[int], concurrency: int, duration: float, warmup: float) -> dict:
+    """Closed loop (``serve.rawhttp``): ``concurrency`` clients, each sending one text per request (the next of
+    ``order``, cycling) and the next as soon as the answer is in. Server figures from /metrics before and after."""
+    from servopt.bench.cputime import own_cpu_s
     from servopt.serve.loadtest import server_split
+    from servopt.serve.metrics import read_metrics
 
-    path = f"{url}/v2/models/{MODEL_NAME}/infer"
-    headers = {"Content-Type": "application/json"}
-    counter = iter(range(10**12))
-    lat: list[float] = []
-    errors: dict[str, int] = {}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=60)) as s:
-        async def metrics() -> dict[str, float]:
-            for attempt in range(2):
-                try:
-                    async with s.get(url + "/metrics") as r:
-                        return parse_metrics(await r.text())
-                except aiohttp.ClientError:
-                    if attempt:
-                        raise
-            return {}
+    snaps: list[dict[str, float]] = []
 
-        async def client(until: float, record: bool, budget: list[int]) -> None:
-            while time.perf_counter() < until and budget[0] > 0:
-                budget[0] -= 1
-                body = bodies[order[next(counter) % len(order)]]
-                await text_peers.post_timed(s, path, body, headers, lat, errors, record)
+    def probe() -> tuple[float]:
+        snaps.append(read_metrics(url))
+        return (own_cpu_s(),)
 
-        if warmup > 0:
-            end = time.perf_counter() + warmup
-            await asyncio.gather(*(client(end, False, [10**9]) for _ in range(concurrency)))
-        before = await metrics()
-        c0 = os.times()
-        start = time.perf_counter()
-        budget = [max_requests]
-        await asyncio.gather(*(client(start + duration, True, budget) for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-        c1 = os.times()
-        after = await metrics()
+    raw = asyncio.run(rawhttp.closed_loop(f"{url}/v2/models/{MODEL_NAME}/infer", [bodies[i] for i in order], concurrency,
+                                          duration, warmup, probe))
+    before, after = snaps
+    lat, errors, wall = raw["latencies_ms"], raw["errors"], raw["wall_s"]
 
     def d(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
@@ -593,10 +424,10 @@ async def closed_loop(url: str, bodies: list[bytes], order: list[int], concurren
             "real_tokens_per_s": real / wall if wall else None,
             "mean_batch_size": split.get("mean_batch_size"), "batches": split.get("batches"),
             "mean_compute_ms_per_batch": split.get("mean_compute_ms_per_batch"), "mean_queue_ms": split.get("mean_queue_ms"),
-            "client_cpu_s": round((c1.user + c1.system) - (c0.user + c0.system), 3)}
+            "client_cpu_s": round(raw["cpu_deltas"][0], 3)}
 
 
-def check_served(server: Server, texts: list[str], offline: np.ndarray) -> dict:
+def check_served(server: AppProcess, texts: list[str], offline: np.ndarray) -> dict:
     import httpx
 
     r = httpx.post(f"{server.url}/v2/models/{MODEL_NAME}/infer", content=infer_body(texts),
@@ -609,26 +440,29 @@ def check_served(server: Server, texts: list[str], offline: np.ndarray) -> dict:
     return {"texts": len(texts), "max_abs_diff": float(np.abs(served - ref).max()), "cosine_min": float(cos.min())}
 
 
-def run_serve(so: Worker, pick: str, run: Path, inputs: dict, env: dict, work: Path, args, ncpu: int) -> dict:
+def run_serve(so: BlockWorker, pick: str, run: Path, inputs: dict, env: dict, work: Path, args, ncpu: int) -> dict:
     """Served (closed loop, raw text) vs offline throughput of the same variant, and length-aware vs first-come
     batching, alternating round by round."""
+    import httpx
+
     from servopt.serve.harness import free_port
+
     texts = inputs["texts"]
     bodies = [infer_body([t]) for t in texts]
     order = list(range(len(texts)))
     random.Random(0).shuffle(order)  # traffic does not arrive sorted
     base = ["serve", str(run), "--target", "cpu-server", "--nearest", "--name", MODEL_NAME, *args.server_args.split()]
-    servers: dict[str, Server] = {}
+    servers: dict[str, AppProcess] = {}
     out: dict = {"order": "shuffled (seed 0), cycling", "server_args": base,
                  "server_env": {k: v for k, v in env.items() if k.startswith("SERVOPT_")}}  # e.g. SERVOPT_MAX_BATCH_TOKENS
     try:
         port = free_port()
-        servers["length-aware"] = Server("length-aware", [sys.executable, "-m", "servopt", *base, "--port", str(port)], port, env,
-                                         work / "server-length-aware.log")
+        servers["length-aware"] = AppProcess([sys.executable, "-m", "servopt", *base, "--port", str(port)], port, env=env,
+                                             start_timeout_s=180)
         port = free_port()
-        servers["first-come"] = Server("first-come", [sys.executable, str(Path(__file__).resolve()), "--first-come-server", *base,
-                                                      "--port", str(port)], port, env, work / "server-first-come.log")
-        out["served_variant"] = servers["length-aware"].meta.get("parameters", {})
+        servers["first-come"] = AppProcess([sys.executable, str(Path(__file__).resolve()), "--first-come-server", *base,
+                                            "--port", str(port)], port, env=env, start_timeout_s=180)
+        out["served_variant"] = httpx.get(f"{servers['length-aware'].url}/v2/models/{MODEL_NAME}", timeout=10).json().get("parameters", {})
         so.ask({"op": "embed", "backend": pick, "out": str(work / "emb" / "serve-check.npy"), "key": "texts"}, 600)
         offline_emb = np.load(work / "emb" / "serve-check.npy")[:8]
         out["served_matches_offline"] = {k: check_served(s, texts[:8], offline_emb) for k, s in servers.items()}
@@ -652,10 +486,10 @@ def run_serve(so: Worker, pick: str, run: Path, inputs: dict, env: dict, work: P
                     continue
                 srv = servers[key]
                 others = [s for s in servers.values() if s is not srv]
-                c0, o0, w0 = srv.cpu_s(), sum(s.cpu_s() for s in others), so.cpu_s()
-                step = asyncio.run(closed_loop(srv.url, bodies, order, conc, args.serve_seconds, args.serve_warmup, 10**7))
-                step["server_cpu_s"] = round(srv.cpu_s() - c0, 3)
-                step["idle_cpu_s"] = round(sum(s.cpu_s() for s in others) - o0 + so.cpu_s() - w0, 3)
+                c0, o0, w0 = srv.cpu_seconds(), sum(s.cpu_seconds() for s in others), so.cpu_s()
+                step = closed_loop(srv.url, bodies, order, conc, args.serve_seconds, args.serve_warmup)
+                step["server_cpu_s"] = round(srv.cpu_seconds() - c0, 3)
+                step["idle_cpu_s"] = round(sum(s.cpu_seconds() for s in others) - o0 + so.cpu_s() - w0, 3)
                 row[label] = step
                 waste = f"{step['padding_waste']:.1%}" if step["padding_waste"] is not None else "?"
                 print(f"  round {r + 1} {label:20} {step['texts_per_s']:7.1f} texts/s  p50 {step['latency_ms']['p50']:.0f} ms "
@@ -789,7 +623,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0, help="minimum seconds per timed block")
     ap.add_argument("--min-calls-single", type=int, default=100, help="minimum batch-1 calls per block")
     ap.add_argument("--min-calls-batch", type=int, default=5, help="minimum batch-32 calls per block")
-    ap.add_argument("--st-backends", default=",".join(text_peers.ST_BACKENDS))
+    ap.add_argument("--st-backends", default=",".join(ST_BACKENDS))
     ap.add_argument("--variants", default="", help="more servopt variants of the run to time (comma-separated)")
     ap.add_argument("--latency-variant", default=None, help="servopt's latency pick (default: lowest interleaved p50 in the run)")
     ap.add_argument("--st-calibration", choices=["all", "tuning"], default="all",
@@ -859,10 +693,10 @@ def main() -> None:
             for b, r in report["st_build"]["backends"].items():
                 print(f"  {b}: {r['status']}{' (cached)' if r.get('cached') else ''}{'' if r['status'] == 'ok' else ' — ' + str(r.get('error'))[:300]}")
             print("starting the workers …", flush=True)
-            st = Worker("sentence-transformers", [str(ready.python), str(PEERS), "worker", "--model", str(model_dir), "--work", str(work),
+            st = BlockWorker("sentence-transformers", [str(ready.python), str(PEERS), "worker", "--model", str(model_dir), "--work", str(work),
                                                   "--inputs", str(work / "inputs.json"), "--backends", ",".join(st_names)],
                         st_process_env(ready, work), work / "st-worker.log", work)
-            so = Worker("servopt", so_cmd, so_env, work / "servopt-worker.log", HERE.parent)
+            so = BlockWorker("servopt", so_cmd, so_env, work / "servopt-worker.log", HERE.parent)
             st_ready, so_ready = st.answer(1800), so.answer(900)
             report["failed"].update({**st_ready["failed"], **so_ready["failed"]})
             report["workers"] = {"st": st_ready, "servopt": so_ready}
@@ -892,7 +726,7 @@ def main() -> None:
             st = None
         if "serve" in parts:
             if so is None:
-                so = Worker("servopt", so_cmd, so_env, work / "servopt-worker.log", HERE.parent)
+                so = BlockWorker("servopt", so_cmd, so_env, work / "servopt-worker.log", HERE.parent)
                 so_ready = so.answer(900)
                 report["failed"].update(so_ready["failed"])
             print(f"serving: {pk['cpu_server']} over HTTP vs offline, length-aware vs first-come …", flush=True)

@@ -1,5 +1,5 @@
-"""Pure parts of the text benchmarks (text_peers.py, text_servers.py, rawhttp.py, int8_roofline.py under benchmarks/):
-no peer environment, no model; the raw client against a few lines of asyncio server, the roofline's graphs tiny."""
+"""Pure parts of the text benchmarks (text_peers.py, text_servers.py, int8_roofline.py under benchmarks/): no peer
+environment, no model; the roofline's graphs tiny. The instruments they import are tested in test_instruments.py."""
 
 from __future__ import annotations
 
@@ -44,23 +44,6 @@ def test_st_int8_file_found_under_another_weight_type(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ text_servers.py
-
-def test_proc_stat_fields_survive_odd_command_names() -> None:
-    """utime and stime are fields 14 and 15 of proc(5); a command name with spaces and ')' must not shift them."""
-    rest = "S 1 2 3 4 5 6 7 8 9 10 1234 56 0 0 20 0 8 0 100 0 0"
-    assert text_servers.proc_cpu_ticks(f"4242 (uvicorn) {rest}") == 1290
-    assert text_servers.proc_cpu_ticks(f"4242 (a b) c)) {rest}") == 1290
-    assert text_servers.proc_ppid(f"4242 (a b) c)) {rest}") == 1
-
-
-def test_tree_cpu_reads_this_process() -> None:
-    t = os.times()
-    own = t.user + t.system
-    assert abs(text_servers.tree_cpu_s(os.getpid()) - own) < 0.5
-    assert text_servers.tree_kb(os.getpid(), "VmHWM") >= text_servers.tree_kb(os.getpid(), "VmRSS") > 0
-    assert text_servers.status_kb("Name:\tx\nVmHWM:\t  239012 kB\nVmRSS:\t 1000 kB\n", "VmHWM") == 239012
-    assert text_servers.status_kb("Name:\tx\n", "VmHWM") == 0
-
 
 def test_embeddings_answers_decode_alike() -> None:
     """OpenAI's answer in base64 (little-endian float32) and in floats, rows put back in index order."""
