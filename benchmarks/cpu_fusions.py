@@ -22,15 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from servopt.bench.jobs import DuelJob, OpenSpec
-from servopt.data.text import DEMO_SENTENCES, read_texts
+from servopt.data.text import DEMO_SENTENCES, exact_length_texts, read_texts
 from servopt.families.metrics import cosine
 from servopt.families.text import _rows, tokenizer_of
-from servopt.machine import cpu_features, cpu_model
+from servopt.machine import header
 from servopt.models.sources import load_model
 from servopt.optimize.noise import TIE_GAP
 from servopt.passes.base import BuildContext, build_chain, source_artifact
 from servopt.runtimes import open_session
-from text_speed import exact_length_texts
 
 EXPORT = ("export-onnx", {"exporter": "torchscript", "attention": "eager"})
 QUANTIZE = ("ort-quantize-dynamic", {"per_channel": True})
@@ -80,7 +79,7 @@ def main() -> None:
     built = {side: build_chain(start, pick_chain(slow), work, ctx)
              for side, slow in SIDES.items()}
     fp32 = build_chain(start, [EXPORT], work, ctx)
-    print(f"CPU: {cpu_model()} ({cpu_features().describe()}); model {spec.extra.get('model_type')} "
+    print(f"CPU: {header()}; model {spec.extra.get('model_type')} "
           f"{spec.extra.get('hidden_size')}; duels of {args.seconds:g} s a figure at most")
 
     every = sentences.rows(np.arange(len(sentences)))
@@ -102,7 +101,7 @@ def main() -> None:
                 print(f"threads {threads}  {label[duel.what]:20}  unfused/fused time {duel.time_ratio:.3f}  [{lo:.3f}, {hi:.3f}]  "
                       f"{duel.pairs} pairs  ({SAID[duel.verdict]})", flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"cpu": cpu_model(), "flags": sorted(cpu_features().flags), "quality": quality,
+        args.out.write_text(json.dumps({"cpu": header(), "quality": quality,
                                         "fusions": {s: built[s].report for s in SIDES}, "duels": rows}, indent=1))
 
 

@@ -32,20 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
+from servopt.machine import header
 from servopt.serve.harness import ServerProcess
+from servopt.serve.metrics import metrics_delta, read_metrics
 from servopt.serve.protocol import DATATYPES, encode_raw_tensor
 
 ROOT = Path(__file__).resolve().parents[1]
-ISA_FLAGS = ("avx", "vnni", "amx")
-
-
-def cpu() -> dict:
-    from servopt.machine import cpu_features, cpu_model
-
-    flags = sorted(f for f in cpu_features().flags if any(k in f for k in ISA_FLAGS))
-    return {"model": cpu_model(), "flags": flags}
-
-
+COUNTERS = ("servopt_refused_total", "servopt_dropped_total", "servopt_compute_seconds_sum", "servopt_compute_seconds_count",
+            "servopt_batch_size_sum")
 def default_model(work: Path) -> Path:
     """MobileNetV2 from servopt's zoo with random weights, exported to ONNX once (cached in ``work``)."""
     out = work / "mobilenet_v2-random.onnx"
@@ -190,23 +184,6 @@ def grpc_sender(stub, request: Request) -> Send:
 
 # --- the server's side -------------------------------------------------------------------------------------------
 
-def server_counters(url: str) -> dict[str, float]:
-    import httpx
-
-    wanted = ("servopt_refused_total", "servopt_dropped_total", "servopt_compute_seconds_sum", "servopt_compute_seconds_count",
-              "servopt_batch_size_sum")
-    out: dict[str, float] = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(wanted):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
-def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-
-
 def percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p99": None}
@@ -279,13 +256,13 @@ async def overload(server: ServerProcess, request: Request, protocol: str, rate:
             send, ok = grpc_sender(pb_grpc.GRPCInferenceServiceStub(channel), request), "OK"
             refused = {"RESOURCE_EXHAUSTED", "UNAVAILABLE"}
         await open_loop(send, ok, refused, Phase(protocol, rate), warmup, record=False)  # connections, steady state
-        before = server_counters(server.url)
+        before = read_metrics(server.url, COUNTERS)
         sampler = asyncio.create_task(sample_rss(server, phase))
         await open_loop(send, ok, refused, phase, seconds, seed=1)
         sampler.cancel()
         phase.rss_mb.append((round(phase.duration_s, 1), round(server.rss_bytes() / 1e6, 1)))
-        after = server_counters(server.url)
-    return summarize(phase, delta(before, after), budget_ms)
+        after = read_metrics(server.url, COUNTERS)
+    return summarize(phase, metrics_delta(before, after), budget_ms)
 
 
 async def sample_rss(server: ServerProcess, phase: Phase, every_s: float = 5.0) -> None:
@@ -330,10 +307,9 @@ def main() -> None:
     if args.target:
         # the target's pick, or its nearest when nothing meets it: the overload behaviour is the same either way
         server_args += ["--target", args.target, "--nearest"]
-    machine = cpu()
-    machine["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
-    print(f"CPU: {machine['model']}; flags: {' '.join(machine['flags']) or 'no AVX'}; {os.cpu_count()} cores; "
-          f"load average {machine['load_average_at_start']} (other work on these cores shows in every figure)")
+    machine: dict = {"model": header(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    print(f"CPU: {machine['model']}; load average {machine['load_average_at_start']} (other work on these cores shows in "
+          "every figure)")
     with ServerProcess(source, *server_args, grpc=True) as server:
         import httpx
 

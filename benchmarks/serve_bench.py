@@ -2,8 +2,9 @@
 
 The load generator shares the 2 cores with the server, so:
 - the server runs in its own process, the load generator (one asyncio process, aiohttp keep-alive,
-  the request body encoded once) in this one; the CPU each used is read (psutil / os.times) and printed;
-- every comparison is interleaved (A B A B ...) and reported as the median of per-round ratios.
+  the request body encoded once) in this one; the CPU each used is read (``bench.cputime``) and printed;
+- every comparison is interleaved, the order flipped every round (A B B A ...), and reported as the median of
+  per-round ratios with its order-statistics interval.
 
 Parts:
 1. efficiency: served throughput (binary tensors, concurrency 32) / offline batch-32 throughput of the
@@ -23,51 +24,21 @@ import io
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
-import psutil
 from PIL import Image
 
 from servopt.bench.protocol import Protocol, measure_batch
 from servopt.data.dataset import Dataset
+from servopt.machine import header
 from servopt.optimize.rundir import load_run
-from servopt.serve.harness import ServerProcess, free_port
+from servopt.peers.runner import ratio_interval, round_order
+from servopt.serve.harness import AppProcess, ServerProcess, free_port, servopt_env
 from servopt.serve.loadtest import run_loadtest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Server:
-    """Another app (the tutorial's) in its own process, ready when its /docs answers; `servopt serve` runs in the
-    package's own harness (``ServerProcess``)."""
-
-    def __init__(self, cmd: list[str], port: int) -> None:
-        self.port, self.url = port, f"http://127.0.0.1:{port}"
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.url + "/docs", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise RuntimeError(f"server did not start: {self.proc.stderr.read().decode()[-2000:] if self.proc.stderr else ''}")
-        self.ps = psutil.Process(self.proc.pid)
-
-    def cpu_seconds(self) -> float:
-        t = self.ps.cpu_times()
-        return t.user + t.system
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
 
 
 SERVER_ARGS: list[str] = []
@@ -133,7 +104,7 @@ def main() -> None:
     variant = cpu.recommended or cpu.nearest
     model = args.model or Path(records[variant].artifact.path)
     data = Dataset.load(args.run / "data" / "eval.npz")
-    print(f"model: {model} ({variant})\n")
+    print(f"CPU: {header()} (shared machine)\nmodel: {model} ({variant})\n")
     out: dict = {"model": str(model), "variant": variant}
 
     parts = {int(p) for p in args.parts.split(",")}
@@ -156,10 +127,15 @@ def efficiency(model: Path, data: Dataset, args, out: dict) -> float:
     srv = servopt_server(model, "--max-batch", "32", "--max-delay-us", "2000", "--max-queue", "512")
     ratios, rows = [], []
     for r in range(args.rounds):
-        off = offline_throughput(model, data, args.seconds / 2)
-        c0 = srv.cpu_seconds()
-        step, client_cpu = load(srv.url, "demo", args.seconds, concurrency=[32])
-        server_cpu = srv.cpu_seconds() - c0
+        def served_step() -> tuple[dict, float, float]:
+            c0 = srv.cpu_seconds()
+            step, client_cpu = load(srv.url, "demo", args.seconds, concurrency=[32])
+            return step, client_cpu, srv.cpu_seconds() - c0
+
+        # the order flipped every round: drift on the shared machine favours neither side
+        steps = {"offline": lambda: offline_throughput(model, data, args.seconds / 2), "served": served_step}
+        got = {k: steps[k]() for k in round_order(list(steps), r)}
+        off, (step, client_cpu, server_cpu) = got["offline"], got["served"]
         served = step["throughput_rps"]
         ratios.append(served / off)
         rows.append({"offline_ips": off, "served_ips": served, "p99_ms": step["latency_ms"]["p99"],
@@ -167,8 +143,9 @@ def efficiency(model: Path, data: Dataset, args, out: dict) -> float:
         print(f"[efficiency] round {r + 1}: offline batch-32 {off:.0f} img/s, served c=32 {served:.0f} img/s ({served / off:.0%}), "
               f"p99 {step['latency_ms']['p99']:.1f} ms, mean batch {rows[-1]['mean_batch']:.1f}, "
               f"CPU: server {server_cpu:.1f} s, load generator {client_cpu:.1f} s over {step['duration_s']:.1f} s")
-    out["efficiency"] = {"rounds": rows, "median_ratio": statistics.median(ratios)}
-    print(f"[efficiency] served / offline: {statistics.median(ratios):.0%} (need >= 75 %, aim 85 %)\n")
+    med, lo, hi, _ = ratio_interval(ratios)
+    out["efficiency"] = {"rounds": rows, "median_ratio": med, "interval": [lo, hi]}
+    print(f"[efficiency] served / offline: {med:.0%} [{lo:.0%}, {hi:.0%}] (need >= 75 %, aim 85 %)\n")
     srv.stop()
     return statistics.median(r["served_ips"] for r in rows)
 
@@ -185,20 +162,23 @@ def versus_tutorial(model: Path, data: Dataset, args, out: dict) -> None:
     out["vs_tutorial"] = {}
     for label, app_args in baselines.items():
         port = free_port()
-        tut = Server([sys.executable, str(ROOT / "benchmarks" / "tutorial_app.py"), *app_args, "--port", str(port)], port)
+        tut = AppProcess([sys.executable, str(ROOT / "benchmarks" / "tutorial_app.py"), *app_args, "--port", str(port)], port,
+                         env=servopt_env(), ready_path="/docs", start_timeout_s=60)
         rows = []
         for r in range(args.rounds):
-            a, _ = load(ours.url, "demo", args.seconds, concurrency=[32], image=img)
-            b = tutorial_load(tut.url, jpeg, args.seconds, 32)
+            steps = {"servopt": lambda: load(ours.url, "demo", args.seconds, concurrency=[32], image=img)[0],
+                     "tutorial": lambda: tutorial_load(tut.url, jpeg, args.seconds, 32)}  # noqa: B023 - called in this round
+            got = {name: steps[name]() for name in round_order(list(steps), r)}
+            a, b = got["servopt"], got["tutorial"]
             rows.append({"servopt_rps": a["throughput_rps"], "servopt_p99": a["latency_ms"]["p99"], "tutorial_rps": b["throughput_rps"],
                          "tutorial_p99": b["latency_ms"]["p99"], "servopt_errors": a["errors"], "tutorial_errors": b["errors"]})
             print(f"[vs {label}] round {r + 1}: servopt classify {a['throughput_rps']:.0f} req/s p99 {a['latency_ms']['p99']:.0f} ms | "
                   f"tutorial {b['throughput_rps']:.0f} req/s p99 {b['latency_ms']['p99']:.0f} ms")
         tut.stop()
-        ratio = statistics.median(x["servopt_rps"] / x["tutorial_rps"] for x in rows)
+        ratio, lo, hi, _ = ratio_interval([x["servopt_rps"] / x["tutorial_rps"] for x in rows])
         lower = sum(x["servopt_p99"] < x["tutorial_p99"] for x in rows)
-        out["vs_tutorial"][label] = {"rounds": rows, "median_throughput_ratio": ratio, "rounds_with_lower_p99": lower}
-        print(f"[vs {label}] throughput {ratio:.2f}x (need >= 1.5x), p99 lower in {lower}/{len(rows)} rounds\n")
+        out["vs_tutorial"][label] = {"rounds": rows, "median_throughput_ratio": ratio, "interval": [lo, hi], "rounds_with_lower_p99": lower}
+        print(f"[vs {label}] throughput {ratio:.2f}x [{lo:.2f}, {hi:.2f}] (need >= 1.5x), p99 lower in {lower}/{len(rows)} rounds\n")
     ours.stop()
 
 
@@ -224,8 +204,9 @@ def batching_cost(model: Path, args, out: dict) -> None:
     off = servopt_server(model, "--no-batching")
     pairs = []
     for r in range(args.rounds):
-        a, _ = load(on.url, "demo", args.seconds / 2, concurrency=[1])
-        b, _ = load(off.url, "demo", args.seconds / 2, concurrency=[1])
+        servers = {"on": on, "off": off}
+        got = {k: load(servers[k].url, "demo", args.seconds / 2, concurrency=[1])[0] for k in round_order(list(servers), r)}
+        a, b = got["on"], got["off"]
         pairs.append((a["latency_ms"]["p50"], b["latency_ms"]["p50"]))
         print(f"[batching c=1] round {r + 1}: p50 with batching {a['latency_ms']['p50']:.2f} ms, without {b['latency_ms']['p50']:.2f} ms")
     on_p50, off_p50 = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)

@@ -8,7 +8,7 @@ process, with two single-thread instances by default (what a throughput target's
 
 A neutral client sends one short sentence per request over keep-alive connections at each concurrency (1 and 32 by
 default) on three routes: OpenAI ``/v1/embeddings`` with ``encoding_format`` base64 and float, and OIP v2 ``infer``
-with a BYTES input in JSON. The client is ``rawhttp.py`` (keep-alive HTTP/1.1 over asyncio streams, request bytes built
+with a BYTES input in JSON. The client is ``servopt.serve.rawhttp`` (keep-alive HTTP/1.1 over asyncio streams, request bytes built
 once; every status counted, the first answer's embedding checked): it shares the 2 cores with the server, and a full
 HTTP client library would spend several times its CPU per request there, which would be taken from the server's
 figures. Per step: requests/s, p50/p99, server CPU per request (``/proc/<pid>/stat`` over the timed
@@ -49,58 +49,16 @@ from pathlib import Path
 
 import numpy as np
 
-from servopt.bench.cputime import proc_cpu_ticks
+from servopt.bench.cputime import machine_busy_s, own_cpu_s, thread_cpu_s
+from servopt.machine import header
 from servopt.serve import rawhttp
 from servopt.serve.batcher import INFERENCE_THREAD_PREFIX, lower_priority
-from servopt.serve.harness import ServerProcess
+from servopt.serve.harness import ServerProcess, revision_src
+from servopt.serve.metrics import metrics_delta, read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
 SENTENCE = "How do I make my model faster to serve?"
 NAME = "minilm"
 ROUTES = ("openai-base64", "openai-float", "oip-json")
-
-
-# ------------------------------------------------------------------------------------------------ the machine
-
-
-def cpu_name() -> str:
-    """The CPU's model name and the flags that decide INT8/bf16 speed: every figure is printed next to it."""
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "unknown CPU")
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    wanted = sorted(f for f in flags if re.match(r"(avx|amx|fma)", f) or "vnni" in f)
-    return f"{model}, {os.cpu_count()} cores, flags: {' '.join(wanted) or 'none of avx/vnni/amx'}"
-
-
-def busy_jiffies() -> int:
-    """Non-idle CPU time of the whole machine so far (/proc/stat), to tell others' load from ours."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(fields) - fields[3] - fields[4]  # minus idle and iowait
-
-
-def own_cpu() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def thread_cpu(pid: int) -> tuple[float, float]:
-    """(event-loop thread, inference threads) CPU seconds of server ``pid`` so far. uvicorn runs the loop on the main
-    thread; the model calls run on threads named ``servopt-infer_N`` at the OS level (``batcher.name_native_thread``;
-    a server from before that names none, so its model calls count as neither). Threads of neither kind (ONNX
-    Runtime's intra-op pool of a multi-thread instance, the tokenizer's) are in neither figure."""
-    loop = infer = 0
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                ticks, comm = proc_cpu_ticks((task / "stat").read_text()), (task / "comm").read_text().strip()
-            except OSError:  # the thread ended meanwhile
-                continue
-            if task.name == str(pid):
-                loop += ticks
-            elif comm.startswith(INFERENCE_THREAD_PREFIX):
-                infer += ticks
-    tick = os.sysconf("SC_CLK_TCK")
-    return loop / tick, infer / tick
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -118,20 +76,6 @@ def build_model(cache: Path) -> Path:
     chain = [("export-onnx", {}), ("ort-quantize-dynamic", {"per_channel": True})]
     artifact = build_chain(source_artifact(source), chain, cache / "artifacts", BuildContext(source=source, log=print))
     return Path(str(artifact.path))
-
-
-def checkout(rev: str, cache: Path) -> Path:
-    """The ``src`` folder of revision ``rev`` of this repository (git archive, kept under ``cache``)."""
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], capture_output=True, text=True, check=True).stdout.strip()
-    out = cache / f"src-{sha}"
-    if not (out / "src" / "servopt").is_dir():
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=cache))
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", sha, "src"], capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    return out / "src"
 
 
 # ------------------------------------------------------------------------------------------------ offline
@@ -195,9 +139,9 @@ class Offline:
 
 def offline_block(offline: Offline, seconds: float) -> dict:
     """Offline texts/s, and how many cores other processes took meanwhile (the machine is shared)."""
-    busy, mine, wall = busy_jiffies(), own_cpu(), time.perf_counter()
+    busy, mine, wall = machine_busy_s()[0], own_cpu_s(), time.perf_counter()
     rate = offline.texts_per_s(seconds)
-    others = (busy_jiffies() - busy) / os.sysconf("SC_CLK_TCK") - (own_cpu() - mine)
+    others = (machine_busy_s()[0] - busy) - (own_cpu_s() - mine)
     return {"texts_per_s_batch32": rate, "others_cores": max(0.0, others) / (time.perf_counter() - wall)}
 
 
@@ -229,7 +173,7 @@ async def closed_loop(port: int, route: str, concurrency: int, seconds: float, w
     inference threads), ours and the machine's are read as the timed window opens and closes."""
     url, body = route_request(route, port)
     out = await rawhttp.closed_loop(url, [body], concurrency, seconds, warmup,
-                                    lambda: (own_cpu(), busy_jiffies() / os.sysconf("SC_CLK_TCK"), *server_cpu()))
+                                    lambda: (own_cpu_s(), machine_busy_s()[0], *server_cpu()))
     client, busy, server, loop, infer = out["cpu_deltas"]
     return {"wall": out["wall_s"], "client_cpu": client, "busy_s": busy, "server_cpu": server, "loop_cpu": loop,
             "inference_cpu": infer, "latencies_ms": out["latencies_ms"], "errors": out["errors"]}
@@ -248,18 +192,9 @@ def one(port: int, route: str) -> bytes:
     return asyncio.run(go())
 
 
-def server_batches(url: str) -> tuple[float, float]:
-    """(model calls, samples) the server has run so far, from its /metrics."""
-    import httpx
-
-    text = httpx.get(url + "/metrics", timeout=10).text
-    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("servopt_batch_size_"))
-    return float(values.get("servopt_batch_size_count", 0)), float(values.get("servopt_batch_size_sum", 0))
-
-
 def step(server: ServerProcess, route: str, concurrency: int, seconds: float, warmup: float) -> dict:
     """One closed-loop step on ``server``; its mean batch is read from /metrics around the step (warm-up included)."""
-    calls0, samples0 = server_batches(server.url)
+    m0 = read_metrics(server.url, ("servopt_batch_size_",))
     loop = asyncio.new_event_loop()
     with contextlib.suppress(ImportError):
         import uvloop
@@ -268,10 +203,11 @@ def step(server: ServerProcess, route: str, concurrency: int, seconds: float, wa
         loop = uvloop.new_event_loop()
     try:
         result = loop.run_until_complete(closed_loop(server.port, route, concurrency, seconds, warmup,
-                                                     lambda: (server.cpu_seconds(), *thread_cpu(server.proc.pid))))
+                                                     lambda: (server.cpu_seconds(), *thread_cpu_s(server.proc.pid, INFERENCE_THREAD_PREFIX))))
     finally:
         loop.close()
-    calls1, samples1 = server_batches(server.url)
+    d = metrics_delta(m0, read_metrics(server.url, ("servopt_batch_size_",)))
+    calls, samples = d.get("servopt_batch_size_count", 0.0), d.get("servopt_batch_size_sum", 0.0)
     lat = np.asarray(result.pop("latencies_ms"))
     ok = len(lat)
     server_cpu = result.pop("server_cpu")
@@ -283,7 +219,7 @@ def step(server: ServerProcess, route: str, concurrency: int, seconds: float, wa
             "inference_cpu_ms_per_request": result["inference_cpu"] / ok * 1000 if ok else None,
             "server_cores": server_cpu / wall, "client_cores": result["client_cpu"] / wall,
             "others_cores": max(0.0, result["busy_s"] - server_cpu - result["client_cpu"]) / wall,
-            "mean_batch": (samples1 - samples0) / (calls1 - calls0) if calls1 > calls0 else None}
+            "mean_batch": samples / calls if calls > 0 else None}
 
 
 # ------------------------------------------------------------------------------------------------ py-spy
@@ -383,14 +319,14 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown routes {sorted(unknown)}; choose from {ROUTES}")
 
-    cpu = cpu_name()
+    cpu = header()
     print(f"CPU: {cpu}")
     model = build_model(args.cache)
     print(f"model: {model}")
     this = f"after ({args.after})" if args.after else "this"
-    servers: dict[str, Path | None] = {this: checkout(args.after, args.cache) if args.after else None}
+    servers: dict[str, Path | None] = {this: revision_src(args.after, args.cache) if args.after else None}
     if args.before:
-        servers = {f"before ({args.before})": checkout(args.before, args.cache), **servers}
+        servers = {f"before ({args.before})": revision_src(args.before, args.cache), **servers}
     offline = Offline(model, args.instances, args.threads)
     reference = offline.embedding()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -191,46 +190,6 @@ def test_roofline_counts_qattention_apart_from_the_int8_products(tmp_path: Path)
     assert int8_roofline.int8_macs_per_token(tmp_path / "m.onnx") == 8 * 24 + 8 * 4
     assert int8_roofline.int8_macs_per_token(tmp_path / "m.onnx", ("MatMulInteger",)) == 32
     assert int8_roofline.int8_macs_per_token(tmp_path / "m.onnx", (int8_roofline.ATTENTION,)) == 192
-
-
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc only")
-def test_thread_cpu_counts_a_named_inference_thread_while_it_runs() -> None:
-    """serve_cpu.py's split of a server's CPU: the main thread (the event loop) and the threads named servopt-infer*
-    (read while they live: an ended thread leaves /proc, as the server's executor threads do not)."""
-    import threading
-    import time
-
-    import serve_cpu
-    from servopt.serve.batcher import name_native_thread
-
-    done, measured = threading.Event(), threading.Event()
-
-    def burn() -> None:
-        name_native_thread()
-        end = time.process_time() + 0.4
-        while time.process_time() < end:
-            pass
-        done.set()
-        measured.wait(10)
-
-    loop0, infer0 = serve_cpu.thread_cpu(os.getpid())
-    t = threading.Thread(target=burn, name="servopt-infer_7")
-    t.start()
-    done.wait(10)
-    loop1, infer1 = serve_cpu.thread_cpu(os.getpid())
-    measured.set()
-    t.join()
-    assert infer1 - infer0 >= 0.3
-    assert loop1 - loop0 < 0.2  # the main thread waited
-
-
-def test_a_revisions_src_is_checked_out_into_a_cache_made_on_demand(tmp_path: Path) -> None:
-    """serve_cpu.py --before and text_servers.py --servopt-b-rev run another revision's server from its src."""
-    import serve_cpu
-
-    src = serve_cpu.checkout("HEAD", tmp_path / "not-yet" / "revisions")
-    assert (src / "servopt" / "serve" / "batcher.py").is_file()
-    assert serve_cpu.checkout("HEAD", tmp_path / "not-yet" / "revisions") == src  # cached: archived once
 
 
 def test_servopt_b_runs_the_other_revisions_code_with_its_own_or_the_shared_options(tmp_path: Path) -> None:

@@ -281,3 +281,32 @@ def test_servopts_text_encoder_batches_by_length_and_answers_in_input_order(tmp_
     out = text_encoder(spec, Session())(texts, 2)
     assert out[:, 0].tolist() == [11, 3, 7, 4]
     assert sorted(widths) == [4, 11]  # (3, 4) and (7, 11): each batch padded to its own longest
+
+
+def test_the_machine_header_names_the_cpu_its_cores_features_and_cap() -> None:
+    from servopt.contracts import Environment
+    from servopt.machine import header
+
+    env = Environment(cpu="Some Xeon", cpu_flags=["avx2", "fma", "avx512f", "avx512_vnni"], cores=8, cores_usable=2,
+                      isa_cap="avx2")
+    line = header(env)
+    assert line.startswith("Some Xeon, 8 cores (2 usable), avx512_vnni") and "VNNI" in line and line.endswith("capped at avx2")
+    assert header(Environment(cpu="Other", cores=2)) == "Other, 2 cores, flags unknown"
+    assert header().split(",")[0]  # this machine's
+
+
+def test_a_records_measure_job_runs_it_as_it_ran_with_an_env_over_its_own() -> None:
+    """What alternating.py and isa_cap.py alternate: the record's artifact, runtime, options and environment, and a cap
+    laid over that environment; a record with nothing built cannot be measured."""
+    from servopt.bench.jobs import MeasureJob
+    from servopt.bench.protocol import Protocol
+    from servopt.contracts import Artifact, Record
+
+    rec = Record(name="v", runtime="openvino", status="ok", options={"hint": "LATENCY"}, env={"A": "1", "B": "2"},
+                 artifact=Artifact(format="openvino", path="/x/model.xml"))
+    job = MeasureJob.of_record(rec, Path("/run/data/eval.npz"), "image-classification", Protocol(), {"B": "capped"})
+    assert (job.session.name, job.session.runtime, job.session.options) == ("v", "openvino", {"hint": "LATENCY"})
+    assert job.session.artifact.path == "/x/model.xml" and job.data == "/run/data/eval.npz"
+    assert job.env == {"A": "1", "B": "capped"} and rec.env == {"A": "1", "B": "2"}
+    with pytest.raises(ValueError, match="no artifact"):
+        MeasureJob.of_record(Record(name="w", runtime="onnxruntime", status="failed"), "d.npz", "x", Protocol())

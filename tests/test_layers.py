@@ -120,3 +120,41 @@ def test_no_import_circles():
         if node not in state:
             visit(node, [node])
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def _script_imports(path: Path) -> set[str]:
+    """The top-level names a benchmark script imports (function-level imports included); a relative import is '.'."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            out.add("." if node.level else (node.module or "").split(".")[0])
+    return out
+
+
+def test_no_benchmark_script_imports_another():
+    """benchmarks/ is a thin shell over the library (issue 35): a script imports servopt, the standard library and
+    third-party packages, never another script (``text_speed.py`` was imported as a library by four others, and
+    ``serve_cpu.py`` ⇄ ``text_servers.py`` was the project's only import circle). What two scripts share belongs in
+    the library, tested. Running another script as a process (a worker in a peer's environment) is fine."""
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py")}
+    wrong = [f"{p.name} imports {', '.join(sorted(names))}" for p in sorted(BENCHMARKS.glob("*.py"))
+             if (names := _script_imports(p) & (scripts | {"."}))]
+    assert not wrong, "\n".join(wrong)
+    sys_path = [p.name for p in BENCHMARKS.glob("*.py") if re.search(r"sys\.path\.(insert|append)", p.read_text())]
+    assert not sys_path, f"scripts putting a folder on sys.path (to import a script): {sys_path}"
+
+
+def test_architecture_maps_every_benchmark_script():
+    """ARCHITECTURE.md's benchmarks table names each script in benchmarks/ once, and no script that is gone."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    lines = text[text.index("<!-- benchmarks:"):].splitlines()[1:]
+    table = lines[:next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
+    mapped = [m.group(1) for line in table if (m := re.match(r"\|\s*`([a-z0-9_]+)\.py`", line))]
+    scripts = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
+    assert sorted(mapped) == scripts, f"mapped but absent: {sorted(set(mapped) - set(scripts))}; " \
+                                      f"absent from the table: {sorted(set(scripts) - set(mapped))}"

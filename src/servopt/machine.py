@@ -228,3 +228,14 @@ def machine_label(env: Environment | None) -> str:
     if env is None:
         return "an unrecorded machine"
     return f"{env.cpu} ({env.cores} cores)"
+
+
+def header(env: Environment | None = None) -> str:
+    """The line every benchmark prints above its figures (a figure means nothing without the CPU it came from): the
+    CPU, its cores (those this process may use when fewer), the instruction set and INT8/bf16 features that decide
+    which variant wins, and an ISA cap in force. From ``env`` when given (a record's), else this machine."""
+    env = env or environment()
+    cores = f"{env.cores} cores" + (f" ({env.cores_usable} usable)" if env.cores_usable and env.cores_usable != env.cores else "")
+    features = CpuFeatures(frozenset(env.cpu_flags)).describe() if env.cpu_flags else "flags unknown"
+    cap = f", capped at {env.isa_cap}" if env.isa_cap else ""
+    return f"{env.cpu}, {cores}, {features}{cap}"

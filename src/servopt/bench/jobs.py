@@ -28,6 +28,7 @@ from servopt.contracts import (
     OpProfile,
     Phase,
     Quality,
+    Record,
     SideBySide,
 )
 from servopt.spec import ModelSpec
@@ -100,6 +101,16 @@ class MeasureJob(JobBase):
     tuning_data: str | None = None
     tuning_reference: str | None = None
     save_tuning_outputs: str | None = None
+
+    @classmethod
+    def of_record(cls, rec: Record, data: str | Path, family: str, protocol: Protocol,
+                  env: dict[str, str] | None = None) -> MeasureJob:
+        """A measured variant timed again as it ran (its artifact, runtime, options and environment), ``env`` over its
+        own (an ISA cap): what a re-measure or a benchmark alternates."""
+        if rec.artifact is None:
+            raise ValueError(f"{rec.name} has no artifact to measure")
+        return cls(session=OpenSpec(name=rec.name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+                   data=str(data), family=family, protocol=protocol, env={**rec.env, **(env or {})})
 
     def run(self, started: float) -> Measured:
         return run_measure(self)
