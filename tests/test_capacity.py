@@ -33,7 +33,9 @@ def test_the_search_finds_a_known_knee_within_its_precision_and_confirms_it(knee
     measure, calls = knee_at(knee)
     result = search(measure, start, FAST)
     assert result.confirmed and result.knee_found
-    assert knee / (1 + FAST.precision) <= result.capacity_rps <= knee
+    assert knee / (1 + FAST.precision) <= result.knee_rps <= knee
+    assert result.capacity_rps == pytest.approx(result.knee_rps / (1 + FAST.headroom)), "confirmed below the knee"
+    assert result.capacity_rps * 1.25 > knee, "at 1.25x the reported rate the server misses its bound"
     assert calls[-1][2] and calls[-1][0] == result.capacity_rps, "it ends with a confirming run at the rate it reports"
     assert all(s >= FAST.min_seconds and r * s >= FAST.min_queries - 1e-9 for r, s, c in calls if not c), "every step's minimums"
     assert all(s >= FAST.confirm_seconds for r, s, c in calls if c)
@@ -72,6 +74,20 @@ def test_a_step_the_client_could_not_keep_up_with_does_not_count():
     assert good.meets
 
 
+def test_a_confirming_run_whose_queue_builds_does_not_confirm():
+    """A run whose requests sent in its second half miss the bound fails a confirmation, even when the whole run's
+    p99 (a calm first half averaged in) meets it; a short step is judged on the whole run."""
+    slo = parse_slo("p99=50ms")
+    summary = {"ok": 1000, "errors": {}, "dropped_by_client": 0, "duration_s": 10.0,
+               "latency_ms": {"p50": 5.0, "p90": 20.0, "p95": 30.0, "p99": 45.0, "mean": 8.0},
+               "late_latency_ms": {"p50": 9.0, "p90": 40.0, "p95": 48.0, "p99": 70.0}}
+    confirming = load_step(summary, slo, 100.0, 10.0, True)
+    assert not confirming.meets and confirming.late_ms == 70.0
+    assert load_step(summary, slo, 100.0, 10.0, False).meets
+    calm = {**summary, "late_latency_ms": {**summary["late_latency_ms"], "p99": 44.0}}
+    assert load_step(calm, slo, 100.0, 10.0, True).meets
+
+
 def test_slo_parsing():
     assert str(parse_slo("p99=50ms")) == "p99 <= 50 ms"
     assert parse_slo("p95<=0.2s").limit_ms == 200 and parse_slo("P50=3").percentile == 50
@@ -108,3 +124,14 @@ def test_loadtest_slo_against_a_real_server(tmp_path):
         assert data["steps"][-1]["confirming"] and data["steps"][-1]["meets"]
         bad = CliRunner().invoke(app, ["loadtest", server.url, "--model", "tiny", "--slo", "p42=1ms"])
         assert bad.exit_code != 0 and "p99=50ms" in bad.output
+
+
+def test_the_late_percentiles_are_those_of_the_requests_sent_in_the_second_half():
+    from servopt.serve.loadtest import StepResult
+
+    r = StepResult("open-poisson", 10.0, 10.0)
+    r.started = 100.0
+    r.sent_s = [100.0 + i for i in range(10)]
+    r.latencies_ms = [1.0] * 5 + [50.0] * 5
+    assert r.late_percentiles()["p50"] == 50.0 and r.summary(None)["latency_ms"]["p50"] == pytest.approx(25.5)
+    assert StepResult("closed", 1, 0.0).late_percentiles() is None

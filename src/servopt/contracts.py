@@ -586,6 +586,7 @@ class LoadStep(Contract):
     meets: bool  # the SLO met, no errors, and the step valid
     valid: bool  # ran its minimum duration and query count, and the client kept up with the rate
     confirming: bool = False
+    late_ms: float | None = None  # the SLO's percentile over the requests sent in the step's second half
 
 
 class Capacity(Contract):
@@ -600,6 +601,7 @@ class Capacity(Contract):
     tried: list[tuple[ServeConfig, float]] = Field(default_factory=list)  # each configuration and its capacity
     confirmed: bool = False
     knee_found: bool = True  # False: the step limit came before a failing rate, the capacity is a lower bound
+    knee_rps: float | None = None  # the highest rate a short step met: the capacity is confirmed below it (headroom)
     cores: int | None = None
     batch_size: int = 1  # samples per request
     environment: Environment | None = None

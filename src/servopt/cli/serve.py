@@ -194,8 +194,10 @@ def _capacity(url: str, model: str, slo_text: str, rate: str | None, duration: f
     console.print(table)
     if result.confirmed:
         lower = "" if result.knee_found else " (at least: the step limit came before a failing rate)"
+        knee = (f"; the short steps' knee: {result.knee_rps:.1f} requests/s, confirmed {rules.headroom:.0%} below it, where "
+                "a longer run holds" if result.knee_found else "")
         console.print(f"capacity within {bound}: [bold]{result.capacity_rps:.1f} requests/s[/bold]{lower}, confirmed by a "
-                      f"{rules.confirm_seconds:g} s run")
+                      f"{rules.confirm_seconds:g} s run (its second half within the bound too){knee}")
     else:
         console.print(f"[red]no rate tried met {bound} with no errors[/red] (the lowest: "
                       f"{min((s.rate_rps for s in result.steps), default=start):.1f} req/s)")

@@ -71,9 +71,20 @@ class StepResult:
     level: float  # concurrency or rate
     duration_s: float
     latencies_ms: list[float] = field(default_factory=list)
+    sent_s: list[float] = field(default_factory=list)  # when each answered request was sent (perf_counter)
+    started: float = field(default_factory=time.perf_counter)
     refused_ms: list[float] = field(default_factory=list)  # how fast 503s came back
     errors: dict[str, int] = field(default_factory=dict)
     dropped: int = 0
+
+    def late_percentiles(self) -> dict[str, float] | None:
+        """Percentiles of the requests sent in the step's second half: a queue that builds over the step (a rate
+        the server cannot sustain) shows there, where the whole step's figure averages it with a calm start."""
+        if not self.sent_s or self.duration_s <= 0:
+            return None
+        half = self.started + self.duration_s / 2
+        late = [lat for lat, sent in zip(self.latencies_ms, self.sent_s, strict=True) if sent >= half]
+        return {p: float(np.percentile(late, int(p[1:]))) for p in ("p50", "p90", "p95", "p99")} if late else None
 
     def summary(self, server: dict | None) -> dict:
         lat = np.asarray(self.latencies_ms) if self.latencies_ms else np.asarray([np.nan])
@@ -83,6 +94,7 @@ class StepResult:
             "errors": self.errors, "dropped_by_client": self.dropped, "throughput_rps": ok / self.duration_s if self.duration_s else 0.0,
             "latency_ms": {p: float(np.nanpercentile(lat, int(p[1:]))) for p in ("p50", "p90", "p95", "p99")} | {"mean": float(np.nanmean(lat))},
             "refused_latency_ms": {p: float(np.percentile(self.refused_ms, int(p[1:]))) for p in ("p50", "p99")} if self.refused_ms else None,
+            "late_latency_ms": self.late_percentiles(),
             "server": server,
         }
 
@@ -160,6 +172,7 @@ class LoadGenerator:
             return
         if status == 200:
             result.latencies_ms.append((time.perf_counter() - start) * 1000)
+            result.sent_s.append(start)
         else:
             if status == 503:
                 result.refused_ms.append((time.perf_counter() - start) * 1000)
@@ -190,7 +203,7 @@ class LoadGenerator:
             await asyncio.gather(*(worker(None, time.perf_counter() + warmup, [10**9]) for _ in range(concurrency)))
         before = await self.metrics(session)
         result = StepResult("closed", concurrency, 0.0)
-        start = time.perf_counter()
+        start = result.started = time.perf_counter()
         await asyncio.gather(*(worker(result, start + duration, [max(1, max_requests // concurrency)]) for _ in range(concurrency)))
         result.duration_s = time.perf_counter() - start
         return result.summary(server_split(before, await self.metrics(session)))
@@ -222,7 +235,7 @@ class LoadGenerator:
             await run(None, warmup)
         before = await self.metrics(session)
         result = StepResult(f"open-{distribution}", rate, 0.0)
-        start = time.perf_counter()
+        start = result.started = time.perf_counter()
         await run(result, duration)
         result.duration_s = time.perf_counter() - start
         return result.summary(server_split(before, await self.metrics(session)))
