@@ -121,7 +121,7 @@ class Verdict(Contract):
 
 class Decision(Contract):
     target: Target
-    status: str  # pass | pass (pending device) | fail | not measured | no candidate
+    status: str  # pass | pass (pending device) | undecided (not projected) | fail | not measured | no candidate
     recommended: str | None = None
     nearest: str | None = None
     shortfall: str | None = None  # the nearest miss's failed bounds, in words
@@ -459,7 +459,9 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
         elif target.device is Device.CPU:
             reason += f" (figures from {_where(by_name[best.variant])}, not from {target.hardware})"
         reason += "".join(f"; {n}" for n in best.notes)
-        status = "pass" if not pending else "pass (pending device)" if target.device is not Device.CPU else "pass (not projected)"
+        # a CPU target's instance bounds with no projection (one core, an interrupted run) are not a pass: nothing judged
+        # them, and a manager reading "pass" would price an instance no figure says meets them
+        status = "pass" if not pending else "pass (pending device)" if target.device is not Device.CPU else "undecided (not projected)"
         return Decision(target=target, status=status, recommended=best.variant, verdict=best, verdicts=verdicts,
                         tied=[v.variant for v in equal], reason=reason, result=by_name[best.variant], projected=projected,
                         capacity=served.get(best.variant))
