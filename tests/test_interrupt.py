@@ -365,3 +365,28 @@ def test_a_server_the_sweep_started_is_stopped_with_its_jobs(small):
     finally:
         launcher.reset_stop()
         server.stop()
+
+
+@pytest.mark.slow
+def test_the_finish_binds_the_budget_too(tmp_path, small, monkeypatch):
+    """The finish's jobs (the side-by-side re-measure, cold starts, profiles) get the budget's end as a deadline too: a
+    model whose calls outgrow the plan (MPNet's re-measure took 2 of a 10-minute budget's minutes) must not run past
+    it. Here the finish's deadline comes just after it starts: the run still answers, on the screening figures, says
+    what the budget stopped, stores no re-measure a resume would trust, and a rerun with time re-measures."""
+    from servopt.optimize.sweep import Sweep
+
+    real = Sweep.finish_deadline
+    monkeypatch.setattr(Sweep, "finish_deadline", lambda self, closing=True: time.time() + 0.3)
+    out = tmp_path / "run"
+    cmd = _cmd(small, out, "--quiet", "--budget", "1h", "--no-capacity")
+    cmd = cmd[:cmd.index("--variants")] + [a for v in ["ort-fp32", "ort-offline-all"] for a in ("--variants", v)]
+    result = runner.invoke(app, cmd)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["targets"][0]["recommended"] or summary["targets"][0]["nearest"]
+    assert summary["interleaved"] is None and not list(out.glob("interleave*.json")), "nothing stored a resume would trust"
+    assert any("side-by-side re-measure" in p and ("time budget" in p) for p in summary["problems"]), summary["problems"]
+    monkeypatch.setattr(Sweep, "finish_deadline", real)
+    result = runner.invoke(app, cmd)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "summary.json").read_text())["interleaved"] is not None

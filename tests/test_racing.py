@@ -522,3 +522,19 @@ def test_history_of_another_machine_or_library_version_does_not_order_this_run(t
     older = {"family": "image-classification", "cpu": racing._signature(here), "variant": "ort-old", "log_ratio": 0.1}
     racing.append_jsonl(racing.history_path(), older)
     assert "ort-old" in racing.learned("image-classification", here)
+
+
+def test_a_re_measure_turn_is_sized_by_the_model_s_calls():
+    """A small CNN's turn in a side-by-side round is its phases' minimum times; a 12-layer encoder's is its minimum calls
+    (MPNet: 8 batch calls of 32 texts at ~14 texts/s), so a budget reserves what the re-measure will really take."""
+    from servopt.optimize.sweep import interleave_protocol
+
+    p = interleave_protocol()
+    cnn = Record(name="c", runtime="onnxruntime", status="ok", latency_ms=Latency(p50=1.0), throughput_ips=Throughput(batch=900.0))
+    mpnet = Record(name="m", runtime="onnxruntime", status="ok", latency_ms=Latency(p50=60.0), throughput_ips=Throughput(batch=14.0))
+    small = racing.remeasure_seconds(cnn, p)
+    assert small == pytest.approx(p.min_seconds + p.batch_min_seconds, rel=0.1)
+    big = racing.remeasure_seconds(mpnet, p)
+    assert big >= p.min_runs * 0.060 + p.batch_min_runs * 32 / 14.0
+    assert racing.finish_estimate(3, 1, 3, per_round=big) - racing.finish_estimate(3, 1, 3) == pytest.approx(4 * 3 * (big - 4.0))
+    assert racing.instance_seconds(2, 2, 0, call_s=4.0) > racing.instance_seconds(2, 2, 0)

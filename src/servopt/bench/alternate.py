@@ -22,12 +22,13 @@ class AlternationFailed(Exception):
     """A variant's process failed in some round: the reason, and where its log is."""
 
 
-def alternate(jobs: dict[str, MeasureJob], rounds: int, workdir: Path) -> dict[str, list[Measured]]:
-    """Every job once per round, in turn, each in a fresh process; a failure raises ``AlternationFailed``."""
+def alternate(jobs: dict[str, MeasureJob], rounds: int, workdir: Path, deadline: float | None = None) -> dict[str, list[Measured]]:
+    """Every job once per round, in turn, each in a fresh process; a failure raises ``AlternationFailed``, a job still
+    running at ``deadline`` (a time budget's end) ``launcher.OutOfTime``."""
     out: dict[str, list[Measured]] = {name: [] for name in jobs}
     for i in range(rounds):
         for name, job in jobs.items():
-            m = launch(job, workdir / name / f"round-{i}").result
+            m = launch(job, workdir / name / f"round-{i}", None, deadline).result
             if m is None or m.status != "ok" or m.latency_ms is None or m.throughput_ips is None or not m.throughput_ips.batch:
                 why = m.error if m is not None and m.error else "no figures"
                 raise AlternationFailed(f"{name}, round {i}: {why} (see {workdir / name / f'round-{i}' / 'job.log'})")

@@ -182,10 +182,11 @@ CAPACITY_MIN_SECONDS = 10.0
 CAPACITY_PICKS = 2  # picks served per target: the first, and the one its served capacity may make the pick
 
 
-def instance_seconds(candidates: int, cores: int, priced: int) -> float:
+def instance_seconds(candidates: int, cores: int, priced: int, call_s: float = 0.0) -> float:
     """What measuring the instance's answer costs: the candidates' scaling (plus opening their sessions) and the
-    priced targets' capacity searches."""
-    scaling = candidates * (3 * cores * 2 * SCALING_SECONDS + 2.0) if candidates else 0.0
+    priced targets' capacity searches. ``call_s``: one batch call on one thread (every point of the scaling makes at
+    least one: a 12-layer encoder's take seconds, not ``SCALING_SECONDS``)."""
+    scaling = candidates * (3 * cores * 2 * max(SCALING_SECONDS, call_s) + 2.0) if candidates else 0.0
     return scaling + priced * (CAPACITY_SECONDS + 10.0)  # + a server's start and the load generator's warm-up
 
 
@@ -195,17 +196,29 @@ def closing_seconds(targets: int) -> float:
     return targets * 3.0 + 5.0
 
 
+def remeasure_seconds(rec: Record, protocol) -> float:
+    """One variant's turn in a side-by-side round under ``protocol`` (``bench.protocol.Protocol``), from its screening
+    figures: each phase runs its minimum time or its minimum calls, whichever is longer, after its warm-up calls. A
+    small CNN's turn is the minimum times (3 s); MPNet's batch phase alone is 8 calls of 32 texts (15-20 s on 2 cores)."""
+    call = rec.latency_ms.p50 / 1000 if rec.latency_ms is not None and rec.latency_ms.p50 else 0.0
+    batch = (protocol.batch_size / rec.throughput_ips.batch
+             if rec.throughput_ips is not None and rec.throughput_ips.batch else 0.0)
+    latency = min(protocol.max_seconds, max(protocol.min_seconds, protocol.min_runs * call)) + protocol.warmup * call
+    return latency + min(protocol.max_seconds, max(protocol.batch_min_seconds, protocol.batch_min_runs * batch)) + batch
+
+
 def finish_estimate(rounds: int, targets: int, contenders: int | None = None, axes: bool = False,
-                    remeasured: int | None = None) -> float:
+                    remeasured: int | None = None, per_round: float = 4.0) -> float:
     """Seconds the end of a sweep takes after the last screening: cold starts of a few contenders, the side-by-side
     re-measure of up to three candidates per target computing on a CPU (``remeasured`` of the ``targets``: a server
     CPU's and an edge device's; a GPU target's figures are not re-measured here) with the baseline (two phases of 1.5 s and a load each), profiles of the picks,
     the report; with ``axes``, the family's own axes of each target's pick and the baseline. ``contenders``: how many
     variants besides the baseline could be re-measured (a budgeted run that has measured three reserves for three, not
-    for the catalogue)."""
+    for the catalogue). ``per_round``: one candidate's turn in a round (``remeasure_seconds`` of the baseline, which
+    every re-measure runs and the candidates rarely trail by much)."""
     per = 3 * max(1, targets if remeasured is None else remeasured)
     candidates = min(6, per, contenders if contenders is not None else 6) + 1
-    return (min(4, candidates) * 4.0 + candidates * rounds * 4.0 + closing_seconds(targets)
+    return (min(4, candidates) * 4.0 + candidates * rounds * max(4.0, per_round) + closing_seconds(targets)
             + (AXES_SECONDS * (min(targets, candidates) + 1) if axes else 0.0))
 
 

@@ -209,9 +209,12 @@ def measure_variant(job: MeasureJob, spec, workdir: Path, deadline: float | None
     return measure(job, spec, workdir, deadline)
 
 
-def cold_start(job: ColdStartJob, workdir: Path) -> ColdStart:
+def cold_start(job: ColdStartJob, workdir: Path, deadline: float | None = None) -> ColdStart:
     """Imports + load + first answer, timed from outside the job's process, with its peak memory."""
-    started = launch(job, workdir)
+    try:
+        started = launch(job, workdir, None, deadline)
+    except OutOfTime as e:
+        return ColdStart(error=f"not measured: {e}")
     return started.result.model_copy(update={"total_s": started.ready_s}) if started.result is not None else ColdStart(error=started.error)
 
 
@@ -449,6 +452,20 @@ class Sweep:
             return None
         return time.time() - self.elapsed() + budget - racing.closing_seconds(len(self.targets))
 
+    def finish_deadline(self, closing: bool = True) -> float | None:
+        """When a job of the sweep's finish (a re-measure, a duel, the scaling, a cold start, a pick's axes) must end:
+        the budget's end less the profiles and the report (``closing``), or the budget's end itself (a profile). Their
+        time is planned (``racing.finish_estimate``), but a model's call time can outgrow any plan (MPNet's side-by-side
+        re-measure took 2 min of a 10-minute budget): the deadline is what makes the budget bind. None without one."""
+        budget = self.settings.budget_seconds
+        if budget is None:
+            return None
+        return time.time() - self.elapsed() + budget - (racing.closing_seconds(len(self.targets)) if closing else 0.0)
+
+    def _out_of_time(self, what: str, e: Exception) -> None:
+        self.problems.append(f"{what}: stopped at the time budget's end (--budget {self.settings.budget}; {e}); rerun with a "
+                             "larger --budget to finish it (finished work is kept)")
+
     def _not_finished(self, u: Unit, why: str) -> None:
         """A job the time budget's end stopped: listed as not tried, no record (a rerun with more time tries it)."""
         self.not_tried.append(LeftOut(name=u.variant.name, why=f"not finished: {why} (--budget {self.settings.budget}): rerun "
@@ -638,7 +655,8 @@ class Sweep:
         total = 0.0
         for count, u in enumerate(units, 1):
             total += racing.expected_seconds(u.variant, learned, average)
-            reserve = racing.finish_estimate(self.interleave_rounds, len(here), contenders + count, axes, remeasured)
+            reserve = racing.finish_estimate(self.interleave_rounds, len(here), contenders + count, axes, remeasured,
+                                             self.remeasure_turn())
             reserve += self.instance_reserve(contenders + count)
             if self.elapsed() + total + reserve > budget:
                 return count - 1
@@ -710,8 +728,12 @@ class Sweep:
         label = f"side-by-side-{probe.name}"
         self.progress.step(f"{probe.name} side by side with {', '.join(names[1:])}{self._for(kind)}")
         try:
-            launched = self.executor.submit(launch, job, self.dir.work_root / label, resources=self.kinds.get(kind), what=label).result()
+            launched = self.executor.submit(launch, job, self.dir.work_root / label, None, self.finish_deadline(),
+                                            resources=self.kinds.get(kind), what=label).result()
         except Lost:
+            return {}
+        except OutOfTime as e:
+            self._out_of_time(f"the side-by-side run of {', '.join(names)}", e)
             return {}
         return dict(launched.result.variants) if launched.result is not None else {}
 
@@ -739,7 +761,7 @@ class Sweep:
                     job = ColdStartJob(session=OpenSpec(name=rec.name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
                                        spec=self.model.spec, env=rec.env)
                     self.progress.step(f"cold start of {rec.name}{self._for(kind)}")
-                    future = self.executor.submit(cold_start, job, self.dir.work(rec.name, kind) / "coldstart",
+                    future = self.executor.submit(cold_start, job, self.dir.work(rec.name, kind) / "coldstart", self.finish_deadline(),
                                                   resources=self.kinds[kind], what=f"cold start {rec.name}{self._for(kind)}")
                     pending[future] = (u, rec)
         for future in as_completed(pending):
@@ -784,9 +806,13 @@ class Sweep:
     def _result_or_problem(self, job, folder: Path, kind: str | None, what: str, problem: str):
         """A job's result, or None with ``problem`` and why noted for the report (the run goes on without it)."""
         try:
-            launched = self.executor.submit(launch, job, folder, resources=self.kinds.get(kind), what=what).result()
+            launched = self.executor.submit(launch, job, folder, None, self.finish_deadline(), resources=self.kinds.get(kind),
+                                            what=what).result()
         except Lost as e:
             self.problems.append(f"{problem}: {e}")
+            return None
+        except OutOfTime as e:
+            self._out_of_time(problem, e)
             return None
         if launched.result is None:
             self.problems.append(f"{problem}: {launched.error}")
@@ -803,18 +829,35 @@ class Sweep:
             return None
         names = [*_joining(names, by_name, baseline), baseline]
         caps = {n: get_runtime(by_name[n].runtime).isa_cap_env(isa) if isa else None for n in names}
-        cache_key = json.dumps([sorted(str(by_name[n].key) for n in names), self.interleave_rounds,
-                                self.interleave_protocol.model_dump(), isa])
         path, label = self.dir.interleave(kind, isa), self.dir.interleave_label(kind, isa)
-        previous = _stored_interleaved(path)
-        if previous is not None and previous.cache_key == cache_key:
+
+        def key(rounds: int) -> str:
+            return json.dumps([sorted(str(by_name[n].key) for n in names), rounds, self.interleave_protocol.model_dump(), isa])
+
+        previous = _stored_interleaved(path)  # a budget may have cut its rounds short: still the same measurement
+        if previous is not None and previous.cache_key in {key(r) for r in range(2, self.interleave_rounds + 1)}:
             self.reused.append(f"side-by-side re-measure {label}" + (f" and its {len(previous.duels)} duel(s)" if previous.duels else ""))
             return previous
-        job = self._interleave_job(names, by_name, baseline, self.interleave_protocol, self.interleave_rounds, caps)
+        rounds = self.interleave_rounds
+        if (deadline := self.finish_deadline()) is not None:  # rounds that fit what the budget leaves, sized by the calls
+            per_round = sum(racing.remeasure_seconds(by_name[n], self.interleave_protocol) + 2.0 for n in names)
+            fit = int((deadline - time.time() - self.instance_reserve(len(names))) // per_round)
+            if fit < 2:
+                self.problems.append(f"the side-by-side re-measure {label} was not run: a round of {len(names)} variants takes "
+                                     f"about {per_round:.0f} s and the time budget ({self.settings.budget}) leaves less than "
+                                     "two; decided on the screening figures (rerun with a larger --budget)")
+                return None
+            rounds = min(rounds, fit)
+        cache_key = key(rounds)
+        job = self._interleave_job(names, by_name, baseline, self.interleave_protocol, rounds, caps)
         try:
-            launched = self.executor.submit(launch, job, self.dir.work_root / label, resources=self.kinds.get(kind), what=label).result()
+            launched = self.executor.submit(launch, job, self.dir.work_root / label, None, self.finish_deadline(),
+                                            resources=self.kinds.get(kind), what=label).result()
         except Lost as e:
             raise UserError(f"interleaved re-measure {label}: {e}", fix="check the cluster, then rerun") from e
+        except OutOfTime as e:
+            self._out_of_time(f"the side-by-side re-measure {label} (decided on the screening figures)", e)
+            return None
         if launched.result is None:
             raise UserError(f"interleaved re-measure {label} failed: {launched.error}", fix=f"see work/{label}/job.log")
         variants = {n: v.model_copy(update={"isa_cap": isa if caps.get(n) else None}) for n, v in launched.result.variants.items()}
@@ -851,10 +894,14 @@ class Sweep:
             self.progress.step(f"re-measuring {', '.join(own)} process by process with the baseline")
             try:
                 future = self.executor.submit(alternate, jobs, self.interleave_rounds, self.dir.work("alternating", kind),
+                                              self.finish_deadline(),
                                               resources=self.kinds.get(kind), what="alternating re-measure")
                 alternated = ratios(future.result(), self.baseline.name, anchor)
             except (AlternationFailed, Lost) as e:
                 self.problems.append(f"alternating re-measure of {', '.join(own)} failed: {e} — their sweep figures are not compared")
+                return interleaved
+            except OutOfTime as e:
+                self._out_of_time(f"the alternating re-measure of {', '.join(own)} (their sweep figures are not compared)", e)
                 return interleaved
             write_json_atomic(path, {"cache_key": cache_key, "variants": {n: v.model_dump() for n, v in alternated.items()}})
         alternated.pop(self.baseline.name, None)
@@ -947,7 +994,23 @@ class Sweep:
 
         candidates = min(contenders, 3 * len(mine)) + 1
         priced = sum(t.price_per_hour is not None and t.max_p99_ms is not None for t in mine) if self.capacity_probe else 0
-        return racing.instance_seconds(candidates, machine_cores(), priced)
+        cores = machine_cores()
+        return racing.instance_seconds(candidates, cores, priced, self.batch_call_seconds() * cores)
+
+    def _baseline_record(self) -> Record | None:
+        return next((r for (n, _), r in self.records.items() if n == self.baseline.name and r.status == "ok"), None)
+
+    def remeasure_turn(self) -> float:
+        """Seconds one candidate's turn in a side-by-side round takes, sized by the baseline's measured calls (a 12-layer
+        encoder's are 5x a CNN's): what the budget reserves for the re-measures is then what they will take."""
+        rec = self._baseline_record()
+        return racing.remeasure_seconds(rec, self.interleave_protocol) if rec is not None else 4.0
+
+    def batch_call_seconds(self) -> float:
+        """One batch call of the baseline on all cores (0 before it is measured)."""
+        rec = self._baseline_record()
+        tp = rec.throughput_ips.batch if rec is not None and rec.throughput_ips is not None else None
+        return self.interleave_protocol.batch_size / tp if tp else 0.0
 
     def instance_targets(self, targets: list[Target]) -> list[Target]:
         """The targets naming an instance whose figures this machine (or this kind's nodes) can take: a CPU's."""
@@ -1074,11 +1137,15 @@ class Sweep:
             job = ProfileJob(session=OpenSpec(name=name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
                              data=str(self.dir.eval_data), env=rec.env)
             try:
-                launched = self.executor.submit(launch, job, self.dir.work(name, kind) / "profile", resources=self.kinds.get(kind),
+                launched = self.executor.submit(launch, job, self.dir.work(name, kind) / "profile", None,
+                                                self.finish_deadline(closing=False), resources=self.kinds.get(kind),
                                                 what=f"profile {name}").result()
                 prof = launched.result or OpProfile(variant=name, profiler="none", total_ms_per_run=0.0, error=launched.error)
             except Lost as e:
                 prof = OpProfile(variant=name, profiler="none", total_ms_per_run=0.0, error=str(e))
+            except OutOfTime as e:  # not stored: a rerun with more time profiles it
+                self._out_of_time(f"the profile of {name}", e)
+                continue
             write_json_atomic(self.dir.profile(name, kind), prof)
 
     # ------------------------------------------------------------------------------------------------ finish
