@@ -17,7 +17,7 @@ from servopt.families.catalogue import CatalogueContext
 from servopt.machine import CpuFeatures
 from servopt.models.sources import load_model
 from servopt.optimize.targets import PRESETS
-from servopt.passes import PASSES, BuildContext, build_chain, get_pass, source_artifact
+from servopt.passes import PASSES, BuildContext, Pass, build_chain, get_pass, source_artifact
 from servopt.passes.base import validate_params
 from servopt.runtimes import RUNTIMES, Runtime, RuntimeOptions, Session, get_runtime, open_session, register_runtime
 from servopt.spec import ModelSpec, TensorSpec
@@ -113,6 +113,45 @@ def test_pass_contract(name, colour_model, colour_data, tmp_path, request):
     if not ok:
         pytest.skip(f"built and cached, not run: {why}")
     assert open_session(built, runtime).run(colour_data.slice(0, 2)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("name", PASS_NAMES)
+def test_pass_describes_its_parameters(name):
+    """The report says what each step did in its pass's own words (``Pass.describe``): a pass with parameters either
+    writes its words or gives every parameter a description the default reads; an INT8-recipe step says what it did to
+    keep accuracy in words of its own, not its name."""
+    p = type(get_pass(name))
+    params = p.read_params({})
+    for report in (None, {}):  # a run without a build report, or an older one's empty report, still reads
+        words = p.describe(params, report)
+        assert words.strip() and "\n" not in words and "|" not in words, f"{name}: one line for a table cell, got {words!r}"
+    if p.describe.__func__ is Pass.describe.__func__:
+        undescribed = [f for f, info in p.Params.model_fields.items() if not info.description]
+        assert not undescribed, f"{name}: give {undescribed} a Field(description=...) or the pass a describe() of its own"
+    if p.int8_recipe:
+        assert p.describe(params) != name, f"{name}: an INT8-recipe step says what it did to keep accuracy"
+
+
+def test_a_pass_without_words_of_its_own_is_described_by_its_parameters():
+    from pydantic import Field
+
+    from servopt.passes.base import PassParams
+
+    class Blur(Pass):
+        name = "blur"
+        input_format = output_format = "onnx"
+
+        class Params(PassParams):
+            radius: int = Field(2, description="radius in pixels")
+            passes: list[str] = Field(default_factory=list, description="passes over the image")
+            sigma: float = 1.0
+
+        def run(self, artifact, params, out_dir, ctx):
+            raise NotImplementedError
+
+    assert Blur.describe(Blur.read_params({})) == "blur", "defaults say nothing more than the name"
+    assert Blur.describe(Blur.read_params({"radius": 3, "sigma": 0.5})) == "blur (radius in pixels: 3; sigma: 0.5)"
+    assert Blur.read_params({"radius": "wide", "gone": 1}).radius == "wide", "an older record's parameters are read, not refused"
 
 
 @pytest.mark.parametrize("name", FAMILIES.names())

@@ -194,6 +194,15 @@ class AccuracyAwareInt8(Pass):
     input_format = "onnx"
     output_format = "onnx"
     Params = AccuracyAwareParams
+    int8_recipe = True
+
+    @classmethod
+    def describe(cls, params: AccuracyAwareParams, report: dict | None = None) -> str:
+        """The calibration it kept and how many layers it left in float, from its build report."""
+        report = report or {}
+        layers = report.get("float_layers")
+        return (f"accuracy-aware: {report.get('calibration', params.calibrate_method)} calibration, "
+                + (f"{len(layers)} layer(s) in float" if layers else "no layer in float"))
 
     def run(self, artifact: Artifact, params: AccuracyAwareParams, out_dir: Path, ctx: BuildContext) -> PassOutput:
         tuning = ctx.tuning or ctx.calibration

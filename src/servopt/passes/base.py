@@ -80,6 +80,28 @@ class Pass(ABC):
     # reads data can never be handed a model built on other data; a pass that reads none sets False and is not rebuilt
     # when the data change.
     reads_data: ClassVar[bool] = True
+    # A step of an INT8 recipe (a quantizer, or a step that prepares one, like cross-layer equalization): the report's
+    # INT8 table says, in ``describe``'s words, what each such step of a variant did to keep its accuracy.
+    int8_recipe: ClassVar[bool] = False
+
+    @classmethod
+    def describe(cls, params: Any, report: dict[str, Any] | None = None) -> str:
+        """This step in words, one line, for the report: what it did with ``params`` and, for a pass whose build report
+        says what it chose (a search), with that ``report`` (None or {} from an older run: still words). The default
+        names the pass and each parameter that differs from its default, by its field description."""
+        changed = [f"{f.description or name}: {getattr(params, name)}" for name, f in type(params).model_fields.items()
+                   if getattr(params, name) != f.get_default(call_default_factory=True)]
+        return cls.name + (f" ({'; '.join(changed)})" if changed else "")
+
+    @classmethod
+    def read_params(cls, raw: dict[str, Any]) -> PassParams:
+        """A record's stored parameters as this pass's model, defaults filled in. A record of an older servopt whose
+        parameters this version no longer takes is read as far as it goes (unknown names dropped), never refused: a
+        report re-renders any run."""
+        try:
+            return cls.Params.model_validate(raw)
+        except ValidationError:
+            return cls.Params.model_construct(**{k: v for k, v in raw.items() if k in cls.Params.model_fields})
 
     @abstractmethod
     def run(self, artifact: Artifact, params: Any, out_dir: Path, ctx: BuildContext) -> PassOutput:

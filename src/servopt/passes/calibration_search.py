@@ -60,6 +60,17 @@ class CalibrationSearch(Pass):
     input_format = "onnx"
     output_format = "onnx"
     Params = CalibrationSearchParams
+    int8_recipe = True
+
+    @classmethod
+    def describe(cls, params: CalibrationSearchParams, report: dict | None = None) -> str:
+        """How many points it tried and which it chose, from its build report."""
+        report = report or {}
+        chosen = report.get("chosen") or {}
+        return f"calibration search over {len(report.get('points', []))} points → " + (
+            f"{chosen.get('calibrate_method')}{' ' + str(chosen['percentile']) if chosen.get('percentile') else ''}"
+            f"{', symmetric' if chosen.get('symmetric') else ''}{', 7-bit weights' if chosen.get('reduce_range') else ''}"
+            if chosen else "?") + ("" if report.get("within_tolerance", True) else " (none within tolerance)")
 
     def run(self, artifact: Artifact, params: CalibrationSearchParams, out_dir: Path, ctx: BuildContext) -> PassOutput:
         tuning = ctx.tuning or ctx.calibration

@@ -106,6 +106,11 @@ class Equalize(Pass):
     input_format = "onnx"
     output_format = "onnx"
     Params = EqualizeParams
+    int8_recipe = True  # evens out the ranges a quantizer then keeps
+
+    @classmethod
+    def describe(cls, params: EqualizeParams, report: dict | None = None) -> str:
+        return "cross-layer equalization"
 
     def run(self, artifact: Artifact, params: EqualizeParams, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import onnx

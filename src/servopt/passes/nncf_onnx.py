@@ -146,6 +146,18 @@ class NncfQuantizeOnnx(Pass):
     input_format = "onnx"
     output_format = "onnx"
     Params = NncfOnnxParams
+    int8_recipe = True
+
+    @classmethod
+    def describe(cls, params: NncfOnnxParams, report: dict | None = None) -> str:
+        """What it did to keep accuracy beyond range estimation: bias correction, the mixed preset, SmoothQuant, 7-bit
+        weights, activations made unsigned."""
+        bc = params.bias_correction
+        return ("NNCF range estimation" + (f" + {bc} bias correction" if bc != "none" else "")
+                + (", mixed preset" if params.preset == "mixed" else "")
+                + (", SmoothQuant" if params.model_type == "transformer" else "")
+                + (", 7-bit weights (overflow fix)" if params.overflow_fix == "enable" else "")
+                + (", activations made unsigned for ONNX Runtime's U8S8 kernels" if params.activations == "unsigned" else ""))
 
     def run(self, artifact: Artifact, params: NncfOnnxParams, out_dir: Path, ctx: BuildContext) -> PassOutput:
         from servopt.passes.onnx_passes import preprocess_for_quantization

@@ -35,10 +35,10 @@ class ExportOnnx(Pass):
     output_format = "onnx"
 
     class Params(PassParams):
-        opset: int = 18
-        exporter: Literal["auto", "dynamo", "torchscript"] = "auto"
+        opset: int = Field(18, description="ONNX opset")
+        exporter: Literal["auto", "dynamo", "torchscript"] = Field("auto", description="exporter")
         # Text encoders: "eager" exports plain attention (the graph ONNX Runtime's transformer optimizer fuses).
-        attention: Literal["default", "eager"] = "default"
+        attention: Literal["default", "eager"] = Field("default", description="attention exported")
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         from servopt.export import export_onnx
@@ -61,11 +61,13 @@ class OrtTransformersOptimize(Pass):
     output_format = "onnx"
 
     class Params(PassParams):
-        model_type: Literal["bert", "bart", "gpt2", "vit", "t5"] = "bert"  # the fusion patterns (BERT covers MiniLM/BGE/E5)
-        opt_level: int = 0  # 0: the Python fusions only; ONNX Runtime applies its own graph optimizations at load
+        # the fusion patterns (BERT covers MiniLM/BGE/E5)
+        model_type: Literal["bert", "bart", "gpt2", "vit", "t5"] = Field("bert", description="fusion patterns")
+        # 0: the Python fusions only; ONNX Runtime applies its own graph optimizations at load
+        opt_level: int = Field(0, description="optimizer level")
         # Also make the fusions whose CPU kernels are slower than what they replace (a graph for a GPU provider); the
         # CPU provider does not make them either (onnxruntime_runtime.CPU_SLOW_FUSIONS says which and why).
-        cpu_slow_fusions: bool = False
+        cpu_slow_fusions: bool = Field(False, description="fusions slower on CPU made too")
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         extra = ctx.source.spec.extra
@@ -101,7 +103,7 @@ class OrtGraphOffline(Pass):
     output_format = "onnx"
 
     class Params(PassParams):
-        level: Literal["basic", "extended", "all"] = "all"
+        level: Literal["basic", "extended", "all"] = Field("all", description="graph optimization level")
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         from servopt.runtimes import open_session
@@ -121,7 +123,7 @@ class Fp16(Pass):
     output_format = "onnx"
 
     class Params(PassParams):
-        keep_io_types: bool = True
+        keep_io_types: bool = Field(True, description="float32 inputs and outputs kept")
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import onnx
@@ -155,6 +157,12 @@ class OrtQuantizeDynamic(Pass):
         # a per-tensor u8 range so far that the small values between lose their precision (see docs/text.md, MPNet).
         float_ffn_output: bool = False
         op_types: list[str] = Field(default_factory=list)  # the operator types to quantize; empty: ONNX Runtime's default
+
+    int8_recipe = True
+
+    @classmethod
+    def describe(cls, params: Params, report: dict | None = None) -> str:
+        return "dynamic (activation ranges at run time)" + (", 7-bit weights" if params.reduce_range else "")
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -411,6 +419,11 @@ class OrtQuantizeStatic(Pass):
     input_format = "onnx"
     output_format = "onnx"
     Params = StaticParams
+    int8_recipe = True
+
+    @classmethod
+    def describe(cls, params: StaticParams, report: dict | None = None) -> str:
+        return f"plain {params.calibrate_method} calibration" + (", 7-bit weights" if params.reduce_range else "")
 
     def run(self, artifact: Artifact, params: StaticParams, out_dir: Path, ctx: BuildContext) -> PassOutput:
         src = preprocess_for_quantization(str(artifact.path), out_dir)

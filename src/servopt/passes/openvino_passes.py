@@ -66,6 +66,12 @@ class NncfQuantize(Pass):
         fast_bias_correction: bool = True
         model_type: Literal["default", "transformer"] = "default"  # transformer: NNCF's rules for attention blocks
 
+    int8_recipe = True
+
+    @classmethod
+    def describe(cls, params: Params, report: dict | None = None) -> str:
+        return "NNCF (OpenVINO)"
+
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import nncf
 
@@ -89,6 +95,12 @@ class NncfAccuracyControl(Pass):
     class Params(PassParams):
         max_drop: float = 1.0  # accuracy points
         subset_size: int = 100
+
+    int8_recipe = True
+
+    @classmethod
+    def describe(cls, params: Params, report: dict | None = None) -> str:
+        return "NNCF (OpenVINO) with accuracy control"
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import nncf

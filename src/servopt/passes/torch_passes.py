@@ -17,6 +17,11 @@ class TorchQuantizeDynamic(Pass):
     reads_data = False
     input_format = "torch"
     output_format = "torch"
+    int8_recipe = True
+
+    @classmethod
+    def describe(cls, params: PassParams, report: dict | None = None) -> str:
+        return "dynamic (activation ranges at run time)"
 
     def run(self, artifact: Artifact, params: PassParams, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import torch
