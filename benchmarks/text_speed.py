@@ -169,7 +169,7 @@ def st_process_env(ready, work: Path) -> dict:
     from servopt.envs import job_env
 
     env = {**job_env(ready), **OFFLINE_ENV, "HF_HOME": str(work / "hf-home")}
-    env.pop("PYTHONPATH", None)  # text_peers.py imports nothing from servopt
+    env["PYTHONPATH"] = str(HERE.parent / "src")  # servopt's stdlib-only instruments (bench.blocks); nothing heavy
     return env
 
 

@@ -45,6 +45,34 @@ async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
     return status, body, close
 
 
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+NETWORK_ERRORS = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError)
+
+
+async def exchange(conn: Conn, wire: bytes) -> tuple[str, bool]:
+    """Send one request on ``conn`` and read its answer: (its status, or the exception's name; whether to close)."""
+    try:
+        conn[1].write(wire)
+        status, _, close = await asyncio.wait_for(read_answer(conn[0]), 120)
+        return str(status), close
+    except NETWORK_ERRORS as e:
+        return type(e).__name__, True
+
+
+class Tally:
+    """Latencies (ms) of the requests answered 200, and the others counted by status or exception name."""
+
+    def __init__(self) -> None:
+        self.latencies_ms: list[float] = []
+        self.errors: dict[str, int] = {}
+
+    def add(self, kind: str, t0: float, record: bool) -> None:
+        if record and kind == "200":
+            self.latencies_ms.append((time.perf_counter() - t0) * 1000)
+        elif record:
+            self.errors[kind] = self.errors.get(kind, 0) + 1
+
+
 async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration: float, warmup: float,
                       probe: Callable[[], tuple[float, ...]] = lambda: (0.0,)) -> dict:
     """``concurrency`` keep-alive connections, each sending the next body (in turn from ``bodies``) as soon as its answer
@@ -54,32 +82,23 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration:
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     wires = [request_bytes(url, b) for b in bodies]
     counter = iter(range(10**12))
-    lat: list[float] = []
-    errors: dict[str, int] = {}
-    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter] | None] = [None] * concurrency
+    tally = Tally()
+    conns: list[Conn | None] = [None] * concurrency
 
     async def client(i: int, until: float, record: bool) -> None:
         """Requests until ``until`` (the last one is waited for)."""
         while time.perf_counter() < until:
-            if conns[i] is not None and conns[i][0].at_eof():  # closed by the server while idle (keep-alive timeout)
-                conns[i][1].close()
-                conns[i] = None
-            if conns[i] is None:
-                conns[i] = await asyncio.open_connection(host, port)
-            reader, writer = conns[i]
+            conn = conns[i]
+            if conn is not None and conn[0].at_eof():  # closed by the server while idle (keep-alive timeout)
+                conn[1].close()
+                conn = None
+            if conn is None:
+                conn = conns[i] = await asyncio.open_connection(host, port)
             t0 = time.perf_counter()
-            try:
-                writer.write(wires[next(counter) % len(wires)])
-                status, _, close = await asyncio.wait_for(read_answer(reader), 120)
-                kind = str(status)
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as e:
-                kind, close = type(e).__name__, True
-            if record and kind == "200":
-                lat.append((time.perf_counter() - t0) * 1000)
-            elif record:
-                errors[kind] = errors.get(kind, 0) + 1
+            kind, close = await exchange(conn, wires[next(counter) % len(wires)])
+            tally.add(kind, t0, record)
             if close:
-                writer.close()
+                conn[1].close()
                 conns[i] = None
 
     try:
@@ -94,7 +113,8 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration:
         for conn in conns:
             if conn is not None:
                 conn[1].close()
-    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "cpu_deltas": deltas}
+    return {"wall_s": wall, "ok": len(tally.latencies_ms), "errors": tally.errors, "latencies_ms": tally.latencies_ms,
+            "cpu_deltas": deltas}
 
 
 async def poisson_loop(url: str, bodies: list[bytes], rate: float, duration: float, warmup: float, seed: int,
@@ -107,10 +127,9 @@ async def poisson_loop(url: str, bodies: list[bytes], rate: float, duration: flo
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     wires = [request_bytes(url, b) for b in bodies]
     rng = random.Random(seed)
-    lat: list[float] = []
-    errors: dict[str, int] = {}
+    tally = Tally()
     dropped = [0]
-    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    idle: list[Conn] = []
     opened: list[asyncio.StreamWriter] = []
 
     async def one(wire: bytes, record: bool) -> None:
@@ -121,24 +140,19 @@ async def poisson_loop(url: str, bodies: list[bytes], rate: float, duration: flo
                 conn[1].close()
                 conn = None
         t0 = time.perf_counter()
-        try:
-            if conn is None:
+        if conn is None:
+            try:
                 conn = await asyncio.open_connection(host, port)
-                opened.append(conn[1])
-            conn[1].write(wire)
-            status, _, close = await asyncio.wait_for(read_answer(conn[0]), 120)
-            kind = str(status)
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as e:
-            kind, close = type(e).__name__, True
-        if record and kind == "200":
-            lat.append((time.perf_counter() - t0) * 1000)
-        elif record:
-            errors[kind] = errors.get(kind, 0) + 1
-        if conn is not None:
-            if close:
-                conn[1].close()
-            else:
-                idle.append(conn)
+            except OSError as e:
+                tally.add(type(e).__name__, t0, record)
+                return
+            opened.append(conn[1])
+        kind, close = await exchange(conn, wire)
+        tally.add(kind, t0, record)
+        if close:
+            conn[1].close()
+        else:
+            idle.append(conn)
 
     async def run(length: float, record: bool) -> float:
         tasks: set[asyncio.Task] = set()
@@ -169,5 +183,5 @@ async def poisson_loop(url: str, bodies: list[bytes], rate: float, duration: flo
     finally:
         for writer in opened:
             writer.close()
-    return {"wall_s": wall, "ok": len(lat), "errors": errors, "latencies_ms": lat, "dropped_by_client": dropped[0],
-            "cpu_deltas": deltas}
+    return {"wall_s": wall, "ok": len(tally.latencies_ms), "errors": tally.errors, "latencies_ms": tally.latencies_ms,
+            "dropped_by_client": dropped[0], "cpu_deltas": deltas}
