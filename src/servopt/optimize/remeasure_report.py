@@ -1,0 +1,89 @@
+"""The report's side-by-side re-measures: same-run ratios against the reference (interleaved rounds), the close calls
+settled block by block (duels), the rounds with the instruction set capped for a poorer target, and on a distributed
+sweep each kind of node's own re-measures and Pareto front. Reads only the summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servopt.contracts import Interleaved
+from servopt.optimize.report_format import figure, machine_of
+from servopt.optimize.rundir import Summary
+
+
+@dataclass
+class RatioRow:
+    name: str
+    p50: str
+    tp: str
+    p50_ratio: str
+    tp_ratio: str
+    flagged: int
+    capped: str = ""
+
+
+def interleave_rows(il: Interleaved | None) -> list[RatioRow]:
+    """One row per re-measured variant: its medians and its medians of per-round ratios to the reference."""
+    if il is None:
+        return []
+    return [RatioRow(name=n + (" (process by process)" if v.method == "alternating" else ""), p50=figure(v.p50_ms),
+                     tp=figure(v.throughput_ips, "{:.0f}"), p50_ratio=figure(v.p50_ratio_vs_reference, "{:.2f}×"),
+                     tp_ratio=figure(v.throughput_ratio_vs_reference, "{:.2f}×"), flagged=v.flagged_rounds,
+                     capped=v.isa_cap or ("not cappable" if il.environment and il.environment.isa_cap else ""))
+            for n, v in il.variants.items()]
+
+
+@dataclass
+class DuelRow:
+    figure: str
+    pair: str
+    pairs: int
+    ratio: str
+    interval: str
+    verdict: str
+
+
+def duel_rows(il: Interleaved | None) -> list[DuelRow]:
+    """The close calls the rounds left, settled block by block (``Sweep.settle_ties``): a's time per call over b's."""
+    if il is None:
+        return []
+    said = {"a": "first ahead", "b": "second ahead", "tie": "tie", "undecided": "cannot tell (a tie)"}
+    return [DuelRow(figure="p50" if d.what == "p50_ms" else "batch throughput", pair=f"{d.a} / {d.b}", pairs=d.pairs,
+                    ratio=f"{d.time_ratio:.3f}", interval=f"{d.time_ratio_interval[0]:.3f}–{d.time_ratio_interval[1]:.3f}",
+                    verdict=said[d.verdict]) for d in il.duels]
+
+
+@dataclass
+class CappedTable:
+    isa: str
+    rounds: int
+    rows: list[RatioRow]
+
+
+def capped_tables(summary: Summary) -> list[CappedTable]:
+    """Per poorer target ISA: the candidates re-measured with each runtime held to it where it can be."""
+    return [CappedTable(isa=isa, rounds=il.rounds, rows=interleave_rows(il)) for isa, il in summary.capped.items()]
+
+
+@dataclass
+class KindSection:
+    """A distributed sweep's kind of node: where its records were measured, its re-measures and Pareto front."""
+
+    kind: str
+    resources: str
+    nodes: str
+    targets: str
+    machine: str
+    interleaved: list[RatioRow]
+    rounds: int | None
+    capped: list[CappedTable]
+    pareto: list[str]
+
+
+def kind_sections(summary: Summary) -> list[KindSection]:
+    return [KindSection(kind=k.kind, resources=", ".join(f"{n}: {v:g}" for n, v in k.ray_resources.items()),
+                        nodes=", ".join(k.nodes) or "none", targets=", ".join(k.targets), machine=machine_of(k.environment),
+                        interleaved=interleave_rows(k.interleaved), rounds=k.interleaved.rounds if k.interleaved else None,
+                        capped=[CappedTable(isa=isa, rounds=il.rounds, rows=interleave_rows(il)) for isa, il in k.capped.items()],
+                        pareto=k.pareto_front)
+            for k in summary.kinds]
