@@ -217,3 +217,51 @@ def test_an_answer_built_from_the_same_inputs_is_reused_and_rebuilt_when_they_ch
     st = calib.stat()
     _os.utime(calib, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # the calibration samples changed
     assert not copy_peer().reused_build
+
+
+@pytest.fixture
+def served_peers(monkeypatch):
+    """The fake serving peers (``tests/plugins/fake_served_peer.py``) loaded as a plugin; gone after the test."""
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.setenv("PYTHONPATH", f"{PLUGINS}:{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("SERVOPT_PLUGINS", "fake_served_peer")
+    registry.load_plugins()
+    yield importlib.import_module("fake_served_peer")
+    for name in ("served-copy", "server-never-up"):
+        PEERS.classes.pop(name, None)
+    registry._plugins_loaded.discard("fake_served_peer")
+    sys.modules.pop("fake_served_peer", None)
+
+
+def test_served_scenarios_read_their_step_and_a_server_that_never_starts_is_a_failed_round(tmp_path):
+    from servopt.peers.scenarios.served import ServedJob, ServedMeasured, measure
+
+    step = {"ok": 10, "throughput_rps": 250.0, "latency_ms": {"p50": 3.0, "p99": 9.0}}
+    m = ServedMeasured(steps={"closed": step, "poisson": {**step, "latency_ms": {"p50": 2.0, "p99": float("nan")}}})
+    figures = {n: SCENARIOS.get(n).figure(m) for n in ("served", "served-p50", "served-p99", "poisson")}
+    assert figures == {"served": 250.0, "served-p50": 3.0, "served-p99": 9.0, "poisson": None}
+    assert SCENARIOS.get("served").figure(_measured(1.0, 1.0)) is None  # an offline measurement has no served figure
+
+    def start():
+        raise RuntimeError("address already in use")
+
+    failed = measure(ServedJob("x", start), tmp_path)
+    assert failed.status == "failed" and "did not start" in failed.error and "address already in use" in failed.error
+
+
+def test_compare_serves_the_pick_and_a_serving_peer_in_turns(tiny_run, served_peers):
+    from servopt.peers.compare import compare
+
+    c = compare(tiny_run, ["served-copy", "server-never-up"], rounds=2, quick=True, served_s=0.5)
+    assert c.scenarios == ["single", "offline", "served", "served-p50", "served-p99", "poisson"]
+    by = {p.name: p for p in c.peers}
+    copy = by["served-copy"]
+    assert copy.status == "ok", copy.why
+    assert {r.metric for r in copy.ratios} == {"served_rps", "served_p50_ms", "served_p99_ms", "poisson_p99_ms"}
+    assert all(len(r.rounds) == 2 and r.low <= r.ratio <= r.high and r.pick_median > 0 for r in copy.ratios)
+    assert "servopt" in copy.configuration["served_by"] and "copy" in copy.configuration["served_by"]
+    never = by["server-never-up"]
+    assert never.status == "failed" and "did not start" in never.why and "port 1 is not ours" in never.why
+    assert "served requests/s" in (tiny_run / "report.md").read_text()
+    rounds = sorted((tiny_run / "work" / "compare" / "served").iterdir())
+    assert [r.name for r in rounds] == ["served-copy", "server-never-up", "servopt:ort-fp32"]

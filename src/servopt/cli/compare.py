@@ -38,7 +38,7 @@ def compare(
                              progress=lambda m: console.print(f"[dim]{escape(m)}[/dim]"))
         table = Table(title=f"against servopt's pick {result.pick} for {result.target} (peer ÷ pick, median of "
                             f"{result.rounds} rounds, interval)")
-        for col in ("peer", "status", "quality", "p50 ratio", "throughput ratio"):
+        for col in ("peer", "status", "quality", "p50 ratio", "throughput ratio", "served req/s ratio"):
             table.add_column(col)
         for p in result.peers:
             by = {r.metric: r for r in p.ratios}
@@ -48,7 +48,7 @@ def compare(
                 return f"{r.ratio:.2f}× ({r.low:.2f}–{r.high:.2f})" if r else "—"
 
             table.add_row(p.name, p.status if p.status == "ok" else f"{p.status}: {escape(p.why or '')}",
-                          escape(p.quality_text), cell("p50_ms"), cell("throughput_ips"))
+                          escape(p.quality_text), cell("p50_ms"), cell("throughput_ips"), cell("served_rps"))
         console.print(table)
         if result.pick_note:
             console.print(f"{result.pick}: {escape(result.pick_note)}")

@@ -13,8 +13,10 @@ A peer is one file in ``peers/builtin/`` (or a plugin module) with a ``Peer`` su
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -47,6 +49,7 @@ class PeerInputs(Contract):
     evaluation: str  # data/eval.npz: held out; peers judge nothing on it
     out: str  # the peer's own folder for what it builds
     quick: bool = False  # a smoke run: the least work that still builds a real answer
+    isa: str | None = None  # the compared target's instruction set (machine.Isa), None: this CPU's
 
     @property
     def out_dir(self) -> Path:
@@ -61,6 +64,24 @@ class PeerAnswer(Contract):
     options: dict[str, Any] = Field(default_factory=dict)  # the runtime's options that reproduce the peer's own session
     configuration: dict[str, Any] = Field(default_factory=dict)  # tool, version, call, what it could not do here
     build_s: float | None = None
+    offline: bool = True  # measured by servopt's runtimes (single, offline); False: its artifact is only served by its tool
+
+
+ServedApi = Literal["oip-v2", "openai-embeddings"]
+
+
+@dataclass
+class Server:
+    """A running server a served scenario loads (a peer's, or servopt's pick under ``servopt serve``): where to send
+    requests, the model name they carry, the API it speaks, and how to stop it (``stop`` is called once)."""
+
+    url: str
+    model: str
+    stop: Callable[[], None]
+    api: ServedApi = "oip-v2"
+    pid: int | None = None
+    command: list[str] = field(default_factory=list)
+    start_s: float | None = None  # process start to ready
 
 
 class Peer:
@@ -70,6 +91,7 @@ class Peer:
     description: ClassVar[str] = ""
     families: ClassVar[tuple[str, ...]] = ()  # the model families it applies to
     requirements: ClassVar[tuple[str, ...]] = ()  # pinned; installed in its own environment when environment() says so
+    serves: ClassVar[ServedApi | None] = None  # the API of its own server (served scenarios measure it); None: it has none
 
     def environment(self) -> EnvSpec | None:
         """Its own Python environment (None: it runs in servopt's)."""
@@ -108,6 +130,11 @@ class Peer:
     def build(self, inputs: PeerInputs) -> PeerAnswer:
         """Its answer for the model (in its own process and environment); ``PeerUnavailable`` when it cannot run here."""
         raise NotImplementedError
+
+    def serve(self, inputs: PeerInputs, answer: PeerAnswer, python: Path) -> Server:
+        """Start its own server on ``answer`` (``serves`` names its API), ready when it returns: called in the comparing
+        process, once per round; ``python`` is its environment's interpreter (servopt's when it has none)."""
+        raise NotImplementedError(f"{self.name} has no server of its own")
 
 
 PEERS: Registry[Peer] = Registry("peer", "servopt.peers.builtin")

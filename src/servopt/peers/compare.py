@@ -9,7 +9,9 @@ report then shows it ("Against the tools you would use instead").
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,10 +21,11 @@ from servopt.contracts import Artifact, Comparison, Measured, PeerResult, Record
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
 from servopt.optimize.rundir import RunConfig, RunDir, load_config, load_run
-from servopt.peers.base import PEERS, Peer, PeerInputs
+from servopt.peers.base import PEERS, Peer, PeerAnswer, PeerInputs
 from servopt.peers.jobs import PeerBuildJob, PeerBuilt
 from servopt.peers.runner import Measure, launch_measure, ratios, run_rounds
-from servopt.peers.scenario import SCENARIOS
+from servopt.peers.scenario import SCENARIOS, Scenario
+from servopt.peers.scenarios import served as served_scenarios
 from servopt.results import write_json_atomic
 
 DEFAULT_SCENARIOS = ("single", "offline")
@@ -63,7 +66,8 @@ def _pick(config: RunConfig, summary, records: list[Record], target: str | None)
     return d.target.name, rec, note
 
 
-def peer_inputs(run: RunDir, config: RunConfig, records: list[Record], original: Record, name: str, quick: bool) -> PeerInputs:
+def peer_inputs(run: RunDir, config: RunConfig, records: list[Record], original: Record, name: str, quick: bool,
+                isa: str | None = None) -> PeerInputs:
     """The same model and data for every peer: the run's original, its fp32 ONNX file, its calibration and tuning sets."""
     assert original.artifact is not None
     source = original.artifact
@@ -76,7 +80,7 @@ def peer_inputs(run: RunDir, config: RunConfig, records: list[Record], original:
     return PeerInputs(peer=name, run_dir=str(run.root), family=config.spec.family_name, spec=config.spec, original=source,
                       onnx=onnx, calibration=str(calib) if calib.exists() else None,
                       tuning=str(tune) if tune.exists() else None, evaluation=str(run.eval_data),
-                      out=str(run.work_root / "compare" / name / "build"), quick=quick)
+                      out=str(run.work_root / "compare" / name / "build"), quick=quick, isa=isa)
 
 
 def build_key(peer: Peer, inputs: PeerInputs, env_key: str | None) -> str:
@@ -138,7 +142,7 @@ def _words(family: Family, name: str, runtime: str, m: Measured | None, original
 
 
 def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: int = 3, quick: bool = False,
-            scenarios: list[str] | None = None, measure: Measure = launch_measure,
+            scenarios: list[str] | None = None, measure: Measure = launch_measure, served_s: float | None = None,
             progress: Callable[[str], None] = lambda _m: None) -> Comparison:
     """Build, measure, compare; write ``compare.json`` and return it."""
     if rounds < 1:
@@ -152,18 +156,25 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
         raise UserError("no peers asked for", fix=f"give --peers with some of: {', '.join(PEERS.names())}")
     for name in peers:
         PEERS.get(name)  # an unknown name: the error lists the known ones
-    scs = [SCENARIOS.get(s) for s in (scenarios or DEFAULT_SCENARIOS)]
+    wanted = list(scenarios or DEFAULT_SCENARIOS)
+    if scenarios is None and any(PEERS.get(n).serves for n in peers):  # a peer that serves: its served figures too
+        wanted += served_scenarios.SERVED
+    scs = [SCENARIOS.get(s) for s in wanted]
+    offline_scs = [s for s in scs if not getattr(s, "served", False)]
+    served_scs = [s for s in scs if getattr(s, "served", False)]
     target_name, pick, pick_note = _pick(config, summary, records, target)
     original = next((r for r in records if r.name == summary.reference), None)
     if original is None or original.artifact is None:
         raise UserError("the run's original has no record", fix="optimize again into the same folder (it resumes)")
     family = family_of(config.spec)
+    isa = next((str(t.isa) for t in config.targets if t.name == target_name and t.isa is not None), None)
 
     results: dict[str, PeerResult] = {}
     answers = {}
+    inputs_of: dict[str, PeerInputs] = {}
     for name in dict.fromkeys(peers):
         peer = PEERS.get(name)
-        inputs = peer_inputs(run, config, records, original, name, quick)
+        inputs = peer_inputs(run, config, records, original, name, quick, isa)
         ok, why = peer.available(inputs)
         if not ok:
             results[name] = PeerResult(name=name, status="unavailable", why=why, description=peer.description)
@@ -177,6 +188,7 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
             progress(f"{name}: {status} ({why})")
             continue
         answers[name] = built.answer
+        inputs_of[name] = inputs
         results[name] = PeerResult(name=name, status="ok", description=peer.description, reused_build=built.reused,
                                    configuration=built.answer.configuration,
                                    artifact=built.answer.artifact, runtime=built.answer.runtime, options=built.answer.options,
@@ -184,7 +196,7 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
 
     base = Protocol.quick() if quick else Protocol.model_validate(config.protocol)
     proto = base.model_copy(update={"cold_start": False, "grid": [], "length_batching": False, "sweep": [], "axes_only": False})
-    for sc in scs:
+    for sc in offline_scs:
         proto = sc.protocol(proto)
     common = {"data": str(run.eval_data), "family": config.spec.family_name, "protocol": proto,
               "reference": str(run.reference_outputs()) if run.reference_outputs().exists() else None}
@@ -192,6 +204,8 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
     jobs = {pick_key: MeasureJob(session=OpenSpec(name=pick.name, artifact=pick.artifact.opened(), runtime=pick.runtime,
                                                   options=pick.options), env=pick.env, **common)}
     for name, answer in answers.items():
+        if not answer.offline:
+            continue  # served only: its tool's server is its answer
         jobs[name] = MeasureJob(session=OpenSpec(name=name, artifact=answer.artifact, runtime=answer.runtime, options=answer.options),
                                 **common)
     measured = run_rounds(jobs, rounds, run.work_root / "compare" / "rounds", measure, progress)
@@ -200,7 +214,7 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
                         fix="see the job's log under work/compare/rounds/ (replay.sh re-runs it alone)")
 
     def first(name: str) -> Measured | None:
-        return next((m for m in measured.measured[name] if m is not None), None)
+        return next((m for m in measured.measured.get(name, []) if m is not None), None)
 
     pick_m = first(pick_key)
     pick_text, pick_drop = _words(family, pick.name, pick.runtime, pick_m, original)
@@ -212,8 +226,15 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
         text, drop = _words(family, name, answers[name].runtime, m, original)
         results[name] = results[name].model_copy(update={
             "quality": m.quality if m else None, "quality_text": text, "quality_drop": drop,
-            "ratios": ratios(measured, pick_key, name, scs), "flagged_rounds": measured.flagged(name),
+            "ratios": ratios(measured, pick_key, name, offline_scs) if name in jobs else [],
+            "flagged_rounds": measured.flagged(name) if name in jobs else 0,
             "session": m.environment.session if m and m.environment else None})
+    if served_scs:
+        served = [n for n in answers if PEERS.get(n).serves and results[n].status == "ok"]
+        for name, update in serve_rounds(run.root, target_name, bool(pick_note), pick_key, served, answers, inputs_of,
+                                         served_scs, rounds, run.work_root / "compare" / "served", quick, progress,
+                                         served_s).items():
+            results[name] = results[name].model_copy(update={**update, "ratios": [*results[name].ratios, *update.get("ratios", [])]})
     comparison = Comparison(
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), run_dir=str(run.root), target=target_name,
         pick=pick.name, pick_note=pick_note, pick_quality_text=pick_text, pick_quality_drop=pick_drop,
@@ -227,6 +248,46 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
 
     write_reports(out, summary, records)
     return comparison
+
+
+def _python(peer: Peer) -> Path:
+    """The interpreter of the peer's environment (made by its build already), servopt's when it has none."""
+    from servopt.envs import ensure_env
+
+    spec = peer.environment()
+    return Path(ensure_env(spec).python) if spec is not None else Path(sys.executable)
+
+
+def serve_rounds(run_root: Path, target: str, nearest: bool, pick_key: str, served: list[str], answers: dict[str, PeerAnswer],
+                 inputs_of: dict[str, PeerInputs], scenarios: list[Scenario], rounds: int, workdir: Path, quick: bool,
+                 progress: Callable[[str], None], seconds: float | None = None) -> dict[str, dict]:
+    """The served scenarios: servopt's pick under ``servopt serve`` and each serving peer under its own server, one
+    server at a time, the order flipped each round (``run_rounds``); per peer, its served ratios (or why it failed).
+    The request speaks the first serving peer's API (``servopt serve`` answers both)."""
+    if not served:
+        return {}
+    api = PEERS.get(served[0]).serves or "oip-v2"
+    jobs = {pick_key: served_scenarios.ServedJob(pick_key, functools.partial(served_scenarios.pick_server, run_root, target, nearest, api))}
+    for name in served:
+        peer = PEERS.get(name)
+        jobs[name] = served_scenarios.ServedJob(name, functools.partial(peer.serve, inputs_of[name], answers[name], _python(peer)))
+    step_s, warmup = (2.0, 0.5) if quick else (10.0, 2.0)
+    step_s = seconds or step_s  # each load step's length
+    measured = run_rounds(jobs, rounds, workdir, functools.partial(served_scenarios.measure, seconds=step_s, warmup=min(warmup, step_s)),  # type: ignore[arg-type]
+                          lambda m: progress(f"served, {m}"))
+    if pick_key in measured.failed:
+        why = f"servopt's pick could not be served: {measured.failed[pick_key]}"
+        return {n: {"status": "failed", "why": why} for n in served}
+    out: dict[str, dict] = {}
+    for name in served:
+        if name in measured.failed:
+            out[name] = {"status": "failed", "why": f"its served measurement failed: {measured.failed[name]}"}
+            continue
+        first = next((m for m in measured.measured[name] if m is not None), None)
+        out[name] = {"ratios": ratios(measured, pick_key, name, scenarios),
+                     "configuration": {**answers[name].configuration,
+                                       "served_by": " ".join(first.command) if first is not None and first.command else None}}
+    return out
 
 
 def _size_mb(artifact: Artifact) -> float | None:

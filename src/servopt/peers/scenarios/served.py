@@ -1,0 +1,187 @@
+"""Served scenarios: each answer behind a server as a user runs it, loaded by the same client from this process.
+
+servopt's pick runs under ``servopt serve RUN --target T`` (``serve.harness.ServerProcess``); a peer that has a server
+of its own (``Peer.serves``: Infinity …) runs under it (``Peer.serve``). Peers without a server have no served figure.
+Each round starts one server, loads it, stops it, then the next (the runner flips the order), so no two servers share
+the cores. The load is servopt's load generator (``serve.loadtest.LoadGenerator``: keep-alive connections, the body
+encoded once), one sample a request, in the API the peers' servers speak (``oip-v2``, or OpenAI's ``/v1/embeddings``
+for text embedding servers, which ``servopt serve`` answers too):
+
+- ``served``: a closed loop at ``CONCURRENCY`` clients: requests/s (``served-p50``, ``served-p99``: its latencies);
+- ``poisson``: an open loop with Poisson arrivals at ``RATE`` requests/s, below either server's capacity on a small
+  machine: its p99 (what a user sees at a load the server keeps up with).
+
+Each step also reads the server process tree's CPU seconds (``bench.cputime``), kept as CPU per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from servopt.contracts import Contract, Interference
+from servopt.peers.base import ServedApi, Server
+from servopt.peers.scenario import Scenario, register_scenario
+
+CONCURRENCY = 8  # closed-loop clients
+RATE = 40.0  # Poisson arrivals a second
+MODEL = "model"  # the name servopt serve gives the pick
+
+
+@dataclass
+class ServedJob:
+    """One answer's server for one round: how to start it (ready when it returns)."""
+
+    name: str
+    start: Callable[[], Server]
+
+
+class ServedMeasured(Contract):
+    """One round of one server: each load step's summary (``LoadGenerator``), its start time and CPU per request."""
+
+    status: Literal["ok", "failed"] = "ok"
+    error: str | None = None
+    steps: dict[str, dict[str, Any]] = Field(default_factory=dict)  # "closed", "poisson" → the step's summary
+    start_s: float | None = None
+    command: list[str] = Field(default_factory=list)
+    interference: Interference | None = None  # not read for servers: the client shares the machine by design
+
+
+class Served(Scenario):
+    """A figure of one load step of a served round."""
+
+    served: ClassVar[bool] = True
+    step: ClassVar[str]
+
+    def value(self, summary: dict[str, Any]) -> float | None:
+        raise NotImplementedError
+
+    def figure(self, m: Any) -> float | None:
+        summary = getattr(m, "steps", {}).get(self.step)
+        if not summary or not summary.get("ok"):
+            return None
+        v = self.value(summary)
+        return float(v) if v is not None and v == v else None  # NaN: none
+
+
+@register_scenario
+class ServedThroughput(Served):
+    name = "served"
+    metric = "served_rps"
+    better = "higher"
+    step = "closed"
+    description = f"served, closed loop at {CONCURRENCY} clients: requests/s"
+
+    def value(self, summary: dict[str, Any]) -> float | None:
+        return summary["throughput_rps"]
+
+
+@register_scenario
+class ServedP50(Served):
+    name = "served-p50"
+    metric = "served_p50_ms"
+    better = "lower"
+    step = "closed"
+    description = f"served, closed loop at {CONCURRENCY} clients: p50 latency"
+
+    def value(self, summary: dict[str, Any]) -> float | None:
+        return summary["latency_ms"]["p50"]
+
+
+@register_scenario
+class ServedP99(Served):
+    name = "served-p99"
+    metric = "served_p99_ms"
+    better = "lower"
+    step = "closed"
+    description = f"served, closed loop at {CONCURRENCY} clients: p99 latency"
+
+    def value(self, summary: dict[str, Any]) -> float | None:
+        return summary["latency_ms"]["p99"]
+
+
+@register_scenario
+class PoissonP99(Served):
+    name = "poisson"
+    metric = "poisson_p99_ms"
+    better = "lower"
+    step = "poisson"
+    description = f"served, Poisson arrivals at {RATE:g} requests/s: p99 latency"
+
+    def value(self, summary: dict[str, Any]) -> float | None:
+        return summary["latency_ms"]["p99"]
+
+
+SERVED = ("served", "served-p50", "served-p99", "poisson")
+
+
+def sentence() -> str:
+    """The request's text: a typical short query of servopt's shipped texts (the median length of the first 50)."""
+    from servopt.data.text import DEMO_SENTENCES
+
+    lines = [line.strip() for line in DEMO_SENTENCES.read_text().splitlines() if line.strip()][:50]
+    return sorted(lines, key=len)[len(lines) // 2]
+
+
+async def _payload(server: Server):
+    from servopt.serve.capacity import payload_for
+    from servopt.serve.loadtest import json_payload
+
+    if server.api == "openai-embeddings":
+        return json_payload("/v1/embeddings", {"model": server.model, "input": [sentence()]})
+    return await payload_for(server.url, server.model, None, sentence())
+
+
+def measure(job: ServedJob, workdir: Path, *, seconds: float = 10.0, warmup: float = 2.0) -> ServedMeasured:
+    """Start the server, run the closed loop then the Poisson loop, stop it; a server that does not start, or answers
+    nothing, is a failed measurement with the reason."""
+    from servopt.bench.cputime import tree_cpu_s
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        server = job.start()
+    except Exception as e:  # noqa: BLE001 - any start failure is this answer's failed round, with the reason
+        return ServedMeasured(status="failed", error=f"its server did not start: {type(e).__name__}: {str(e)[-1500:]}")
+    try:
+        async def load() -> dict[str, dict[str, Any]]:
+            import aiohttp
+
+            from servopt.serve.loadtest import LoadGenerator
+
+            gen = LoadGenerator(server.url, await _payload(server))
+            steps: dict[str, dict[str, Any]] = {}
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                             timeout=aiohttp.ClientTimeout(total=gen.timeout_s)) as session:
+                for step, run in (("closed", lambda: gen.closed(session, CONCURRENCY, seconds, 10**9, warmup)),
+                                  ("poisson", lambda: gen.open(session, RATE, seconds, "poisson", 1024, warmup / 2))):
+                    cpu0 = tree_cpu_s(server.pid) if server.pid else None
+                    summary = await run()
+                    if cpu0 is not None and summary["ok"]:
+                        summary["server_cpu_ms_per_request"] = (tree_cpu_s(server.pid) - cpu0) * 1000 / summary["ok"]
+                    steps[step] = summary
+            return steps
+
+        steps = asyncio.run(load())
+    finally:
+        server.stop()
+    bad = {k: s["errors"] for k, s in steps.items() if not s["ok"]}
+    if bad:
+        return ServedMeasured(status="failed", error=f"its server answered no request ({bad})", steps=steps,
+                              start_s=server.start_s, command=server.command)
+    return ServedMeasured(steps=steps, start_s=server.start_s, command=server.command)
+
+
+def pick_server(run_dir: Path, target: str, nearest: bool, api: ServedApi) -> Server:
+    """servopt's pick for ``target`` under ``servopt serve RUN --target T`` (its defaults for the target), ready."""
+    from servopt.serve.harness import ServerProcess
+
+    t0 = time.perf_counter()
+    proc = ServerProcess(run_dir, "--target", target, *(["--nearest"] if nearest else []), "--name", MODEL)
+    return Server(url=proc.url, model=MODEL, stop=proc.stop, api=api, pid=proc.proc.pid, command=proc.command,
+                  start_s=time.perf_counter() - t0)
