@@ -157,6 +157,8 @@ def _capacity_chart(ax, c: Capacity, target: str) -> None:
         ax.axhline(limit, color="#d62728", ls="--", lw=1, label=c.slo)
     if c.capacity_rps:
         ax.axvline(c.capacity_rps, color="#2ca02c", ls=":", lw=1.5, label=f"capacity {c.capacity_rps:,.0f}/s")
+    if c.knee_rps:
+        ax.axvline(c.knee_rps, color="#7f7f7f", ls=":", lw=1, label=f"knee (short steps) {c.knee_rps:,.0f}/s")
     import matplotlib.ticker
 
     ax.set_xscale("log")
