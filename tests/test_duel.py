@@ -314,15 +314,15 @@ def test_a_resumed_run_duels_no_more_than_the_first_did(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from servopt.contracts import Duels
-    from servopt.optimize import racing, sweep
+    from servopt.optimize import racing, remeasure
     from servopt.optimize.sweep import Sweep, _stored_interleaved
     from servopt.results import write_json_atomic
 
     path = tmp_path / "interleave.json"
     write_json_atomic(path, Interleaved(reference="r", rounds=3, order=[], variants={}))
     pairs = iter([["a", "b"], ["b", "c"], ["c", "d"], ["d", "e"]])  # every duel leaves another close call
-    monkeypatch.setattr(sweep, "unsettled", lambda *a, **k: (next(pairs), ["p50_ms"]))
-    monkeypatch.setattr(sweep, "duel_job", lambda names, *a, **k: names)
+    monkeypatch.setattr(remeasure, "unsettled", lambda *a, **k: (next(pairs), ["p50_ms"]))
+    monkeypatch.setattr(remeasure, "duel_job", lambda names, *a, **k: names)
     jobs: list[list[str]] = []
 
     def result(self, names, *a):

@@ -177,6 +177,9 @@ DUEL_MIN_SECONDS = 2.0
 # figures of SCALING_SECONDS each, per candidate), and the pick's capacity within the SLO, served (``serve.capacity``:
 # a configuration's search takes 15-25 s here; at most CAPACITY_SECONDS, none when the budget leaves under the minimum).
 SCALING_SECONDS = 0.3
+# what serve.capacity's search reports, in its cache key: 2 = confirmed a headroom below the knee (a capacity stored by
+# the search before it, at the knee's edge, is searched again)
+CAPACITY_METHOD = 2
 CAPACITY_SECONDS = 60.0
 CAPACITY_MIN_SECONDS = 10.0
 CAPACITY_PICKS = 2  # picks served per target: the first, and the one its served capacity may make the pick

@@ -24,8 +24,9 @@ and when every job ran.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import Field
 
@@ -35,6 +36,8 @@ from servopt.optimize.decide import Decision
 from servopt.optimize.targets import Target, kind_slug
 from servopt.results import parse_record, read_jsonl
 from servopt.spec import ModelSpec
+
+M = TypeVar("M")
 
 
 class RunDir:
@@ -241,3 +244,20 @@ def _summary(raw: dict, out: Path) -> Summary:
         raw["environment"] = {k: v for k, v in env.items() if k in Environment.model_fields}
     raw["schema"] = SUMMARY_SCHEMA
     return Summary.model_validate(raw)
+
+
+def stored(path: Path, parse: Callable[[dict], M], keys: Collection[str]) -> M | None:
+    """What a re-measure stored at ``path`` (a side-by-side run, an alternating one, the scaling, a capacity search), if
+    it measured the same thing: its ``cache_key`` (what was measured: the variants' keys, the protocol, the rounds …)
+    among ``keys``. The one way every stored re-measure is reused, so a resumed run measures nothing twice and a changed
+    one measures again; a file it cannot read (torn, or from another servopt) is measured again, never trusted."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("cache_key") not in keys:
+        return None
+    try:
+        return parse(data)
+    except (ValueError, KeyError, TypeError):  # pydantic's ValidationError is a ValueError
+        return None
