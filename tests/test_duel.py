@@ -270,8 +270,10 @@ def test_under_a_time_budget_a_duel_takes_only_what_is_left():
     from servopt.optimize.sweep import Sweep
 
     def sweep(budget: float | None, elapsed: float, instance: float = 0.0) -> SimpleNamespace:
-        return SimpleNamespace(settings=SimpleNamespace(quick=False, budget_seconds=budget), elapsed=lambda: elapsed,
-                               targets=["cpu-server", "gpu-server", "edge"], instance_reserve=lambda _n: instance)
+        ns = SimpleNamespace(settings=SimpleNamespace(quick=False, budget_seconds=budget), elapsed=lambda: elapsed,
+                             targets=["cpu-server", "gpu-server", "edge"], instance_reserve=lambda _n: instance)
+        ns.left = lambda closing=True: Sweep.left(ns, closing)
+        return ns
 
     assert Sweep.duel_seconds(sweep(None, 500), 2) == racing.DUEL_SECONDS_PER_FIGURE
     assert Sweep.duel_seconds(sweep(300, 200), 2) == racing.DUEL_SECONDS_PER_FIGURE

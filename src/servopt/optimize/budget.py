@@ -20,23 +20,27 @@ if TYPE_CHECKING:
 class SweepBudget:
     """``--budget``: deadlines and what fits (a mixin of ``Sweep``)."""
 
+    def left(self, closing: bool = True) -> float | None:
+        """Seconds the budget leaves now, less the profiles and the report (``closing``); None without a budget. Every
+        deadline and allowance of the finish is made from it."""
+        budget = self.settings.budget_seconds
+        if budget is None:
+            return None
+        return budget - self.elapsed() - (racing.closing_seconds(len(self.targets)) if closing else 0.0)
+
     def deadline(self, v: Variant) -> float | None:
         """When a job of ``v`` must end (``time.time()``): the time budget's end, less the finish's profiles and report;
         None without a budget, and for the original and the baseline (measured whatever the budget)."""
-        budget = self.settings.budget_seconds
-        if budget is None or v.is_original or v.is_baseline:
-            return None
-        return time.time() - self.elapsed() + budget - racing.closing_seconds(len(self.targets))
+        left = self.left()
+        return None if left is None or v.is_original or v.is_baseline else time.time() + left
 
     def finish_deadline(self, closing: bool = True) -> float | None:
         """When a job of the sweep's finish (a re-measure, a duel, the scaling, a cold start, a pick's axes) must end:
         the budget's end less the profiles and the report (``closing``), or the budget's end itself (a profile). Their
         time is planned (``racing.finish_estimate``), but a model's call time can outgrow any plan (MPNet's side-by-side
         re-measure took 2 min of a 10-minute budget): the deadline is what makes the budget bind. None without one."""
-        budget = self.settings.budget_seconds
-        if budget is None:
-            return None
-        return time.time() - self.elapsed() + budget - (racing.closing_seconds(len(self.targets)) if closing else 0.0)
+        left = self.left(closing)
+        return None if left is None else time.time() + left
 
     def _out_of_time(self, what: str, e: Exception) -> None:
         self.problems.append(f"{what}: stopped at the time budget's end (--budget {self.settings.budget}; {e}); rerun with a "
@@ -79,12 +83,11 @@ class SweepBudget:
         loading the duel and the finish (profiles, the report), split between its figures; None when that is under
         ``racing.DUEL_MIN_SECONDS``."""
         most = 0.5 if self.settings.quick else racing.DUEL_SECONDS_PER_FIGURE
-        budget = self.settings.budget_seconds
-        if budget is None:
+        now = self.left()
+        if now is None:
             return most
         # the instance's answer (scaling, the capacity search) comes after the duel: its time is kept for it
-        left = (budget - self.elapsed() - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(len(self.targets))
-                - self.instance_reserve(3)) / max(1, figures)
+        left = (now - racing.DUEL_LOAD_SECONDS - self.instance_reserve(3)) / max(1, figures)
         return min(most, left) if left >= min(most, racing.DUEL_MIN_SECONDS) else None
 
     def instance_reserve(self, contenders: int) -> float:

@@ -111,9 +111,8 @@ class SweepInstance:
         if (previous := stored(path, lambda d: Capacity.model_validate(d["capacity"]), {cache_key})) is not None:
             return previous
         seconds = racing.CAPACITY_SECONDS if not quick else 15.0
-        budget = self.settings.budget_seconds
-        if budget is not None:
-            seconds = min(seconds, budget - self.elapsed() - racing.closing_seconds(len(self.targets)))
+        if (left := self.left()) is not None:
+            seconds = min(seconds, left)
             if seconds < racing.CAPACITY_MIN_SECONDS and not quick:
                 self.problems.append(f"{t.name}: the time budget ({self.settings.budget}) left no time to serve {pick} and "
                                      "search its capacity within the SLO: priced on the offline figures")
