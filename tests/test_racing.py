@@ -172,6 +172,9 @@ def test_the_likely_winners_come_before_the_rest_and_history_moves_a_variant_acr
     assert racing.expected_seconds(vs[1], {}, 8.0) == 8.0
     search = Variant("ort-int8-search", "int8", "onnxruntime", [("export-onnx", {}), ("ort-quantize-calibration-search", {})])
     assert racing.expected_seconds(search, {}, 8.0) > 8.0 + 100, "a search's own build time is known to be long"
+    mpnet = racing.search_scale(32 / 50)  # a 12-layer encoder's batch call: 5x the demo CNN's
+    assert racing.expected_seconds(search, {}, 8.0, mpnet) - 8.0 == pytest.approx(mpnet * (racing.expected_seconds(search, {}, 8.0) - 8.0))
+    assert racing.search_scale(32 / 1000) == 1.0, "a smaller model's search is not planned shorter"
 
 
 def test_the_finish_reserve_counts_a_text_encoders_axes_and_only_the_targets_re_measured_side_by_side():

@@ -70,7 +70,7 @@ class SweepBudget:
         remeasured = sum(t.device.computes_on is Device.CPU for t in here)  # interleave_candidates: CPU and edge targets
         total = 0.0
         for count, u in enumerate(units, 1):
-            total += racing.expected_seconds(u.variant, learned, average)
+            total += racing.expected_seconds(u.variant, learned, average, racing.search_scale(self.batch_call_seconds()))
             reserve = racing.finish_estimate(self.interleave_rounds, len(here), contenders + count, axes, remeasured,
                                              self.remeasure_turn())
             reserve += self.instance_reserve(contenders + count)

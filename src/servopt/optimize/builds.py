@@ -271,6 +271,7 @@ class SweepBuilds:
                 drops = [self.family.quality_drop(racing.tuning_view(r), racing.tuning_view(ref))  # a choice: on tuning samples
                          if r is not None and r.status == "ok" else None for r in measured]
                 search = sum(get_pass(name).slow_seconds for name, _ in u.variant.chain)  # a search: minutes, not seconds
+                search *= racing.search_scale(self.batch_call_seconds())
                 if search and (hopeless := racing.refinement_hopeless(drops, tolerance, len(tried))):
                     self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built (a search of about {search:.0f} s): {hopeless}"))
                     continue

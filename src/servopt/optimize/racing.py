@@ -123,13 +123,26 @@ def learned_seconds(family: str, cpu: CpuFeatures) -> dict[str, float]:
     return out
 
 
-def expected_seconds(variant, learned: dict[str, float], average: float) -> float:
+# One batch call of the image demo's ort-fp32 (32 images at 263/s, 2 cores of the Xeon, 2026-11-27): the model the
+# passes' ``slow_seconds`` were measured on. A search evaluates the model again and again, so it takes longer in
+# proportion to a call: all-mpnet-base-v2's is 5x (32 texts at 50/s), and its accuracy-aware search ran 399 s of a
+# 10-minute budget planned for 65.
+SLOW_SECONDS_BATCH_S = 32 / 263
+
+
+def search_scale(batch_call_s: float) -> float:
+    """How much longer than ``Pass.slow_seconds`` a search takes on this model: its batch call over the demo's, at
+    least 1 (a smaller model's search is not planned shorter: its fixed costs stay)."""
+    return max(1.0, batch_call_s / SLOW_SECONDS_BATCH_S)
+
+
+def expected_seconds(variant, learned: dict[str, float], average: float, scale: float = 1.0) -> float:
     """What building and screening ``variant`` should take: its own time in an earlier run on this CPU, else this run's
-    average so far plus what its passes (``Pass.slow_seconds``) and its runtime's options (``Runtime.extra_seconds``)
-    are known to add."""
+    average so far plus what its passes (``Pass.slow_seconds``, times ``scale``: ``search_scale`` of the model) and its
+    runtime's options (``Runtime.extra_seconds``) are known to add."""
     if variant.name in learned:
         return learned[variant.name]
-    slow = sum(get_pass(name).slow_seconds for name, _ in variant.chain)
+    slow = sum(get_pass(name).slow_seconds for name, _ in variant.chain) * scale
     return average + slow + get_runtime(variant.runtime).extra_seconds(variant.options)
 
 
