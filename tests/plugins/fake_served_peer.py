@@ -23,7 +23,7 @@ class ServedCopy(Peer):
         path = inputs.out_dir / "model.onnx"
         shutil.copyfile(inputs.onnx, path)
         return PeerAnswer(artifact=Artifact(format="onnx", path=str(path)), offline=False,
-                          configuration={"tool": "servopt serve, standing in"})
+                          configuration={"tool": "servopt serve, standing in", "isa": inputs.isa})
 
     def serve(self, inputs: PeerInputs, answer: PeerAnswer, python: Path) -> Server:
         from servopt.serve.harness import ServerProcess

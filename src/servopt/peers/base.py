@@ -8,7 +8,10 @@ A peer is one file in ``peers/builtin/`` (or a plugin module) with a ``Peer`` su
   faked; cheap (no environment is made for it);
 - ``build(inputs)``: its answer for the run's model from the run's data, run in a fresh process (``jobs.PeerBuildJob``)
   in its environment, returning a ``PeerAnswer``: an artifact that servopt's own runtimes open, so its measurement
-  is the same protocol in the same kind of process as the pick's, and what it ran (tool, version, call).
+  is the same protocol in the same kind of process as the pick's, and what it ran (tool, version, call);
+- ``serves`` and ``serve(inputs, answer, python)``: a peer with a server of its own (Infinity) starts it on its answer
+  and hands back a ``Server`` (URL, model name, API, ``stop``); the served scenarios load it against servopt's pick
+  under ``servopt serve``. An answer only its own server runs is ``PeerAnswer(offline=False)``.
 """
 
 from __future__ import annotations

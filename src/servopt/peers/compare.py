@@ -233,7 +233,7 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
         served = [n for n in answers if PEERS.get(n).serves and results[n].status == "ok"]
         for name, update in serve_rounds(run.root, target_name, bool(pick_note), pick_key, served, answers, inputs_of,
                                          served_scs, rounds, run.work_root / "compare" / "served", quick, progress,
-                                         served_s).items():
+                                         served_s, functools.partial(_served_quality, family, run, original)).items():
             results[name] = results[name].model_copy(update={**update, "ratios": [*results[name].ratios, *update.get("ratios", [])]})
     comparison = Comparison(
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), run_dir=str(run.root), target=target_name,
@@ -250,6 +250,20 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
     return comparison
 
 
+def _served_quality(family: Family, run: RunDir, original: Record, name: str, embeddings: list[list[float]]) -> dict:
+    """A served answer's quality, judged by the family as the offline answers are: its embeddings against the original's
+    outputs on the run's evaluation samples."""
+    import numpy as np
+
+    from servopt.data.dataset import Dataset
+
+    reference = np.load(run.reference_outputs()) if run.reference_outputs().exists() else None
+    quality = family.judge(np.asarray(embeddings, dtype=np.float32), Dataset.load(run.eval_data), reference)
+    m = Measured(quality=quality)
+    text, drop = _words(family, name, "served", m, original)
+    return {"quality": m.quality, "quality_text": text, "quality_drop": drop}
+
+
 def _python(peer: Peer) -> Path:
     """The interpreter of the peer's environment (made by its build already), servopt's when it has none."""
     from servopt.envs import ensure_env
@@ -260,17 +274,22 @@ def _python(peer: Peer) -> Path:
 
 def serve_rounds(run_root: Path, target: str, nearest: bool, pick_key: str, served: list[str], answers: dict[str, PeerAnswer],
                  inputs_of: dict[str, PeerInputs], scenarios: list[Scenario], rounds: int, workdir: Path, quick: bool,
-                 progress: Callable[[str], None], seconds: float | None = None) -> dict[str, dict]:
+                 progress: Callable[[str], None], seconds: float | None = None,
+                 judge: Callable[[str, list[list[float]]], dict] | None = None) -> dict[str, dict]:
     """The served scenarios: servopt's pick under ``servopt serve`` and each serving peer under its own server, one
     server at a time, the order flipped each round (``run_rounds``); per peer, its served ratios (or why it failed).
-    The request speaks the first serving peer's API (``servopt serve`` answers both)."""
+    The request speaks the first serving peer's API (``servopt serve`` answers both). A peer's server also embeds the
+    run's evaluation texts once (``judge``: its quality against the original, as the offline answers are judged)."""
     if not served:
         return {}
     api = PEERS.get(served[0]).serves or "oip-v2"
     jobs = {pick_key: served_scenarios.ServedJob(pick_key, functools.partial(served_scenarios.pick_server, run_root, target, nearest, api))}
     for name in served:
         peer = PEERS.get(name)
-        jobs[name] = served_scenarios.ServedJob(name, functools.partial(peer.serve, inputs_of[name], answers[name], _python(peer)))
+        ref = inputs_of[name].original.ref
+        texts = served_scenarios.eval_texts(ref.path, Path(inputs_of[name].evaluation)) if ref is not None else None
+        jobs[name] = served_scenarios.ServedJob(name, functools.partial(peer.serve, inputs_of[name], answers[name], _python(peer)),
+                                                texts=texts)
     step_s, warmup = (2.0, 0.5) if quick else (10.0, 2.0)
     step_s = seconds or step_s  # each load step's length
     measured = run_rounds(jobs, rounds, workdir, functools.partial(served_scenarios.measure, seconds=step_s, warmup=min(warmup, step_s)),  # type: ignore[arg-type]
@@ -284,9 +303,14 @@ def serve_rounds(run_root: Path, target: str, nearest: bool, pick_key: str, serv
             out[name] = {"status": "failed", "why": f"its served measurement failed: {measured.failed[name]}"}
             continue
         first = next((m for m in measured.measured[name] if m is not None), None)
+        judged = judge(name, first.embeddings) if judge is not None and first is not None and first.embeddings else {}
         out[name] = {"ratios": ratios(measured, pick_key, name, scenarios),
                      "configuration": {**answers[name].configuration,
-                                       "served_by": " ".join(first.command) if first is not None and first.command else None}}
+                                       "served_by": " ".join(first.command) if first is not None and first.command else None,
+                                       **({"served_quality": "its server's embeddings of the run's evaluation texts (its "
+                                           "token ids decoded) against the original's outputs"} if judged else {}),
+                                       **({"not_judged": first.embed_error} if first is not None and first.embed_error else {})},
+                     **judged}
     return out
 
 

@@ -3,7 +3,8 @@
 Every answer (the pick's and the peers') is measured by the same ``MeasureJob``: verified on the run's evaluation data
 against the original's outputs with the family's ``judge`` (the quality check, the same for every scenario), then
 timed by the protocol. A scenario names the figure it compares, which way is better, and the protocol settings its
-workload needs; one file in ``scenarios/`` each (served closed-loop and Poisson scenarios can come the same way).
+workload needs; one file in ``scenarios/`` each. The served scenarios (``scenarios/served.py``) read a served round's
+load steps instead, measured with the pick and each serving peer behind their servers.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """NNCF's post-training quantization on the ONNX graph, as its documentation shows: ``nncf.quantize(model,
 nncf.Dataset(calibration))`` with every option at its default, on the run's fp32 ONNX model and the run's own
 calibration samples; the QDQ model it writes is what a user hands to ONNX Runtime (run with ONNX Runtime's defaults).
-Moved from ``benchmarks/peers_build.py`` (``nncf-onnx-defaults``)."""
+Moved from the former ``benchmarks/peers_build.py`` (``nncf-onnx-defaults``; ``git show f797dd2:benchmarks/peers_build.py``)."""
 
 from __future__ import annotations
 

@@ -8,10 +8,11 @@ run's own fp32 ONNX model:
   graph pools and normalizes (``olive auto-opt`` exports with Optimum instead, whose token-level outputs pool outside
   the graph, which servopt's runtimes do not measure).
 
-Olive's own search over the pass's search space (``benchmarks/peers_build.py``'s ``olive-static-search``: minutes a
+Olive's own search over the pass's search space (the former ``benchmarks/peers_build.py``'s ``olive-static-search``: minutes a
 point) is not ported yet: this peer is Olive's defaults. Olive writes under its ``cache_dir`` and ``output_dir`` (the
-peer's folder); its best candidate is the answer, run by ONNX Runtime as shipped. Moved from
-``benchmarks/peers_build.py`` (``olive-static-defaults``); its own environment (the pins ``peers_int8.py`` proved)."""
+peer's folder); its best candidate is the answer, run by ONNX Runtime as shipped. Moved from the former
+``benchmarks/peers_build.py`` (``olive-static-defaults``; ``git show f797dd2:benchmarks/peers_build.py``); its own
+environment (the pins the former ``peers_int8.py`` proved)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,6 @@ class Olive(Peer):
                                                  f"passes {{quantization: {pass_type} (defaults)}}, LocalSystem CPUExecutionProvider",
                                          "pass_config_requested": requested["passes"]["quantization"],
                                          "pass_config_used": used or None,
-                                         "not_here": ["Olive's search over the pass's search space (benchmarks/peers_build.py's "
+                                         "not_here": ["Olive's search over the pass's search space (the former benchmarks/peers_build.py's "
                                                       "olive-static-search) is not ported"],
                                          "runs_in": "onnxruntime as shipped (every fusion, its own threads)"})

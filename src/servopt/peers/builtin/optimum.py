@@ -11,9 +11,9 @@ measure).
   calibration samples (dynamic INT8 is many times slower than fp32 on a CNN).
 
 Its model is run by ONNX Runtime as shipped (what ``ORTModel`` opens: every fusion, its own threads). Moved from
-``benchmarks/peers_build.py`` (``optimum-<isa>-minmax``) and ``benchmarks/text_servers.py`` (Infinity's INT8 build).
+the former ``benchmarks/peers_build.py`` (``optimum-<isa>-minmax``) and ``benchmarks/text_servers.py`` (Infinity's INT8 build).
 Optimum pins transformers below 4.58 and needs ``datasets`` for calibration, so it runs in an environment of its own
-(the pins ``benchmarks/peers_int8.py`` proved)."""
+(the pins the former ``benchmarks/peers_int8.py`` proved)."""
 
 from __future__ import annotations
 

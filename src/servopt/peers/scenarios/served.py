@@ -40,6 +40,7 @@ class ServedJob:
 
     name: str
     start: Callable[[], Server]
+    texts: list[str] | None = None  # embedded once the load steps are done: the served answer's quality
 
 
 class ServedMeasured(Contract):
@@ -50,6 +51,8 @@ class ServedMeasured(Contract):
     steps: dict[str, dict[str, Any]] = Field(default_factory=dict)  # "closed", "poisson" → the step's summary
     start_s: float | None = None
     command: list[str] = Field(default_factory=list)
+    embeddings: list[list[float]] | None = None  # the job's texts, embedded by the server (OpenAI API)
+    embed_error: str | None = None  # why the texts could not be embedded
     interference: Interference | None = None  # not read for servers: the client shares the machine by design
 
 
@@ -143,6 +146,7 @@ def measure(job: ServedJob, workdir: Path, *, seconds: float = 10.0, warmup: flo
     nothing, is a failed measurement with the reason."""
     from servopt.bench.cputime import tree_cpu_s
 
+    embed_error = None
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         server = job.start()
@@ -168,13 +172,54 @@ def measure(job: ServedJob, workdir: Path, *, seconds: float = 10.0, warmup: flo
             return steps
 
         steps = asyncio.run(load())
+        try:
+            embeddings = embed(server, job.texts) if job.texts else None
+        except Exception as e:  # noqa: BLE001 - its figures stand; its quality is then not judged, and said why
+            embeddings, embed_error = None, f"{type(e).__name__}: {str(e)[:300]}"
     finally:
         server.stop()
     bad = {k: s["errors"] for k, s in steps.items() if not s["ok"]}
     if bad:
         return ServedMeasured(status="failed", error=f"its server answered no request ({bad})", steps=steps,
                               start_s=server.start_s, command=server.command)
-    return ServedMeasured(steps=steps, start_s=server.start_s, command=server.command)
+    return ServedMeasured(steps=steps, start_s=server.start_s, command=server.command, embeddings=embeddings,
+                          embed_error=embed_error)
+
+
+def embed(server: Server, texts: list[str], batch: int = 32) -> list[list[float]] | None:
+    """``texts`` embedded by the server, in order (OpenAI's ``/v1/embeddings``; None for a server without it)."""
+    import httpx
+
+    if server.api != "openai-embeddings":
+        return None
+    out: list[list[float]] = []
+    with httpx.Client(timeout=60) as client:
+        for i in range(0, len(texts), batch):
+            r = client.post(f"{server.url}/v1/embeddings", json={"model": server.model, "input": texts[i:i + batch]})
+            r.raise_for_status()
+            out += [d["embedding"] for d in sorted(r.json()["data"], key=lambda d: d["index"])]
+    return out
+
+
+def eval_texts(folder: str | Path, data: Path) -> list[str] | None:
+    """The run's evaluation samples as texts: its token ids decoded by the model folder's ``tokenizer.json`` (special
+    tokens and padding dropped), so a server that tokenizes for itself embeds the same sentences; None without one."""
+    import numpy as np
+
+    from servopt.data.dataset import Dataset
+
+    path = Path(folder) / "tokenizer.json"
+    if not path.exists():
+        return None
+    from tokenizers import Tokenizer
+
+    ds = Dataset.load(data)
+    ids, mask = ds.inputs.get("input_ids"), ds.inputs.get("attention_mask")
+    if ids is None:
+        return None
+    mask = mask if mask is not None else np.ones_like(ids)
+    return Tokenizer.from_file(str(path)).decode_batch([[int(t) for t, m in zip(row, keep, strict=True) if m]
+                                                        for row, keep in zip(ids, mask, strict=True)], skip_special_tokens=True)
 
 
 def pick_server(run_dir: Path, target: str, nearest: bool, api: ServedApi) -> Server:
