@@ -300,7 +300,7 @@ def test_infinity_serves_a_hugging_face_folder_only(tiny_run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["optimum", "olive"])
+@pytest.mark.parametrize("name", ["optimum", "olive", "olive-search"])
 def test_optimum_and_olive_on_the_tiny_run(tiny_run, name):
     """Their own environments (made once, a few minutes each), static INT8 on the tiny classifier, measured."""
     from servopt.peers.compare import compare
@@ -311,6 +311,9 @@ def test_optimum_and_olive_on_the_tiny_run(tiny_run, name):
     assert peer.session is not None and "int8" in (peer.session.precision_actual or "")
     assert ("AutoQuantizationConfig.avx2(is_static=True)" in peer.configuration["call"] if name == "optimum"
             else "OnnxStaticQuantization" in peer.configuration["call"])
+    if name == "olive-search":  # --quick: its first 3 points of the space, each with the metrics Olive measured
+        assert peer.configuration["search"]["strategy"]["max_iter"] == 2
+        assert peer.configuration["search_points"] and all("params" in p for p in peer.configuration["search_points"])
     assert {r.metric for r in peer.ratios} == {"p50_ms", "throughput_ips"}
 
 
