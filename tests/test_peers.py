@@ -284,6 +284,7 @@ def test_the_new_peers_pin_their_tools_and_servopts_onnxruntime_and_infinity_ser
         assert spec is not None and f"onnxruntime=={metadata.version('onnxruntime')}" in spec.requirements
         assert any(r.startswith(tool) for r in spec.requirements) and "torch==2.13.0" in spec.requirements
     assert PEERS.get("infinity").serves == "openai-embeddings" and PEERS.get("optimum").serves is None
+    assert PEERS.get("olive-search").environment() == PEERS.get("olive").environment(), "one Olive environment, made once"
 
 
 def test_infinity_serves_a_hugging_face_folder_only(tiny_run):

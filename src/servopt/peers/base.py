@@ -121,14 +121,14 @@ class Peer:
                 return False, f"the run saved no {what}"
         return ok, why
 
-    def own_environment(self) -> EnvSpec:
+    def own_environment(self, name: str | None = None) -> EnvSpec:
         """An environment of its own with its ``requirements``, servopt's core and servopt's ONNX Runtime version (what
-        builds or calibrates its model is what measures it)."""
+        builds or calibrates its model is what measures it); ``name``: another peer's, to share it (same requirements)."""
         from importlib import metadata
 
         from servopt.envs import runtime_spec
 
-        return runtime_spec(f"peer-{self.name}", [*self.requirements, f"onnxruntime=={metadata.version('onnxruntime')}"])
+        return runtime_spec(f"peer-{name or self.name}", [*self.requirements, f"onnxruntime=={metadata.version('onnxruntime')}"])
 
     def build(self, inputs: PeerInputs) -> PeerAnswer:
         """Its answer for the model (in its own process and environment); ``PeerUnavailable`` when it cannot run here."""

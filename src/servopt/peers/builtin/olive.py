@@ -179,6 +179,9 @@ class OliveSearch(Olive):
                    "top-1 on the tuning samples")
     families = ("image-classification",)
 
+    def environment(self) -> EnvSpec:
+        return self.own_environment("olive")  # Olive's: the same requirements, made once
+
     def available(self, inputs: PeerInputs) -> tuple[bool, str]:
         return self.needs(inputs, onnx=True, calibration=True, tuning=True)
 
