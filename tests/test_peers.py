@@ -96,18 +96,23 @@ def tiny_run(tmp_path_factory) -> Path:
     return root / "run"
 
 
-@pytest.fixture
-def fake_peers(monkeypatch):
-    """The fake peers loaded as an installed plugin would be, here and in every job process; gone after the test."""
+def _plugin(monkeypatch, module: str, peers: tuple[str, ...]):
+    """``tests/plugins/<module>`` loaded as an installed plugin would be, here and in every job process; its peers gone
+    after the test."""
     monkeypatch.syspath_prepend(str(PLUGINS))
     monkeypatch.setenv("PYTHONPATH", f"{PLUGINS}:{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.setenv("SERVOPT_PLUGINS", "fake_peers")
+    monkeypatch.setenv("SERVOPT_PLUGINS", module)
     registry.load_plugins()
-    yield importlib.import_module("fake_peers")
-    for name in ("copy-of-fp32", "never-here", "gone-at-build"):
+    yield importlib.import_module(module)
+    for name in peers:
         PEERS.classes.pop(name, None)
-    registry._plugins_loaded.discard("fake_peers")
-    sys.modules.pop("fake_peers", None)
+    registry._plugins_loaded.discard(module)
+    sys.modules.pop(module, None)
+
+
+@pytest.fixture
+def fake_peers(monkeypatch):
+    yield from _plugin(monkeypatch, "fake_peers", ("copy-of-fp32", "never-here", "gone-at-build"))
 
 
 def test_compare_end_to_end_with_fake_peers(tiny_run, fake_peers):
@@ -221,16 +226,7 @@ def test_an_answer_built_from_the_same_inputs_is_reused_and_rebuilt_when_they_ch
 
 @pytest.fixture
 def served_peers(monkeypatch):
-    """The fake serving peers (``tests/plugins/fake_served_peer.py``) loaded as a plugin; gone after the test."""
-    monkeypatch.syspath_prepend(str(PLUGINS))
-    monkeypatch.setenv("PYTHONPATH", f"{PLUGINS}:{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.setenv("SERVOPT_PLUGINS", "fake_served_peer")
-    registry.load_plugins()
-    yield importlib.import_module("fake_served_peer")
-    for name in ("served-copy", "server-never-up"):
-        PEERS.classes.pop(name, None)
-    registry._plugins_loaded.discard("fake_served_peer")
-    sys.modules.pop("fake_served_peer", None)
+    yield from _plugin(monkeypatch, "fake_served_peer", ("served-copy", "server-never-up"))
 
 
 def test_served_scenarios_read_their_step_and_a_server_that_never_starts_is_a_failed_round(tmp_path):

@@ -57,71 +57,32 @@ class ServedMeasured(Contract):
 
 
 class Served(Scenario):
-    """A figure of one load step of a served round."""
+    """A figure of one load step of a served round: ``path`` into the step's summary (``LoadGenerator``'s)."""
 
     served: ClassVar[bool] = True
     step: ClassVar[str]
-
-    def value(self, summary: dict[str, Any]) -> float | None:
-        raise NotImplementedError
+    path: ClassVar[tuple[str, ...]]
 
     def figure(self, m: Any) -> float | None:
-        summary = getattr(m, "steps", {}).get(self.step)
-        if not summary or not summary.get("ok"):
+        v: Any = getattr(m, "steps", {}).get(self.step)
+        if not v or not v.get("ok"):
             return None
-        v = self.value(summary)
-        return float(v) if v is not None and v == v else None  # NaN: none
+        for key in self.path:
+            v = v.get(key) if isinstance(v, dict) else None
+        return float(v) if isinstance(v, int | float) and v == v else None  # NaN: none
 
 
-@register_scenario
-class ServedThroughput(Served):
-    name = "served"
-    metric = "served_rps"
-    better = "higher"
-    step = "closed"
-    description = f"served, closed loop at {CONCURRENCY} clients: requests/s"
-
-    def value(self, summary: dict[str, Any]) -> float | None:
-        return summary["throughput_rps"]
-
-
-@register_scenario
-class ServedP50(Served):
-    name = "served-p50"
-    metric = "served_p50_ms"
-    better = "lower"
-    step = "closed"
-    description = f"served, closed loop at {CONCURRENCY} clients: p50 latency"
-
-    def value(self, summary: dict[str, Any]) -> float | None:
-        return summary["latency_ms"]["p50"]
-
-
-@register_scenario
-class ServedP99(Served):
-    name = "served-p99"
-    metric = "served_p99_ms"
-    better = "lower"
-    step = "closed"
-    description = f"served, closed loop at {CONCURRENCY} clients: p99 latency"
-
-    def value(self, summary: dict[str, Any]) -> float | None:
-        return summary["latency_ms"]["p99"]
-
-
-@register_scenario
-class PoissonP99(Served):
-    name = "poisson"
-    metric = "poisson_p99_ms"
-    better = "lower"
-    step = "poisson"
-    description = f"served, Poisson arrivals at {RATE:g} requests/s: p99 latency"
-
-    def value(self, summary: dict[str, Any]) -> float | None:
-        return summary["latency_ms"]["p99"]
-
-
-SERVED = ("served", "served-p50", "served-p99", "poisson")
+CLOSED = f"served, closed loop at {CONCURRENCY} clients"
+# (name, metric, better, step, path in the step's summary, what it is)
+FIGURES = (("served", "served_rps", "higher", "closed", ("throughput_rps",), f"{CLOSED}: requests/s"),
+           ("served-p50", "served_p50_ms", "lower", "closed", ("latency_ms", "p50"), f"{CLOSED}: p50 latency"),
+           ("served-p99", "served_p99_ms", "lower", "closed", ("latency_ms", "p99"), f"{CLOSED}: p99 latency"),
+           ("poisson", "poisson_p99_ms", "lower", "poisson", ("latency_ms", "p99"),
+            f"served, Poisson arrivals at {RATE:g} requests/s: p99 latency"))
+for _name, _metric, _better, _step, _path, _what in FIGURES:
+    register_scenario(type(f"Served_{_metric}", (Served,), {"name": _name, "metric": _metric, "better": _better, "step": _step,
+                                                           "path": _path, "description": _what}))
+SERVED = [f[0] for f in FIGURES]
 
 
 def sentence() -> str:
