@@ -147,14 +147,17 @@ def test_compare_refuses_what_it_cannot_do_with_the_fix(tiny_run):
     assert none.exit_code != 0 and "no peers asked for" in none.output
 
 
-def test_a_peer_for_another_family_says_so(tiny_run):
+def _inputs(run: Path, peer: str):
     from servopt.optimize.rundir import RunDir, load_config, load_run
     from servopt.peers.compare import peer_inputs
 
-    summary, records = load_run(tiny_run)
+    summary, records = load_run(run)
     original = next(r for r in records if r.name == summary.reference)
-    inputs = peer_inputs(RunDir(tiny_run), load_config(tiny_run), records, original, "sentence-transformers", quick=True)
-    ok, why = PEERS.get("sentence-transformers").available(inputs)
+    return peer_inputs(RunDir(run), load_config(run), records, original, peer, quick=True)
+
+
+def test_a_peer_for_another_family_says_so(tiny_run):
+    ok, why = PEERS.get("sentence-transformers").available(_inputs(tiny_run, "sentence-transformers"))
     assert not ok and "text-embedding" in why
 
 
@@ -284,12 +287,7 @@ def test_the_new_peers_pin_their_tools_and_servopts_onnxruntime_and_infinity_ser
 
 
 def test_infinity_serves_a_hugging_face_folder_only(tiny_run):
-    from servopt.optimize.rundir import RunDir, load_config, load_run
-    from servopt.peers.compare import peer_inputs
-
-    summary, records = load_run(tiny_run)
-    original = next(r for r in records if r.name == summary.reference)
-    inputs = peer_inputs(RunDir(tiny_run), load_config(tiny_run), records, original, "infinity", quick=True)
+    inputs = _inputs(tiny_run, "infinity")
     ok, why = PEERS.get("infinity").available(inputs)
     assert not ok and "text-embedding" in why
     ok, why = PEERS.get("infinity").available(inputs.model_copy(update={"family": "text-embedding"}))
