@@ -334,6 +334,7 @@ def test_a_hopeless_refinement_ladder_tries_its_cheap_rungs_and_skips_its_search
     sweep = object.__new__(Sweep)  # the ladder's logic alone: no model, no process
     sweep.settings, sweep.family, sweep.distributed, sweep.not_tried = OptimizeSettings(), FAMILIES.get("image-classification"), False, []
     sweep.targets = [Target(name="t", hardware="h", device="cpu", max_accuracy_drop=1.0)]
+    sweep.baseline = Variant("ort-fp32", "fp32", "onnxruntime", [])  # its calls size a search's planned time
     ref = rec("ort-fp32", 0.90, 2.0)
     sweep.references = {None: ref}
     sweep.records = {("ort-fp32", None): ref, (base, None): rec(base, 0.80, 1.0)}
