@@ -22,8 +22,10 @@ def knee_at(knee: float, flaky_confirm_above: float | None = None):
     def measure(rate: float, seconds: float, confirming: bool) -> LoadStep:
         calls.append((rate, seconds, confirming))
         ok = rate <= knee and not (confirming and flaky_confirm_above is not None and rate > flaky_confirm_above)
+        # past the knee a queue: the median grows with the rate (halving the rate halves it)
         return LoadStep(rate_rps=rate, achieved_rps=rate, requests=int(rate * seconds) + 1, duration_s=seconds,
-                        p50_ms=2.0, p99_ms=5.0 if ok else 500.0, errors=0, meets=ok, valid=True, confirming=confirming)
+                        p50_ms=2.0 if ok else 20.0 * rate / knee, p99_ms=5.0 if ok else 500.0, errors=0, meets=ok, valid=True,
+                        confirming=confirming)
 
     return measure, calls
 
@@ -135,3 +137,29 @@ def test_the_late_percentiles_are_those_of_the_requests_sent_in_the_second_half(
     r.latencies_ms = [1.0] * 5 + [50.0] * 5
     assert r.late_percentiles()["p50"] == 50.0 and r.summary(None)["latency_ms"]["p50"] == pytest.approx(25.5)
     assert StepResult("closed", 1, 0.0).late_percentiles() is None
+
+
+def test_a_slow_server_s_search_is_bounded_in_steps_and_in_time():
+    """all-mpnet-base-v2 on one thread per instance: p50 ~50 ms served at any rate, so p99 <= 50 ms is met at none.
+    Halving from 25/s with 150 queries a step took 383 s of a 60 s allowance. The steps are capped in length, the
+    halving stops once the median no longer falls with the rate (the service time, not a queue, misses the bound), and
+    no step starts that would end past ``until``."""
+    import time
+
+    rules = SearchRules(min_seconds=1.5, min_queries=150, confirm_seconds=15.0, confirm_queries=3000, max_step_seconds=6.0,
+                        max_confirm_seconds=30.0)
+    assert rules.seconds(0.78, False) == 6.0 and rules.seconds(5.0, True) == 30.0 and rules.seconds(260, False) == 1.5
+    calls: list[float] = []
+
+    def measure(rate: float, seconds: float, confirming: bool) -> LoadStep:
+        calls.append(rate)
+        p50 = 50.0 + 100.0 * min(1.0, rate / 25)  # queueing above a few per second, the service time below
+        return LoadStep(rate_rps=rate, achieved_rps=rate, requests=int(rate * seconds), duration_s=seconds, p50_ms=p50,
+                        p99_ms=3 * p50, errors=0, meets=False, valid=True, confirming=confirming)
+
+    result = search(measure, 25.0, rules)
+    assert result.capacity_rps == 0 and "no lower rate meets it" in result.stopped
+    assert len(calls) <= 4, calls
+    measure_ok, _ = knee_at(120.0)
+    timed = search(measure_ok, 10.0, rules, until=time.monotonic() + 5.0)  # room for three 1.5 s steps, no confirmation
+    assert not timed.confirmed and timed.capacity_rps == 0 and "time ran out" in timed.stopped

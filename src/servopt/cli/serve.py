@@ -201,6 +201,8 @@ def _capacity(url: str, model: str, slo_text: str, rate: str | None, duration: f
     else:
         console.print(f"[red]no rate tried met {bound} with no errors[/red] (the lowest: "
                       f"{min((s.rate_rps for s in result.steps), default=start):.1f} req/s)")
+    if result.stopped:
+        console.print(f"the search stopped early: {result.stopped}")
     if json_out:
         write_json_atomic(json_out, {"schema": "servopt.capacity/1", "url": url, "model": model, "slo": str(bound),
                                      **result.model_dump(mode="json")})

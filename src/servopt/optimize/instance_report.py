@@ -69,7 +69,8 @@ def instance_section(summary: Summary) -> InstanceSection | None:
         caps.append(CapacityRow(
             target=target, variant=c.variant, slo=c.slo, capacity=f"{c.capacity_rps:,.1f} requests/s on {c.cores} core(s)"
             + ("" if c.knee_found else " (at least: no failing rate reached)") + ("" if c.confirmed else " (not confirmed)")
-            + (f", confirmed below the short steps' knee ({c.knee_rps:,.0f}/s)" if c.knee_rps and c.confirmed else ""),
+            + (f", confirmed below the short steps' knee ({c.knee_rps:,.0f}/s)" if c.knee_rps and c.confirmed else "")
+            + (f"; the search stopped: {c.stopped}" if c.stopped else ""),
             config=c.config.label if c.config else "—",
             tried="; ".join(f"{cfg.label}: {cap:,.1f}/s" for cfg, cap in c.tried) or "—",
             steps=[f"{s.rate_rps:,.1f}/s{' (confirming)' if s.confirming else ''}: p50 {_ms(s.p50_ms)}, p99 {_ms(s.p99_ms)}, "

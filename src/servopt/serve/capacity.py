@@ -65,10 +65,15 @@ class SearchRules(BaseModel):
     min_rps: float = 0.5
     max_rps: float = 1e5
     warmup_s: float = 1.0  # before the first step only: the server is warm after it
+    # the query minimums cap a step's length: a slow model's low rates would otherwise take minutes a step
+    # (all-mpnet-base-v2 halving to 0.78/s: 150 queries took 194 s); past the cap a step has fewer queries, a coarser p99
+    max_step_seconds: float = 30.0
+    max_confirm_seconds: float = 120.0
 
     def seconds(self, rate: float, confirming: bool) -> float:
-        queries = self.confirm_queries if confirming else self.min_queries
-        return max(self.confirm_seconds if confirming else self.min_seconds, queries / rate)
+        if confirming:
+            return max(self.confirm_seconds, min(self.confirm_queries / rate, self.max_confirm_seconds))
+        return max(self.min_seconds, min(self.min_queries / rate, self.max_step_seconds))
 
 
 class SearchResult(BaseModel):
@@ -77,9 +82,15 @@ class SearchResult(BaseModel):
     confirmed: bool
     knee_found: bool  # a failing rate was met (else the capacity is a lower bound: the step limit came first)
     knee_rps: float = 0.0  # the highest rate a short step met
+    stopped: str | None = None  # why the search ended before its rules did (its time, or a bound no rate can meet)
 
 
-def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, rules: SearchRules | None = None) -> SearchResult:
+class _OutOfTime(Exception):
+    pass
+
+
+def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, rules: SearchRules | None = None,
+           until: float | None = None) -> SearchResult:
     """The highest rate a longer confirming run meets, at ``headroom`` below the knee the short steps found.
 
     Why headroom: p99 near the knee is a matter of chance. A rate a short step met at the knee's edge met its bound in
@@ -91,40 +102,54 @@ def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, 
     steps: list[LoadStep] = []
 
     def step(rate: float, confirming: bool = False) -> bool:
-        steps.append(measure(rate, rules.seconds(rate, confirming), confirming))
+        seconds = rules.seconds(rate, confirming)
+        if until is not None and time.monotonic() + seconds > until:
+            raise _OutOfTime
+        steps.append(measure(rate, seconds, confirming))
         return steps[-1].meets
 
     lo, hi = 0.0, math.inf
     rate = min(max(start_rps, rules.min_rps), rules.max_rps)
-    while len(steps) < rules.max_steps:  # bracket the knee
-        if step(rate):
-            lo = rate
-            if hi < math.inf or rate >= rules.max_rps:
-                break
-            rate = min(rate * 2, rules.max_rps)
-        else:
-            hi = rate
-            if lo > 0 or rate / 2 < rules.min_rps:
-                break
-            rate /= 2
-    while lo > 0 and hi < math.inf and hi / lo > 1 + rules.precision and len(steps) < rules.max_steps:  # bisect it
-        mid = math.sqrt(lo * hi)
-        if step(mid):
-            lo = mid
-        else:
-            hi = mid
-    knee, knee_found = lo, hi < math.inf
-    rate = lo / (1 + rules.headroom) if knee_found else lo  # no failing rate yet (a lower bound): nothing to back off
+    stopped = None
+    knee = 0.0
     confirmed = False
-    for _ in range(3):  # confirm, stepping down until a longer run holds
-        if rate <= 0:
-            break
-        if step(rate, confirming=True):
-            confirmed = True
-            break
-        rate /= 1 + rules.precision
-    return SearchResult(capacity_rps=rate if confirmed else 0.0, steps=steps, confirmed=confirmed, knee_found=knee_found,
-                        knee_rps=knee)
+    try:
+        while len(steps) < rules.max_steps:  # bracket the knee
+            if step(rate):
+                lo = rate
+                if hi < math.inf or rate >= rules.max_rps:
+                    break
+                rate = min(rate * 2, rules.max_rps)
+            else:
+                failed = [s for s in steps if not s.meets and s.p50_ms is not None]
+                if len(failed) >= 2 and failed[-1].p50_ms >= 0.8 * failed[-2].p50_ms:
+                    # halving the rate no longer shortens the median: the service time misses the bound, not a queue,
+                    # and no lower rate will meet it (a slow model on one thread per instance: another layout may)
+                    stopped = f"p50 {failed[-1].p50_ms:.0f} ms at {rate:.2g}/s, as at twice the rate: no lower rate meets it"
+                hi = rate
+                if lo > 0 or rate / 2 < rules.min_rps or stopped:
+                    break
+                rate /= 2
+        while lo > 0 and hi < math.inf and hi / lo > 1 + rules.precision and len(steps) < rules.max_steps:  # bisect it
+            mid = math.sqrt(lo * hi)
+            if step(mid):
+                lo = mid
+            else:
+                hi = mid
+        knee = lo
+        rate = lo / (1 + rules.headroom) if hi < math.inf else lo  # no failing rate yet (a lower bound): nothing to back off
+        for _ in range(3):  # confirm, stepping down until a longer run holds
+            if rate <= 0:
+                break
+            if step(rate, confirming=True):
+                confirmed = True
+                break
+            rate /= 1 + rules.precision
+    except _OutOfTime:
+        stopped = "its time ran out" + ("" if confirmed else " before a rate was confirmed")
+        knee = knee or lo
+    return SearchResult(capacity_rps=rate if confirmed else 0.0, steps=steps, confirmed=confirmed, knee_found=hi < math.inf,
+                        knee_rps=knee, stopped=stopped)
 
 
 def load_step(summary: dict, slo: Slo, rate: float, seconds: float, confirming: bool) -> LoadStep:
@@ -149,7 +174,7 @@ def load_step(summary: dict, slo: Slo, rate: float, seconds: float, confirming: 
 
 
 async def _run_search(url: str, payload, slo: Slo, start_rps: float, rules: SearchRules, api_key: str | None,
-                      on_step: Callable[[LoadStep], None]) -> SearchResult:
+                      on_step: Callable[[LoadStep], None], until: float | None = None) -> SearchResult:
     import aiohttp
 
     from servopt.serve.loadtest import LoadGenerator
@@ -170,7 +195,7 @@ async def _run_search(url: str, payload, slo: Slo, start_rps: float, rules: Sear
             return st
 
         # the search itself is synchronous (a pure function of ``measure``): run it in a thread beside the event loop
-        return await loop.run_in_executor(None, search, measure, start_rps, rules)
+        return await loop.run_in_executor(None, search, measure, start_rps, rules, until)
 
 
 async def payload_for(url: str, model: str, api_key: str | None, text: str | None = None):
@@ -196,13 +221,15 @@ def _sample_sentence() -> str:
 
 
 def measure_capacity(url: str, model: str, slo: Slo, start_rps: float, rules: SearchRules | None = None,
-                     api_key: str | None = None, on_step: Callable[[LoadStep], None] = lambda s: None) -> SearchResult:
-    """The capacity of the server at ``url`` for ``model`` within ``slo`` (one sample per request)."""
+                     api_key: str | None = None, on_step: Callable[[LoadStep], None] = lambda s: None,
+                     until: float | None = None) -> SearchResult:
+    """The capacity of the server at ``url`` for ``model`` within ``slo`` (one sample per request); a step that would
+    end past ``until`` (``time.monotonic()``) is not started."""
     rules = rules or SearchRules()
 
     async def go() -> SearchResult:
         payload = await payload_for(url, model, api_key)
-        return await _run_search(url, payload, slo, start_rps, rules, api_key, on_step)
+        return await _run_search(url, payload, slo, start_rps, rules, api_key, on_step, until)
 
     return asyncio.run(go())
 
@@ -248,8 +275,9 @@ def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: floa
             log(f"capacity of {variant} within {slo}: {cfg.label}")
             args = ["--variant", variant, "--instances", str(cfg.instances), "--threads", str(cfg.threads),
                     "--max-batch", str(cfg.max_batch), "--max-delay-us", str(cfg.max_delay_us), "--name", "m"]
+            until = None if budget_s is None else started + budget_s
             with ServerProcess(run_dir, *args) as server:
-                tried[key] = (cfg, measure_capacity(server.url, "m", slo, start, rules))
+                tried[key] = (cfg, measure_capacity(server.url, "m", slo, start, rules, until=until))
         return tried[key][1]
 
     def left() -> float:
@@ -279,7 +307,8 @@ def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: floa
 
     return Capacity(variant=variant, slo=str(slo), capacity_rps=result.capacity_rps, config=best, steps=result.steps,
                     tried=[(c, r.capacity_rps) for c, r in tried.values()], confirmed=result.confirmed, cores=cores,
-                    knee_found=result.knee_found, knee_rps=result.knee_rps or None, environment=environment())
+                    knee_found=result.knee_found, knee_rps=result.knee_rps or None, stopped=result.stopped,
+                    environment=environment())
 
 
 # Each step of a sweep's search: long enough for a p99 of a few hundred answers, short enough that a configuration's
@@ -287,8 +316,10 @@ def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: floa
 # The confirming run is long: near the knee a queue builds for seconds, and the image demo's pick met p99 <= 50 ms in
 # 1.5-3 s steps at 306/s but not over 20 s (p99 203 ms), and in an 8 s confirming run at 278/s but not over 20 s
 # (p99 79 ms); over 15 s it met it at 275/s and 250/s (2026-11-27, this Xeon): the confirming run is 15 s.
-SWEEP_RULES = SearchRules(min_seconds=1.5, min_queries=150, confirm_seconds=15.0, confirm_queries=3000, max_steps=10)
-QUICK_RULES = SearchRules(min_seconds=0.3, min_queries=20, confirm_seconds=0.5, confirm_queries=30, max_steps=6, warmup_s=0.3)
+SWEEP_RULES = SearchRules(min_seconds=1.5, min_queries=150, confirm_seconds=15.0, confirm_queries=3000, max_steps=10,
+                          max_step_seconds=6.0, max_confirm_seconds=30.0)
+QUICK_RULES = SearchRules(min_seconds=0.3, min_queries=20, confirm_seconds=0.5, confirm_queries=30, max_steps=6, warmup_s=0.3,
+                          max_step_seconds=2.0, max_confirm_seconds=4.0)
 
 
 def probe(run_dir: Path, variant: str, percentile: int, limit_ms: float, start_rps: float, budget_s: float | None,
