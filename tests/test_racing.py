@@ -541,3 +541,5 @@ def test_a_re_measure_turn_is_sized_by_the_model_s_calls():
     assert big >= p.min_runs * 0.060 + p.batch_min_runs * 32 / 14.0
     assert racing.finish_estimate(3, 1, 3, per_round=big) - racing.finish_estimate(3, 1, 3) == pytest.approx(4 * 3 * (big - 4.0))
     assert racing.instance_seconds(2, 2, 0, call_s=4.0) > racing.instance_seconds(2, 2, 0)
+    one = racing.finish_estimate(3, 1, 3, per_round=big)
+    assert racing.finish_estimate(3, 1, 3, per_round=big, capped=1) - one == pytest.approx(4 * 3 * big), "a capped re-measure"

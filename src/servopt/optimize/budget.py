@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from servopt.contracts import Record
-from servopt.machine import Device, cpu_features, gpu_present
+from servopt.machine import Device, cpu_features, gpu_present, richer
 from servopt.optimize import racing
 from servopt.optimize.rundir import LeftOut
 from servopt.optimize.variants import Variant
@@ -68,11 +68,13 @@ class SweepBudget:
         contenders = sum(r.name not in (self.original.name, self.baseline.name) for r in measured)
         axes = self.racing and bool(self.axes["grid"] or self.axes["length_batching"])
         remeasured = sum(t.device.computes_on is Device.CPU for t in here)  # interleave_candidates: CPU and edge targets
+        level = cpu_features().level  # a CPU target naming a poorer ISA gets a capped re-measure of its own
+        capped = len({t.isa for t in here if t.device is Device.CPU and t.isa is not None and richer(level, t.isa)})
         total = 0.0
         for count, u in enumerate(units, 1):
             total += racing.expected_seconds(u.variant, learned, average, racing.search_scale(self.batch_call_seconds()))
             reserve = racing.finish_estimate(self.interleave_rounds, len(here), contenders + count, axes, remeasured,
-                                             self.remeasure_turn())
+                                             self.remeasure_turn(), capped)
             reserve += self.instance_reserve(contenders + count)
             if self.elapsed() + total + reserve > budget:
                 return count - 1

@@ -224,17 +224,18 @@ def remeasure_seconds(rec: Record, protocol) -> float:
 
 
 def finish_estimate(rounds: int, targets: int, contenders: int | None = None, axes: bool = False,
-                    remeasured: int | None = None, per_round: float = 4.0) -> float:
+                    remeasured: int | None = None, per_round: float = 4.0, capped: int = 0) -> float:
     """Seconds the end of a sweep takes after the last screening: cold starts of a few contenders, the side-by-side
     re-measure of up to three candidates per target computing on a CPU (``remeasured`` of the ``targets``: a server
     CPU's and an edge device's; a GPU target's figures are not re-measured here) with the baseline (two phases of 1.5 s and a load each), profiles of the picks,
     the report; with ``axes``, the family's own axes of each target's pick and the baseline. ``contenders``: how many
     variants besides the baseline could be re-measured (a budgeted run that has measured three reserves for three, not
     for the catalogue). ``per_round``: one candidate's turn in a round (``remeasure_seconds`` of the baseline, which
-    every re-measure runs and the candidates rarely trail by much)."""
+    every re-measure runs and the candidates rarely trail by much). ``capped``: re-measures held to a target's poorer
+    instruction set, each another side-by-side run (MPNet's pair took 2 rounds of 46 s each)."""
     per = 3 * max(1, targets if remeasured is None else remeasured)
     candidates = min(6, per, contenders if contenders is not None else 6) + 1
-    return (min(4, candidates) * 4.0 + candidates * rounds * max(4.0, per_round) + closing_seconds(targets)
+    return (min(4, candidates) * 4.0 + (1 + capped) * candidates * rounds * max(4.0, per_round) + closing_seconds(targets)
             + (AXES_SECONDS * (min(targets, candidates) + 1) if axes else 0.0))
 
 
