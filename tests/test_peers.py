@@ -235,10 +235,10 @@ def served_peers(monkeypatch):
 def test_served_scenarios_read_their_step_and_a_server_that_never_starts_is_a_failed_round(tmp_path):
     from servopt.peers.scenarios.served import ServedJob, ServedMeasured, measure
 
-    step = {"ok": 10, "throughput_rps": 250.0, "latency_ms": {"p50": 3.0, "p99": 9.0}}
+    step = {"ok": 10, "throughput_rps": 250.0, "latency_ms": {"p50": 3.0, "p99": 9.0}, "server_cpu_ms_per_request": 1.5}
     m = ServedMeasured(steps={"closed": step, "poisson": {**step, "latency_ms": {"p50": 2.0, "p99": float("nan")}}})
-    figures = {n: SCENARIOS.get(n).figure(m) for n in ("served", "served-p50", "served-p99", "poisson")}
-    assert figures == {"served": 250.0, "served-p50": 3.0, "served-p99": 9.0, "poisson": None}
+    figures = {n: SCENARIOS.get(n).figure(m) for n in ("served", "served-p50", "served-p99", "served-cpu", "poisson")}
+    assert figures == {"served": 250.0, "served-p50": 3.0, "served-p99": 9.0, "served-cpu": 1.5, "poisson": None}
     assert SCENARIOS.get("served").figure(_measured(1.0, 1.0)) is None  # an offline measurement has no served figure
 
     def start():
@@ -252,11 +252,12 @@ def test_compare_serves_the_pick_and_a_serving_peer_in_turns(tiny_run, served_pe
     from servopt.peers.compare import compare
 
     c = compare(tiny_run, ["served-copy", "server-never-up"], rounds=2, quick=True, served_s=0.5)
-    assert c.scenarios == ["single", "offline", "served", "served-p50", "served-p99", "poisson"]
+    assert c.scenarios == ["single", "offline", "served", "served-p50", "served-p99", "served-cpu", "poisson"]
     by = {p.name: p for p in c.peers}
     copy = by["served-copy"]
     assert copy.status == "ok", copy.why
-    assert {r.metric for r in copy.ratios} == {"served_rps", "served_p50_ms", "served_p99_ms", "poisson_p99_ms"}
+    assert {r.metric for r in copy.ratios} == {"served_rps", "served_p50_ms", "served_p99_ms", "served_cpu_ms", "poisson_p99_ms"}
+    assert copy.configuration["served_start_s"]["peer"] > 0 and copy.configuration["served_start_s"]["pick"] > 0
     assert all(len(r.rounds) == 2 and r.low <= r.ratio <= r.high and r.pick_median > 0 for r in copy.ratios)
     assert "servopt" in copy.configuration["served_by"] and "copy" in copy.configuration["served_by"]
     assert copy.configuration["isa"] == "avx2", "a peer builds for the compared target's instruction set (cpu-server's)"

@@ -12,6 +12,7 @@ from servopt.optimize.rundir import RunDir
 TITLE = "Against the tools you would use instead"
 METRICS = {"p50_ms": "p50 (single request)", "throughput_ips": "throughput (offline batches)",
            "served_rps": "served requests/s (closed loop)", "served_p50_ms": "served p50", "served_p99_ms": "served p99",
+           "served_cpu_ms": "server CPU per request",
            "poisson_p99_ms": "p99 at a Poisson rate"}
 
 

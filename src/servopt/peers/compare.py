@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import os
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -303,10 +304,13 @@ def serve_rounds(run_root: Path, target: str, nearest: bool, pick_key: str, serv
             out[name] = {"status": "failed", "why": f"its served measurement failed: {measured.failed[name]}"}
             continue
         first = next((m for m in measured.measured[name] if m is not None), None)
+        starts = {k: [m.start_s for m in measured.measured[k] if m is not None and m.start_s is not None] for k in (pick_key, name)}
         judged = judge(name, first.embeddings) if judge is not None and first is not None and first.embeddings else {}
         out[name] = {"ratios": ratios(measured, pick_key, name, scenarios),
                      "configuration": {**answers[name].configuration,
                                        "served_by": " ".join(first.command) if first is not None and first.command else None,
+                                       "served_start_s": {"peer": statistics.median(starts[name]) if starts[name] else None,
+                                                          "pick": statistics.median(starts[pick_key]) if starts[pick_key] else None},
                                        **({"served_quality": "its server's embeddings of the run's evaluation texts (its "
                                            "token ids decoded) against the original's outputs"} if judged else {}),
                                        **({"not_judged": first.embed_error} if first is not None and first.embed_error else {})},

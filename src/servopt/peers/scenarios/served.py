@@ -77,6 +77,8 @@ CLOSED = f"served, closed loop at {CONCURRENCY} clients"
 FIGURES = (("served", "served_rps", "higher", "closed", ("throughput_rps",), f"{CLOSED}: requests/s"),
            ("served-p50", "served_p50_ms", "lower", "closed", ("latency_ms", "p50"), f"{CLOSED}: p50 latency"),
            ("served-p99", "served_p99_ms", "lower", "closed", ("latency_ms", "p99"), f"{CLOSED}: p99 latency"),
+           ("served-cpu", "served_cpu_ms", "lower", "closed", ("server_cpu_ms_per_request",),
+            f"{CLOSED}: the server process tree's CPU per request"),
            ("poisson", "poisson_p99_ms", "lower", "poisson", ("latency_ms", "p99"),
             f"served, Poisson arrivals at {RATE:g} requests/s: p99 latency"))
 for _name, _metric, _better, _step, _path, _what in FIGURES:
