@@ -162,4 +162,5 @@ def test_a_slow_server_s_search_is_bounded_in_steps_and_in_time():
     assert len(calls) <= 4, calls
     measure_ok, _ = knee_at(120.0)
     timed = search(measure_ok, 10.0, rules, until=time.monotonic() + 5.0)  # room for three 1.5 s steps, no confirmation
-    assert not timed.confirmed and timed.capacity_rps == 0 and "time ran out" in timed.stopped
+    assert not timed.confirmed and timed.capacity_rps == 0 and "time ran out" in timed.stopped and timed.timed_out
+    assert not result.timed_out, "a bound no rate meets is an answer (capacity 0), not a search cut short"

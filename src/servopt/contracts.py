@@ -603,6 +603,7 @@ class Capacity(Contract):
     knee_found: bool = True  # False: the step limit came before a failing rate, the capacity is a lower bound
     knee_rps: float | None = None  # the highest rate a short step met: the capacity is confirmed below it (headroom)
     stopped: str | None = None  # why the best configuration's search ended early (its time; a bound no rate meets)
+    timed_out: bool = False  # no rate confirmed before the search's time ran out: not a capacity of 0
     cores: int | None = None
     batch_size: int = 1  # samples per request
     environment: Environment | None = None

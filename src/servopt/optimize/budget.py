@@ -92,16 +92,18 @@ class SweepBudget:
         left = (now - racing.DUEL_LOAD_SECONDS - self.instance_reserve(3)) / max(1, figures)
         return min(most, left) if left >= min(most, racing.DUEL_MIN_SECONDS) else None
 
-    def instance_reserve(self, contenders: int) -> float:
+    def instance_reserve(self, contenders: int, capacity: bool = True) -> float:
         """Seconds the instance's answer takes at the end (``racing.instance_seconds``): the scaling of up to three
-        candidates and the baseline per target naming an instance, and a capacity search per priced one with an SLO."""
+        candidates and the baseline per target naming an instance, and (``capacity``) a capacity search per priced one
+        with an SLO — which the side-by-side re-measures do not keep for it: the pick must be right before its capacity
+        is searched, and the search takes what is left (at least ``racing.CAPACITY_MIN_SECONDS``, else offline)."""
         mine = self.instance_targets(self.targets)
         if not mine:
             return 0.0
         from servopt.bench.scaling import machine_cores
 
         candidates = min(contenders, 3 * len(mine)) + 1
-        priced = sum(t.price_per_hour is not None and t.max_p99_ms is not None for t in mine) if self.capacity_probe else 0
+        priced = sum(t.price_per_hour is not None and t.max_p99_ms is not None for t in mine) if self.capacity_probe and capacity else 0
         cores = machine_cores()
         return racing.instance_seconds(candidates, cores, priced, self.batch_call_seconds() * cores)
 

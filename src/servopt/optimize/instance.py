@@ -132,5 +132,9 @@ class SweepInstance:
         if capacity.error:
             self.problems.append(f"{t.name}: the capacity search of {pick} failed: {capacity.error} — priced on the offline figures")
             return None
+        if capacity.timed_out:  # not stored: a rerun with more time searches it
+            self.problems.append(f"{t.name}: the capacity search of {pick} ran out of the time the budget left it before a "
+                                 "rate was confirmed — priced on the offline figures (rerun with a larger --budget)")
+            return None
         write_json_atomic(path, {"cache_key": cache_key, "capacity": capacity.model_dump(mode="json")})
         return capacity

@@ -217,7 +217,7 @@ class SweepRemeasures:
         rounds = self.interleave_rounds
         if (deadline := self.finish_deadline()) is not None:  # rounds that fit what the budget leaves, sized by the calls
             per_round = sum(racing.remeasure_seconds(by_name[n], self.interleave_protocol) + 2.0 for n in names)
-            fit = int((deadline - time.time() - self.instance_reserve(len(names))) // per_round)
+            fit = int((deadline - time.time() - self.instance_reserve(len(names), capacity=False)) // per_round)
             if fit < 2:
                 self.problems.append(f"the side-by-side re-measure {label} was not run: a round of {len(names)} variants takes "
                                      f"about {per_round:.0f} s and the time budget ({self.settings.budget}) leaves less than "

@@ -83,6 +83,7 @@ class SearchResult(BaseModel):
     knee_found: bool  # a failing rate was met (else the capacity is a lower bound: the step limit came first)
     knee_rps: float = 0.0  # the highest rate a short step met
     stopped: str | None = None  # why the search ended before its rules did (its time, or a bound no rate can meet)
+    timed_out: bool = False  # its time ran out: a capacity of 0 then says nothing of the server
 
 
 class _OutOfTime(Exception):
@@ -111,6 +112,7 @@ def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, 
     lo, hi = 0.0, math.inf
     rate = min(max(start_rps, rules.min_rps), rules.max_rps)
     stopped = None
+    timed_out = False
     knee = 0.0
     confirmed = False
     try:
@@ -147,9 +149,10 @@ def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, 
             rate /= 1 + rules.precision
     except _OutOfTime:
         stopped = "its time ran out" + ("" if confirmed else " before a rate was confirmed")
+        timed_out = True
         knee = knee or lo
     return SearchResult(capacity_rps=rate if confirmed else 0.0, steps=steps, confirmed=confirmed, knee_found=hi < math.inf,
-                        knee_rps=knee, stopped=stopped)
+                        knee_rps=knee, stopped=stopped, timed_out=timed_out)
 
 
 def load_step(summary: dict, slo: Slo, rate: float, seconds: float, confirming: bool) -> LoadStep:
@@ -308,6 +311,7 @@ def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: floa
     return Capacity(variant=variant, slo=str(slo), capacity_rps=result.capacity_rps, config=best, steps=result.steps,
                     tried=[(c, r.capacity_rps) for c, r in tried.values()], confirmed=result.confirmed, cores=cores,
                     knee_found=result.knee_found, knee_rps=result.knee_rps or None, stopped=result.stopped,
+                    timed_out=result.timed_out and not result.confirmed,
                     environment=environment())
 
 
