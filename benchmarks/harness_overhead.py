@@ -11,7 +11,6 @@ alike; the figure is the median over rounds of p50(A) / p50(B).
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +19,9 @@ import numpy as np
 
 from servopt.bench.protocol import Protocol, measure_latency
 from servopt.data.dataset import synthetic_inputs
+from servopt.machine import header
 from servopt.models.sources import load_model
+from servopt.peers.runner import ratio_interval, round_order
 from servopt.runtimes import open_session
 
 
@@ -65,13 +66,15 @@ def main() -> None:
     ratios = []
     with tempfile.TemporaryDirectory():
         for r in range(args.rounds):
-            a = measure_latency(session, data, proto).latency.p50
-            b = bare_loop(session.sess, feeds, args.seconds, 100)
+            loops = {"servopt": lambda: measure_latency(session, data, proto).latency.p50,
+                     "bare": lambda: bare_loop(session.sess, feeds, args.seconds, 100)}
+            got = {k: loops[k]() for k in round_order(list(loops), r)}  # flipped every round: drift favours neither
+            a, b = got["servopt"], got["bare"]
             ratios.append(a / b)
             print(f"round {r + 1}: servopt p50 {a:.3f} ms, bare p50 {b:.3f} ms, ratio {a / b:.4f}", flush=True)
-    med = statistics.median(ratios)
-    print(f"\nharness overhead (median of {args.rounds} interleaved rounds): {(med - 1) * 100:+.2f} % "
-          f"({'PASS' if med < 1.02 else 'FAIL'}: must be < 2 %)")
+    med, lo, hi, _ = ratio_interval(ratios)
+    print(f"\nCPU: {header()} (shared machine)\nharness overhead (median of {args.rounds} interleaved rounds): "
+          f"{(med - 1) * 100:+.2f} % [{(lo - 1) * 100:+.2f}, {(hi - 1) * 100:+.2f}] ({'PASS' if med < 1.02 else 'FAIL'}: must be < 2 %)")
 
 
 if __name__ == "__main__":

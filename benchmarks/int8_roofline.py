@@ -38,7 +38,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from servopt.contracts import Artifact
-from servopt.machine import cpu_features, cpu_model
+from servopt.machine import header
+from servopt.peers.runner import round_order
 from servopt.runtimes import open_session
 
 INT8_PRODUCTS = {"DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger"}  # nothing but the product
@@ -120,7 +121,7 @@ def main() -> None:
     size = 1024
     gemm = kernel_graph(tmp / "gemm.onnx", size, size)
     a = np.random.default_rng(1).standard_normal((size, size)).astype(np.float32)
-    print(f"CPU: {cpu_model()} ({cpu_features().describe()}); {args.model}: {macs / 1e9:.3f} G INT8 multiply-adds at "
+    print(f"CPU: {header()}; {args.model}: {macs / 1e9:.3f} G INT8 multiply-adds at "
           f"{args.tokens} tokens")
     rows = []
     for threads in args.threads:
@@ -131,11 +132,14 @@ def main() -> None:
         peer = open_session(Artifact(format="onnx", path=str(args.against)), "onnxruntime", {"intra_op_threads": threads}) if args.against else None
         peer_feed = {k: v for k, v in feed_all.items() if peer and k in peer.input_names}
         calls, kernels, peers = [], [], []
-        for _ in range(args.rounds):  # interleaved: the machine's speed drifts by tens of % between minutes
-            calls.append(p50(lambda s=s, feed=feed: s.run(feed), args.seconds))
-            kernels.append(p50(lambda g=g: g.run({"A": a}), args.seconds))
+        blocks = {"call": lambda s=s, feed=feed: s.run(feed), "kernel": lambda g=g: g.run({"A": a}),
+                  **({"peer": lambda peer=peer, pf=peer_feed: peer.run(pf)} if peer is not None else {})}
+        for r in range(args.rounds):  # interleaved, the order flipped: the machine's speed drifts by tens of % a minute
+            got = {k: p50(blocks[k], args.seconds) for k in round_order(list(blocks), r)}
+            calls.append(got["call"])
+            kernels.append(got["kernel"])
             if peer is not None:
-                peers.append(p50(lambda peer=peer, pf=peer_feed: peer.run(pf), args.seconds))
+                peers.append(got["peer"])
         call, kernel = statistics.median(calls), statistics.median(kernels)
         ops = s.profile([feed], runs=30, top=1000).ops
         share = sum(o.share for o in ops if o.op in INT8_PRODUCTS)
@@ -164,7 +168,7 @@ def main() -> None:
             print(f"  {args.against.name}: call p50 {row['against_p50_ms']:.2f} ms, {row['against_over_call']:.2f}x this model's "
                   f"(rounds {over[0]:.2f}-{over[-1]:.2f})", flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"cpu": cpu_model(), "flags": sorted(cpu_features().flags), "tokens": args.tokens,
+        args.out.write_text(json.dumps({"cpu": header(), "tokens": args.tokens,
                                         "int8_macs": macs, "rows": rows}, indent=1))
 
 

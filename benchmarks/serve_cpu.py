@@ -51,6 +51,7 @@ import numpy as np
 
 from servopt.bench.cputime import machine_busy_s, own_cpu_s, thread_cpu_s
 from servopt.machine import header
+from servopt.peers.runner import ratio_interval
 from servopt.serve import rawhttp
 from servopt.serve.batcher import INFERENCE_THREAD_PREFIX, lower_priority
 from servopt.serve.harness import ServerProcess, revision_src
@@ -418,15 +419,15 @@ def summarize(report: dict, routes: list[str], levels: list[int]) -> None:
         before, after = labels
         for c in levels:
             for route in routes:
-                def ratio(key: str, c=c, route=route) -> float:
+                def ratio(key: str, c=c, route=route) -> tuple[float, float, float, float]:
                     pairs = [[next(s[key] for s in row["servers"][lb]["steps"] if s["route"] == route and s["concurrency"] == c)
                               for lb in (after, before)] for row in rounds]
-                    return statistics.median(a / b for a, b in pairs)
+                    return ratio_interval([a / b for a, b in pairs])  # median, its interval, the interval's coverage
 
                 line = {k: ratio(k) for k in ("rps", "p50_ms", "p99_ms", "server_cpu_ms_per_request")}
                 summary[f"ratio {route} c={c}"] = line
-                print(f"  this / before {route:>13} c={c:<3} req/s {line['rps']:.2f}×  p50 {line['p50_ms']:.2f}×  p99 {line['p99_ms']:.2f}×  "
-                      f"server CPU per request {line['server_cpu_ms_per_request']:.2f}×")
+                print(f"  this / before {route:>13} c={c:<3} " + "  ".join(
+                    f"{k} {m:.2f}× [{lo:.2f}, {hi:.2f}]" for k, (m, lo, hi, _) in line.items()))
     report["summary"] = summary
 
 

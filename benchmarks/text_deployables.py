@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -28,8 +27,9 @@ from pathlib import Path
 import httpx
 
 from servopt.data.text import DEMO_SENTENCES, read_texts
-from servopt.machine import cpu_features, cpu_model
-from servopt.serve.harness import free_port
+from servopt.machine import header
+from servopt.peers.runner import ratio_interval, round_order
+from servopt.serve.harness import ServerProcess
 
 NAME = "minilm"
 
@@ -44,24 +44,6 @@ def package(run: Path, out: Path, *args: str) -> dict:
     return {"variant": manifest["parameters"].get("variant"), "runtime": manifest["runtime"],
             "options": manifest["runtime_options"], "installed_mb": footprint["serving_env"]["installed_mb"],
             "largest": footprint["serving_env"]["largest"][:3]}
-
-
-def start(folder: Path, log: Path) -> tuple[subprocess.Popen, str, float]:
-    port = free_port()
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "servopt", "serve", str(folder), "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=os.environ.copy())  # noqa: SIM115
-    url = f"http://127.0.0.1:{port}"
-    while time.perf_counter() - t0 < 600:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{folder.name} exited {proc.returncode}: {log.read_text()[-1500:]}")
-        try:
-            if httpx.get(url + "/v2/health/ready", timeout=1).status_code == 200:
-                return proc, url, time.perf_counter() - t0
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{folder.name} not ready in 600 s")
 
 
 def timed(client: httpx.Client, url: str, texts: list[str], n: int, offset: int) -> list[float]:
@@ -86,36 +68,36 @@ def main() -> None:
     texts = read_texts(DEMO_SENTENCES)
     work = Path(tempfile.mkdtemp(prefix="deployables-"))
     sides = {"onnxruntime pick": ["--target", "cpu-server", "--nearest"], "pytorch": ["--variant", args.torch_variant]}
-    info, procs, urls = {}, {}, {}
+    info, servers, urls = {}, {}, {}
     try:
         for label, extra in sides.items():
             folder = work / label.replace(" ", "-")
             info[label] = package(args.run, folder, *extra)
-            procs[label], urls[label], info[label]["start_s"] = start(folder, work / f"{folder.name}.log")
+            servers[label] = ServerProcess(folder, start_timeout_s=600)
+            urls[label], info[label]["start_s"] = servers[label].url, servers[label].start_s
         with httpx.Client(timeout=60) as client:
             for label in sides:
                 timed(client, urls[label], texts, args.warmup, 0)
             rounds = []
             for r in range(args.rounds):
-                order = list(sides) if r % 2 == 0 else list(reversed(sides))
                 rounds.append({label: statistics.fmean(timed(client, urls[label], texts, args.requests, r * args.requests))
-                               for label in order})
+                               for label in round_order(list(sides), r)})
     finally:
-        for p in procs.values():
-            p.terminate()
-            p.wait(timeout=30)
-    ratio = statistics.median(x["pytorch"] / x["onnxruntime pick"] for x in rounds)
-    print(f"CPU: {cpu_model()} ({cpu_features().describe()}); {args.rounds} rounds of {args.requests} sequential "
+        for server in servers.values():
+            server.stop()
+    ratio, lo, hi, _ = ratio_interval([x["pytorch"] / x["onnxruntime pick"] for x in rounds])
+    print(f"CPU: {header()} (shared machine); {args.rounds} rounds of {args.requests} sequential "
           f"/v1/embeddings requests of one text per deployable, alternating")
     print(f"{'deployable':18} {'variant':32} {'installed MB':>12} {'start s':>8} {'mean ms per round':>30}")
     for label in sides:
         i = info[label]
         means = ", ".join(f"{x[label]:.2f}" for x in rounds)
         print(f"{label:18} {i['variant']:32} {i['installed_mb']:>12.1f} {i['start_s']:>8.1f} {means:>30}")
-    print(f"pytorch / onnxruntime mean response time: {ratio:.2f}x (median of per-round ratios); installed size "
+    print(f"pytorch / onnxruntime mean response time: {ratio:.2f}x [{lo:.2f}, {hi:.2f}] (median of per-round ratios); installed size "
           f"{info['pytorch']['installed_mb'] / info['onnxruntime pick']['installed_mb']:.2f}x")
-    result = {"cpu": cpu_model(), "features": cpu_features().describe(), "args": {k: str(v) for k, v in vars(args).items()},
-              "deployables": info, "rounds": rounds, "pytorch_over_onnxruntime_mean": ratio}
+    result = {"cpu": header(), "args": {k: str(v) for k, v in vars(args).items()},
+              "deployables": info, "rounds": rounds, "pytorch_over_onnxruntime_mean": ratio,
+              "interval": [lo, hi]}
     out = args.out or args.run / "deployables.json"
     out.write_text(json.dumps(result, indent=1))
     print(f"full result: {out}")
