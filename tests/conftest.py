@@ -4,6 +4,7 @@ ONNX Runtime / OpenVINO telemetry and torch.compile write there, never into the 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -245,3 +246,11 @@ print("runs without ok")
 """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=cwd)
     assert r.returncode == 0 and "runs without ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+@pytest.fixture
+def run_v1(tmp_path) -> Path:
+    """A copy of a run directory written by servopt's version-1 results (tests/fixtures/run-v1), to read and re-render."""
+    out = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "run-v1", out)
+    return out

@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
-import shutil
 import tomllib
 from pathlib import Path
-
-import pytest
 
 from servopt.contracts import ChainStep, Record
 from servopt.optimize import report
 from servopt.optimize.rundir import load_run
 from servopt.passes.base import PASSES, Pass, PassParams
 
-FIXTURE = Path(__file__).parent / "fixtures" / "run-v1"
 ROOT = Path(__file__).parents[1]
 # Each part of the report where its name says (module: the builder it owns).
 SECTIONS = {"verdicts_report": "verdict_rows", "variants_report": "variant_rows", "int8_report": "int8_rows",
@@ -94,13 +90,6 @@ def _variants(records: list[Record], cases) -> list[Record]:
     return [*records, *(ort.model_copy(update={"name": f"int8-{i}", "group": "int8", "chain": chain, "options": options,
                                                "artifact": ort.artifact.model_copy(update={"report": built})})
                         for i, (chain, built, options, _) in enumerate(cases))]
-
-
-@pytest.fixture
-def run_v1(tmp_path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(FIXTURE, out)
-    return out
 
 
 def test_what_an_int8_variant_did_is_said_by_its_passes(run_v1):

@@ -4,25 +4,13 @@ variant whose model reference lived only in its job file) is read as version 2 a
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from servopt.cli import app
 from servopt.contracts import RESULT_SCHEMA, SUMMARY_SCHEMA
 from servopt.optimize.rundir import load_profile, load_run
 from servopt.results import validate_result
-
-FIXTURE = Path(__file__).parent / "fixtures" / "run-v1"
-
-
-@pytest.fixture
-def run_v1(tmp_path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(FIXTURE, out)
-    return out
 
 
 def test_a_version_1_run_directory_is_migrated_on_read(run_v1):
