@@ -7,24 +7,15 @@ all-MiniLM-L6-v2 as dynamic INT8 per-channel in both servers, on ONNX Runtime in
   texts> --variants ort-int8-dynamic-per-channel --targets cpu-server``, the build is what counts, so it runs quick).
   ``--servopt-onnx FILE`` serves a servopt-built text ONNX instead (``servopt serve FILE``; its text spec travels in
   the file's metadata).
-- Infinity (``infinity-emb``, in an environment of its own, ``infinity-peers``; never servopt's venv; or
-  ``--infinity-python``): its ONNX engine (``--engine optimum --device cpu``) with ``--pooling-method mean`` (without
-  it the engine pools the first token), served under ``--url-prefix /v1``. Infinity has no INT8 builder for its ONNX
-  engine: it picks a file whose name contains ``quantize`` from the model folder. That file is made with the tools its
-  own ``optimum`` extra installs (``ORTQuantizer`` with ``AutoQuantizationConfig.avx512_vnni`` on a VNNI CPU, else
-  ``avx2``; ``is_static=False, per_channel=True``) by this file's ``--infinity-build`` mode, run in Infinity's
-  environment; ``--infinity-model DIR`` takes a folder of your own instead. Two things a user meets and this script
-  works around or records: Infinity 0.0.78 passes a local folder's ONNX file to Optimum as an absolute path, which
-  Optimum refuses ("Could not find any ONNX files with target file name /abs/…"), so the server runs with the folder
-  as its working directory and ``--model-id .``; its own graph optimization step fails with current Optimum
-  (``OptimizationConfig`` has no ``optimize_with_onnxruntime_only``) and it goes on with the unoptimized model (the
-  log line is kept in the JSON).
+- Infinity: the ``infinity`` peer (``servopt.peers.builtin.infinity``: ``infinity-emb`` in its own environment, its
+  INT8 file made by Optimum's dynamic per-channel preset for this CPU, its ONNX engine with mean pooling under
+  ``--url-prefix /v1``), built and served as ``servopt compare RUN --peers infinity`` does; it needs a run directory
+  (not ``--servopt-onnx``). ``servopt compare`` is the product's comparison; this script keeps the cells below.
 
 The client is the same for both: this process, keep-alive connections, OpenAI's ``POST /v1/embeddings`` (``{"model",
 "input": [...], "encoding_format": "base64"}``), bodies encoded once, the next body of a shuffled pool per request;
-nothing read from a server's own metrics. Closed loops use ``rawhttp.py`` (HTTP/1.1 over asyncio streams: it shares
-the 2 cores with the server, and aiohttp's CPU per request was 3x its; ``--client aiohttp`` for the old client), the
-Poisson loop aiohttp (its rate is low). Each cell reports the client's own CPU per request. Readiness is the first 200 from that
+nothing read from a server's own metrics. The closed and Poisson loops use ``servopt.serve.rawhttp`` (HTTP/1.1 over
+asyncio streams: it shares the 2 cores with the server, and aiohttp's CPU per request was 3x its). Each cell reports the client's own CPU per request. Readiness is the first 200 from that
 same endpoint (start time = process start to first embedding).
 
 A round starts each server alone (the other is stopped), in an order that flips every round, and runs every cell:
@@ -57,45 +48,31 @@ import fnmatch
 import json
 import os
 import random
-import re
-import shutil
 import statistics
 import subprocess
 import sys
 import time
-from importlib import metadata
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-# stdlib-only modules of servopt: this file also runs in Infinity's environment (its src on PYTHONPATH)
 from servopt.bench import blocks
-from servopt.bench.cputime import machine_busy_s, own_cpu_s
+from servopt.bench.cputime import machine_busy_s, own_cpu_s, tree_cpu_s, tree_kb
+from servopt.peers.builtin.infinity import MODEL
 from servopt.serve import rawhttp
 from servopt.serve.harness import AppProcess, free_port, revision_src, servopt_env
 
 HERE = Path(__file__).resolve().parent
-SRC = HERE.parent / "src"
-
-ENV_NAME = "infinity-peers"
-INFINITY_VERSION = "0.0.78"
-MODEL_NAME = "minilm"
+MODEL_NAME = MODEL  # both servers serve the model under the infinity peer's name: the same request bodies
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 SERVOPT_ARGS = "--max-queue 1024 --latency-budget-ms 0"
 CONCURRENCY = (1, 8, 32)
 TEXTS_PER_REQUEST = (1, 16)
 LENGTHS = ("short", "128")
-MAX_BATCH = 32  # servopt serve's default --max-batch (not imported: this file also runs in Infinity's environment)
+MAX_BATCH = 32  # servopt serve's default --max-batch (tests/test_benchmarks_text.py keeps the two equal)
 SHORT_TOKENS = (8, 16)  # the shipped sentences with this many tokens (special tokens included) are the short texts
-
-
-def infinity_requirements() -> list[str]:
-    """Infinity's environment: its server and ONNX (Optimum) engine, plus ``[torch]`` (it imports
-    sentence-transformers' quantization helpers, and Optimum's export needs torch). Not ``[all]``: it pulls
-    torchvision, which fails to import with this torch (``operator torchvision::nms does not exist``) and takes
-    Infinity down with it. torch==2.13.0 takes the local CPU wheel; ONNX Runtime is pinned to servopt's version, so
-    both servers run the same runtime."""
-    return [f"infinity-emb[server,optimum,torch]=={INFINITY_VERSION}", "torch==2.13.0", f"onnxruntime=={metadata.version('onnxruntime')}"]
 
 
 # ------------------------------------------------------------------------------------------ pure helpers
@@ -209,77 +186,47 @@ def servopt_side(name: str, args, env: dict, b_src: Path | None) -> tuple[str, d
     return extra, {**env, "PYTHONPATH": str(b_src)} if b and b_src is not None else env
 
 
-def infinity_command(python: Path, port: int, extra: str) -> list[str]:
-    cli = python.parent / "infinity_emb"
-    return [str(cli), "v2", "--model-id", ".", "--engine", "optimum", "--device", "cpu", "--pooling-method", "mean",
-            "--served-model-name", MODEL_NAME, "--url-prefix", "/v1", "--host", "127.0.0.1", "--port", str(port), *extra.split()]
+@dataclass
+class Running:
+    """A server being measured, whoever started it (``harness.AppProcess`` for servopt, the peer's ``serve`` for
+    Infinity): its CPU and memory are its process tree's (``bench.cputime``)."""
+
+    url: str
+    pid: int
+    start_s: float
+    stop: Callable[[], object]
+
+    def cpu_seconds(self) -> float:
+        return tree_cpu_s(self.pid)
+
+    def rss_mb(self) -> float:
+        return tree_kb(self.pid, "VmRSS") / 1024
+
+    def peak_mb(self) -> float:
+        return tree_kb(self.pid, "VmHWM") / 1024
 
 
-def infinity_env(work: Path) -> dict:
-    env = {**os.environ, **OFFLINE_ENV, "HF_HOME": str(work / "infinity-hf-home"), "INFINITY_ANONYMOUS_USAGE_STATS": "0",
-           "DO_NOT_TRACK": "1"}
-    env["PYTHONPATH"] = str(SRC)  # for this file's own imports in the build; Infinity imports nothing of servopt
-    return env
+def infinity_peer(run: Path) -> tuple:
+    """(the infinity peer, its answer, its inputs, its environment's python): built (or reused) in its environment
+    from the run's model, as ``servopt compare RUN --peers infinity`` builds it."""
+    from servopt.envs import ensure_env
+    from servopt.optimize.rundir import RunDir, load_config, load_run
+    from servopt.peers.builtin.infinity import Infinity
+    from servopt.peers.compare import build_peer, peer_inputs
 
-
-# ------------------------------------------------------------------------------------------ builds
-
-
-def infinity_log_facts(log: str) -> dict:
-    """What Infinity's log says it loaded and whether its graph optimization ran (rich wraps its lines in columns)."""
-    flat = re.sub(r"\s+\S+\.py:\d+\s+", " ", log)
-    flat = " ".join(flat.split())
-    used = re.search(r"Using (\S+) as the model", flat)
-    failed = re.search(r"Optimization failed with (.{0,300}?) Going to use the unoptimized model", flat)
-    return {"onnx_file_used": used.group(1) if used else None,
-            "optimization": f"failed: {failed.group(1)}" if failed else ("ran" if "Optimizing model" in flat else "not attempted")}
-
-
-def int8_preset() -> str:
-    return "avx512_vnni" if "avx512_vnni" in set(next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])) else "avx2"
-
-
-def infinity_build(argv: list[str]) -> None:
-    """Runs INSIDE Infinity's environment: the MiniLM folder copied to ``--out`` with ``model.onnx`` (Optimum's export)
-    and ``model_quantized.onnx`` (Optimum's dynamic INT8, per channel, the preset for this CPU); ``build.json``."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
-    from optimum.onnxruntime import ORTModelForFeatureExtraction, ORTQuantizer
-    from optimum.onnxruntime.configuration import AutoQuantizationConfig
-
-    out = Path(a.out)
-    shutil.copytree(a.model, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("onnx", "openvino", "*.onnx"))
-    t0 = time.perf_counter()
-    ORTModelForFeatureExtraction.from_pretrained(str(out), export=True).save_pretrained(str(out))
-    exported = time.perf_counter() - t0
-    preset = int8_preset()
-    config = getattr(AutoQuantizationConfig, preset)(is_static=False, per_channel=True)
-    ORTQuantizer.from_pretrained(str(out), file_name="model.onnx").quantize(save_dir=str(out), quantization_config=config)
-    (out / "build.json").write_text(json.dumps({
-        "export": "ORTModelForFeatureExtraction.from_pretrained(path, export=True).save_pretrained(path)",
-        "quantize": f"ORTQuantizer.from_pretrained(path, file_name='model.onnx').quantize(AutoQuantizationConfig.{preset}"
-                    "(is_static=False, per_channel=True))",
-        "config": str(config), "file": "model_quantized.onnx", "export_s": round(exported, 1),
-        "build_s": round(time.perf_counter() - t0, 1), "optimum": metadata.version("optimum"),
-        "onnxruntime": metadata.version("onnxruntime")}, indent=1))
-
-
-def ensure_infinity(args, work: Path) -> tuple[Path, dict]:
-    """Infinity's interpreter (``--infinity-python``, or the ``infinity-peers`` environment, made on first use)."""
-    if args.infinity_python:
-        return Path(args.infinity_python), {"python": str(args.infinity_python), "made_by": "--infinity-python"}
-    from servopt.envs import EnvCreationError, EnvSpec, ensure_env
-    from servopt.errors import UserError
-
-    spec = EnvSpec(name=ENV_NAME, requirements=infinity_requirements())
-    try:
-        ready = ensure_env(spec, lambda line: print(f"  [env] {line[:160]}", flush=True) if line.startswith(("creating", "ERROR")) else None)
-    except (EnvCreationError, UserError) as e:
-        raise SystemExit(f"Infinity's environment could not be made: {e.problem} — {e.fix}") from e
-    return Path(ready.python), {"python": str(ready.python), "folder": str(ready.folder), "requirements": spec.requirements,
-                                "size_mb": ready.size_mb}
+    rundir, config = RunDir(run), load_config(run)
+    summary, records = load_run(run)
+    original = next(r for r in records if r.name == summary.reference)
+    peer = Infinity()
+    inputs = peer_inputs(rundir, config, records, original, peer.name, quick=False)
+    ok, why = peer.available(inputs)
+    if not ok:
+        raise SystemExit(f"infinity cannot run here: {why}")
+    built = build_peer(peer, inputs, rundir.work_root / "compare" / peer.name / "build-job", lambda m: print(f"  {m}", flush=True))
+    if isinstance(built, str) or built.answer is None:
+        raise SystemExit(f"infinity's build: {built if isinstance(built, str) else built.unavailable}")
+    spec = peer.environment()
+    return peer, built.answer, inputs, Path(ensure_env(spec).python) if spec is not None else Path(sys.executable)
 
 
 def ensure_servopt_run(args, model_dir: Path, work: Path) -> Path:
@@ -379,7 +326,7 @@ def selected(all_cells: list[dict], patterns: str) -> list[dict]:
     return [c for c in all_cells if any(fnmatch.fnmatchcase(c["name"], g) for g in globs)]
 
 
-def measure_server(srv: AppProcess, label: str, pools: dict, args, round_no: int) -> dict:
+def measure_server(srv: Running, label: str, pools: dict, args, round_no: int) -> dict:
     out: dict = {}
     for cell in selected(cells(args.rate), args.cells):
         bodies = make_bodies(pools[cell["length"]], cell["texts"], 256, seed=round_no * 1000 + len(out))
@@ -504,7 +451,7 @@ def print_report(rep: dict) -> None:
             print(line)
 
 
-MODES = {"--infinity-build": infinity_build, "--offline-worker": offline_worker, "--reference-worker": reference_worker}
+MODES = {"--offline-worker": offline_worker, "--reference-worker": reference_worker}
 
 
 def main() -> None:
@@ -536,9 +483,6 @@ def main() -> None:
                     help="also run servopt as 'servopt-b' from this git revision's src (e.g. main): a same-run A/B of a code "
                          "change; it takes --servopt-b-args if given, else --servopt-args")
     ap.add_argument("--cells", default="*", help="only the cells matching these comma-separated globs (e.g. 'c*-n1-*,poisson*')")
-    ap.add_argument("--infinity-python", default=None, help="the python of an environment with infinity-emb (default: made)")
-    ap.add_argument("--infinity-model", type=Path, default=None, help="a model folder with a *quantize*.onnx for Infinity")
-    ap.add_argument("--infinity-args", default="", help="extra `infinity_emb v2` options")
     ap.add_argument("--start-timeout", type=float, default=600.0)
     args = ap.parse_args()
 
@@ -586,25 +530,12 @@ def main() -> None:
         b_src = revision_src(args.servopt_b_rev, work / "revisions")
         rep["servopt_b_rev"] = {"rev": args.servopt_b_rev, "src": str(b_src)}
 
-    inf_python = None
+    infinity = None
     if "infinity" in names:
-        inf_python, rep["infinity_env"] = ensure_infinity(args, work)
-        inf_model = args.infinity_model.resolve() if args.infinity_model else work / "infinity-model"
-        if not args.infinity_model and not (inf_model / "model_quantized.onnx").exists():
-            print("building Infinity's INT8 model with Optimum (once) …", flush=True)
-            with open(work / "infinity-build.log", "w") as log:
-                rc = subprocess.run([str(inf_python), str(Path(__file__).resolve()), "--infinity-build", "--model", str(model_dir),
-                                     "--out", str(inf_model)], env=infinity_env(work), stdout=log, stderr=subprocess.STDOUT).returncode
-            if rc != 0:
-                raise SystemExit(f"Infinity's INT8 build failed ({rc}): see {work / 'infinity-build.log'}")
-        if not list(inf_model.glob("*quantize*.onnx")):
-            raise SystemExit(f"{inf_model} has no *quantize*.onnx: Infinity's ONNX engine would serve an fp32 file")
-        rep["infinity_model"] = {"folder": str(inf_model), "files": sorted(p.name for p in inf_model.glob("*.onnx")),
-                                 "build": json.loads((inf_model / "build.json").read_text()) if (inf_model / "build.json").exists() else None}
-        versions = subprocess.run([str(inf_python), "-c", "import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
-                                   "('infinity-emb', 'optimum', 'onnxruntime', 'torch', 'transformers', 'tokenizers', 'numpy')}))"],
-                                  capture_output=True, text=True, env=infinity_env(work))
-        rep["infinity_env"]["versions"] = json.loads(versions.stdout) if versions.returncode == 0 else versions.stderr[-500:]
+        if run is None:
+            raise SystemExit("--servers infinity needs a run directory (--servopt-run, or the one built here), not --servopt-onnx")
+        infinity = infinity_peer(run)
+        rep["infinity"] = infinity[1].configuration
 
     pools = texts_for(model_dir, spec)
     rep["texts"] = pools.pop("info")
@@ -637,17 +568,20 @@ def main() -> None:
                 print("  the model alone, texts/s: " + ", ".join(f"{w.removeprefix('pool:')} {v:.1f}" for w, v in row["model_alone"].items()),
                       flush=True)
             for name in (names if r % 2 == 0 else names[::-1]):
-                port = free_port()
                 if name.startswith("servopt"):
+                    port = free_port()
                     extra, env = servopt_side(name, args, so_env, b_src)
                     cmd, cwd = servopt_command(args, run, port, extra), HERE.parent
+                    app = AppProcess(cmd, port, env=env, cwd=cwd, ready_path="/v1/embeddings",
+                                     ready_body=request_body(["a warm sentence"]), start_timeout_s=args.start_timeout)
+                    srv = Running(app.url, app.proc.pid, app.start_s, app.stop)
                 else:
-                    cmd, env, cwd = infinity_command(inf_python, port, args.infinity_args), infinity_env(work), inf_model
-                rep["servers"].setdefault(name, {"command": cmd, "cwd": str(cwd)})
-                srv = AppProcess(cmd, port, env=env, cwd=cwd, ready_path="/v1/embeddings",
-                                 ready_body=request_body(["a warm sentence"]), start_timeout_s=args.start_timeout)
+                    peer, answer, inputs, python = infinity
+                    started = peer.serve(inputs, answer, python)
+                    cmd, srv = started.command, Running(started.url, started.pid or 0, started.start_s or 0.0, started.stop)
+                rep["servers"].setdefault(name, {"command": cmd})
                 try:
-                    rss_mb = srv.rss_bytes() / 2**20
+                    rss_mb = srv.rss_mb()
                     print(f"  {name} ready in {srv.start_s:.1f} s ({rss_mb:.0f} MB)", flush=True)
                     emb = embed(srv.url, pools["shipped"], "float")
                     b64 = embed(srv.url, pools["shipped"][:16], "base64")
@@ -656,12 +590,10 @@ def main() -> None:
                             "cosine": {"mean": float(cos.mean()), "min": float(cos.min()), "texts": len(cos),
                                        "base64_matches_float": float(np.abs(b64 - emb[:16]).max())}}
                     info["cells"] = measure_server(srv, name, pools, args, r)
-                    info["peak_rss_mb"] = round(srv.peak_rss_bytes() / 2**20, 1)
+                    info["peak_rss_mb"] = round(srv.peak_mb(), 1)
                     if "c32-n1-shipped" in info["cells"]:
                         info["served_over_offline"] = info["cells"]["c32-n1-shipped"]["texts_per_s"] / row["offline_texts_per_s"]
                     row["servers"][name] = info
-                    if name == "infinity":
-                        rep["servers"][name].update(infinity_log_facts(srv.output()))
                 finally:
                     srv.stop()
             rounds.append(row)

@@ -120,20 +120,6 @@ def test_ratios_are_medians_of_per_round_ratios() -> None:
     assert s["servopt_over_servopt-b"]["c"] == s["servopt_over_infinity"]["c"]
 
 
-def test_infinity_log_facts_read_through_rich_wrapping() -> None:
-    log = ("INFO     2026-11-26 12:28:16,958 infinity_emb INFO: Using   utils_optimum.py:248\n"
-           "         model_quantized.onnx as the model                                      \n"
-           "         Optimizing model                                                       \n"
-           "         Optimization failed with                                               \n"
-           "         OptimizationConfig.__init__() got an unexpected                        \n"
-           "         keyword argument 'optimize_with_onnxruntime_only'.                     \n"
-           "         Going to use the unoptimized model.                                    \n")
-    facts = text_servers.infinity_log_facts(log)
-    assert facts["onnx_file_used"] == "model_quantized.onnx"
-    assert facts["optimization"].startswith("failed: OptimizationConfig.__init__() got an unexpected keyword argument")
-    assert text_servers.infinity_log_facts("nothing")["optimization"] == "not attempted"
-
-
 def test_step_figures_name_the_other_load() -> None:
     """Machine busy minus the server's and the client's CPU is other processes' load (a shared 2-core machine)."""
     raw = {"wall_s": 2.0, "ok": 100, "errors": {}, "latencies_ms": [5.0] * 100, "cpu_deltas": [1.0, 3.0, 0.5]}
