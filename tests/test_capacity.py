@@ -164,3 +164,26 @@ def test_a_slow_server_s_search_is_bounded_in_steps_and_in_time():
     timed = search(measure_ok, 10.0, rules, until=time.monotonic() + 5.0)  # room for three 1.5 s steps, no confirmation
     assert not timed.confirmed and timed.capacity_rps == 0 and "time ran out" in timed.stopped and timed.timed_out
     assert not result.timed_out, "a bound no rate meets is an answer (capacity 0), not a search cut short"
+
+
+def test_a_short_step_missed_narrowly_is_run_again_and_the_rerun_decides():
+    """A 1.5 s step's p99 is its second-worst answer: one stall of a shared machine fails a rate the server sustains
+    (the image demo's 126.9/s missed by 0.2 %; 132/s met the bound over 20 s). A step missing by at most 25 % runs again,
+    twice as long; one missing by far (past the knee) does not."""
+    knee, seen = 120.0, set()
+    calls: list[tuple[float, float, bool]] = []
+
+    def measure(rate: float, seconds: float, confirming: bool) -> LoadStep:
+        calls.append((rate, seconds, confirming))
+        stall = rate <= knee and not confirming and rate not in seen  # every rate below the knee stalls the first time
+        seen.add(rate)
+        ok = rate <= knee and not stall
+        p99 = 40.0 if ok else 52.0 if stall else 500.0
+        return LoadStep(rate_rps=rate, achieved_rps=rate, requests=int(rate * seconds) + 1, duration_s=seconds, p50_ms=2.0,
+                        p99_ms=p99, errors=0, meets=ok, valid=True, confirming=confirming, to_bound=p99 / 50.0)
+
+    result = search(measure, 10.0, FAST)
+    assert result.confirmed and knee / (1 + FAST.precision) <= result.knee_rps <= knee
+    reruns = [(r, s) for (r, s, c), (r0, s0, _) in zip(calls[1:], calls, strict=False) if r == r0 and not c and s == 2 * s0]
+    assert reruns and all(r <= knee for r, _ in reruns), "the narrow misses below the knee were run again, twice as long"
+    assert not any(r > knee for r, _ in reruns), "a rate missed by far is not"

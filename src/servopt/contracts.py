@@ -587,6 +587,7 @@ class LoadStep(Contract):
     valid: bool  # ran its minimum duration and query count, and the client kept up with the rate
     confirming: bool = False
     late_ms: float | None = None  # the SLO's percentile over the requests sent in the step's second half
+    to_bound: float | None = None  # the SLO's percentile over its bound (1.1: missed by 10 %)
 
 
 class Capacity(Contract):

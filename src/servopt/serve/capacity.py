@@ -69,6 +69,7 @@ class SearchRules(BaseModel):
     # (all-mpnet-base-v2 halving to 0.78/s: 150 queries took 194 s); past the cap a step has fewer queries, a coarser p99
     max_step_seconds: float = 30.0
     max_confirm_seconds: float = 120.0
+    retry_within: float = 1.25  # a short step missing the bound by at most 25 % is run again, twice as long
 
     def seconds(self, rate: float, confirming: bool) -> float:
         if confirming:
@@ -107,6 +108,13 @@ def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, 
         if until is not None and time.monotonic() + seconds > until:
             raise _OutOfTime
         steps.append(measure(rate, seconds, confirming))
+        last = steps[-1]
+        if (not confirming and not last.meets and last.valid and last.errors == 0 and last.to_bound is not None
+                and last.to_bound <= rules.retry_within and (until is None or time.monotonic() + 2 * seconds <= until)):
+            # a short step's p99 is its second- or third-worst answer: missed narrowly, it may be one stall of a shared
+            # machine (the image demo's 126.9/s: p99 50.1 ms in 1.5 s, 33.9 ms over 20 s at 132/s). Once more, twice
+            # as long, and that run decides.
+            steps.append(measure(rate, 2 * seconds, confirming))
         return steps[-1].meets
 
     lo, hi = 0.0, math.inf
@@ -173,7 +181,8 @@ def load_step(summary: dict, slo: Slo, rate: float, seconds: float, confirming: 
     meets = valid and errors == 0 and finite and value <= slo.limit_ms and not (confirming and late is not None and late > slo.limit_ms)
     clean = (lambda v: None if v is None or math.isnan(v) else float(v))  # noqa: E731
     return LoadStep(rate_rps=rate, achieved_rps=ok / duration, requests=ok + errors, duration_s=duration, p50_ms=clean(p50),
-                    p99_ms=clean(p99), errors=errors + dropped, meets=meets, valid=valid, confirming=confirming, late_ms=clean(late))
+                    p99_ms=clean(p99), errors=errors + dropped, meets=meets, valid=valid, confirming=confirming, late_ms=clean(late),
+                    to_bound=value / slo.limit_ms if finite else None)
 
 
 async def _run_search(url: str, payload, slo: Slo, start_rps: float, rules: SearchRules, api_key: str | None,
