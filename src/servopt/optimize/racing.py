@@ -194,6 +194,10 @@ SCALING_SECONDS = 0.3
 # the search before it, at the knee's edge, is searched again)
 CAPACITY_METHOD = 2
 CAPACITY_SECONDS = 60.0
+# what a budget keeps for a capacity search: one configuration's (bracket, bisect, confirm: 25-30 s for the demos)
+# and its server's start; the search uses whatever more the budget leaves, up to CAPACITY_SECONDS (the image demo's
+# took 31 s of the 70 s kept for it, and the 5-minute demo measured 4 variants where it had measured 9-12)
+CAPACITY_RESERVE_SECONDS = 40.0
 CAPACITY_MIN_SECONDS = 10.0
 CAPACITY_PICKS = 2  # picks served per target: the first, and the one its served capacity may make the pick
 
@@ -203,7 +207,7 @@ def instance_seconds(candidates: int, cores: int, priced: int, call_s: float = 0
     priced targets' capacity searches. ``call_s``: one batch call on one thread (every point of the scaling makes at
     least one: a 12-layer encoder's take seconds, not ``SCALING_SECONDS``)."""
     scaling = candidates * (3 * cores * 2 * max(SCALING_SECONDS, call_s) + 2.0) if candidates else 0.0
-    return scaling + priced * (CAPACITY_SECONDS + 10.0)  # + a server's start and the load generator's warm-up
+    return scaling + priced * CAPACITY_RESERVE_SECONDS
 
 
 def closing_seconds(targets: int) -> float:
@@ -235,7 +239,7 @@ def finish_estimate(rounds: int, targets: int, contenders: int | None = None, ax
     instruction set, each another side-by-side run (MPNet's pair took 2 rounds of 46 s each)."""
     per = 3 * max(1, targets if remeasured is None else remeasured)
     candidates = min(6, per, contenders if contenders is not None else 6) + 1
-    return (min(4, candidates) * 4.0 + (1 + capped) * candidates * rounds * max(4.0, per_round) + closing_seconds(targets)
+    return (min(4, candidates) * 4.0 + (1 + capped) * candidates * rounds * per_round + closing_seconds(targets)
             + (AXES_SECONDS * (min(targets, candidates) + 1) if axes else 0.0))
 
 
