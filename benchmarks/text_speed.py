@@ -80,8 +80,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servopt.bench import blocks
-from servopt.bench.blocks import BlockWorker
+from servopt.bench.blocks import WORKLOADS, BlockWorker, answer_blocks, protocol_channel, warm_and_check
 from servopt.data.text import exact_length_texts
 from servopt.serve import rawhttp
 from servopt.serve.harness import AppProcess
@@ -190,7 +189,7 @@ def build_st(ready, model_dir: Path, work: Path, backends: list[str], rebuild: b
 
 
 def servopt_worker(args) -> None:
-    out = blocks.protocol_channel()
+    out = protocol_channel()
     from servopt.bench.jobs import OpenSpec
     from servopt.families.text import text_encoder, tokenizer_of
     from servopt.optimize.rundir import load_config, load_run
@@ -217,8 +216,8 @@ def servopt_worker(args) -> None:
     def lengths_of(tok, texts: list[str]) -> list[int]:
         return [len(e.ids) for e in tok.encode(texts)]
 
-    tokens = blocks.warm_and_check(backends, inputs, failed, lengths_of, toks)
-    blocks.answer_blocks(backends, inputs, {"side": "servopt", "pid": os.getpid(), "backends": infos, "failed": failed,
+    tokens = warm_and_check(backends, inputs, failed, lengths_of, toks)
+    answer_blocks(backends, inputs, {"side": "servopt", "pid": os.getpid(), "backends": infos, "failed": failed,
                                         "tokens": tokens}, out)
 
 
@@ -295,10 +294,10 @@ def median_ratio(a: list[float], b: list[float]) -> float | None:
 
 def run_speed(st: BlockWorker, so: BlockWorker, st_names: list[str], so_names: list[str], args, ncpu: int) -> dict:
     """Rounds of [ST blocks, servopt blocks] per workload (order flipped every round): per-block figures by backend."""
-    blocks: dict[str, dict[str, list[dict]]] = {n: {w: [] for w in blocks.WORKLOADS} for n in [*st_names, *so_names]}
+    blocks: dict[str, dict[str, list[dict]]] = {n: {w: [] for w in WORKLOADS} for n in [*st_names, *so_names]}
     min_calls = {"b32x128": args.min_calls_batch, "b1short": args.min_calls_single, "texts": 1}
     for r in range(args.rounds):
-        for w in blocks.WORKLOADS:
+        for w in WORKLOADS:
             sides = [(st, st_names, so), (so, so_names, st)]
             if r % 2:
                 sides.reverse()
@@ -328,11 +327,11 @@ def summarize_speed(blocks: dict, st_names: list[str], so_names: list[str], qual
     figures = {n: {w: {"median": statistics.median([x for x in series(n, w) if x is not None]) if any(x is not None for x in series(n, w)) else None,
                        "rounds": series(n, w), "metric": metric(w),
                        "flagged_rounds": sum(1 for b in blocks[n][w] if (b.get("other_share") or 0) > 0.10)}
-                   for w in blocks.WORKLOADS} for n in blocks}
+                   for w in WORKLOADS} for n in blocks}
     ratios = {}
     for v in so_names:
         for b in st_names:
-            for w in blocks.WORKLOADS:
+            for w in WORKLOADS:
                 ratios.setdefault(v, {}).setdefault(b, {})[w] = median_ratio(series(v, w), series(b, w))
     eligible = [b for b in st_names if (quality.get(b) or {}).get("cosine_mean", 0) >= MIN_COSINE]
     excluded = {b: (quality.get(b) or {}).get("cosine_mean") for b in st_names if b not in eligible}
