@@ -187,3 +187,16 @@ def test_a_short_step_missed_narrowly_is_run_again_and_the_rerun_decides():
     reruns = [(r, s) for (r, s, c), (r0, s0, _) in zip(calls[1:], calls, strict=False) if r == r0 and not c and s == 2 * s0]
     assert reruns and all(r <= knee for r, _ in reruns), "the narrow misses below the knee were run again, twice as long"
     assert not any(r > knee for r, _ in reruns), "a rate missed by far is not"
+
+
+def test_a_short_allowance_keeps_time_for_the_confirming_run():
+    """The confirmation is the figure reported: when the time left would not hold another short step and the confirming
+    run, the search stops narrowing and confirms what it has (the image demo's OpenVINO pick ran out of its 42 s before
+    confirming anything, and was priced offline)."""
+    import time
+
+    rules = SearchRules(min_seconds=1.5, min_queries=1, confirm_seconds=15.0, confirm_queries=1, max_steps=20)
+    measure, calls = knee_at(120.0)
+    result = search(measure, 10.0, rules, until=time.monotonic() + 16.0)  # one short step and a confirmation fit
+    assert result.confirmed and result.capacity_rps == 10.0 and not result.knee_found, "a lower bound, confirmed"
+    assert "confirming run" in result.stopped and [c for _, _, c in calls] == [False, True]

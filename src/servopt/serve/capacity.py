@@ -117,6 +117,14 @@ def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, 
             steps.append(measure(rate, 2 * seconds, confirming))
         return steps[-1].meets
 
+    def room_to_confirm(rate: float) -> bool:
+        """Whether a short step at ``rate`` still leaves time for confirming what is met so far: the confirmation is
+        the figure reported, the steps only narrow the bracket (a search cut short before it reports nothing)."""
+        if until is None or lo <= 0:
+            return True
+        confirm = rules.seconds(lo / (1 + rules.headroom), True)
+        return time.monotonic() + rules.seconds(rate, False) + confirm <= until
+
     lo, hi = 0.0, math.inf
     rate = min(max(start_rps, rules.min_rps), rules.max_rps)
     stopped = None
@@ -125,6 +133,9 @@ def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, 
     confirmed = False
     try:
         while len(steps) < rules.max_steps:  # bracket the knee
+            if not room_to_confirm(rate):
+                stopped = "the bracket was left wide to keep time for the confirming run"
+                break
             if step(rate):
                 lo = rate
                 if hi < math.inf or rate >= rules.max_rps:
@@ -142,6 +153,9 @@ def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, 
                 rate /= 2
         while lo > 0 and hi < math.inf and hi / lo > 1 + rules.precision and len(steps) < rules.max_steps:  # bisect it
             mid = math.sqrt(lo * hi)
+            if not room_to_confirm(mid):
+                stopped = "the bisection was cut short to keep time for the confirming run"
+                break
             if step(mid):
                 lo = mid
             else:
