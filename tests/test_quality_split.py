@@ -269,7 +269,8 @@ def test_the_ladders_give_up_rule_reads_the_tuning_drops_too(tmp_path, monkeypat
     ref, probe = measured("orig", 0.90, 0.90, 6.0, 200), measured("int8", 0.80, 0.88, 2.0, 600)
     rungs = [SimpleNamespace(kind=None, variant=Variant(f"int8-r{i}", "int8", "onnxruntime", refines="int8")) for i in range(3)]
     fake = SimpleNamespace(records={("orig", None): ref, ("int8", None): probe}, references={None: ref}, not_tried=[],
-                           targets_of=lambda kind: [target], targets=[target], family=IMAGES, racing=True)
+                           targets_of=lambda kind: [target], targets=[target], family=IMAGES, racing=True,
+                           batch_call_seconds=lambda: 0.0)
     fake._misses_quality = lambda rec, kind: Sweep._misses_quality(fake, rec, kind)
     screened: list[str] = []
 

@@ -162,13 +162,13 @@ def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, 
                 hi = mid
         knee = lo
         rate = lo / (1 + rules.headroom) if hi < math.inf else lo  # no failing rate yet (a lower bound): nothing to back off
-        for _ in range(3):  # confirm, stepping down until a longer run holds
-            if rate <= 0:
-                break
+        for attempt in range(4):  # confirm, stepping down until a longer run holds: 10 %, then 21 %, 33 % (a loaded
+            if rate <= 0:         # machine's short steps can put the knee far too high: CI's tiny server failed three
+                break             # 10 % steps below a knee a 0.5 s step had met)
             if step(rate, confirming=True):
                 confirmed = True
                 break
-            rate /= 1 + rules.precision
+            rate /= (1 + rules.precision) ** (attempt + 1)
     except _OutOfTime:
         stopped = "its time ran out" + ("" if confirmed else " before a rate was confirmed")
         timed_out = True
