@@ -260,3 +260,28 @@ def test_a_capacity_of_nothing_is_not_priced():
     d = pricing.priced(decide(_target(), [ref, a], ref, IMAGES, scaling=scaling, capacity=[nothing]), [ref, a], 1000)
     v = next(v for v in d.verdicts if v.variant == "int8-a")
     assert v.price is None and not v.passes
+
+
+def test_a_pick_moved_past_the_served_ones_is_said_to_be_judged_offline():
+    """Each served capacity moved the pick (served figures include HTTP and batching, offline ones do not): after
+    ``racing.CAPACITY_PICKS`` served picks the last one is judged on its offline figures, and the run says so (the
+    image demo served two ORT INT8 picks and ended on an OpenVINO one, unserved and unsaid)."""
+    from types import SimpleNamespace
+
+    from servopt.contracts import Capacity, Record
+    from servopt.optimize import racing
+    from servopt.optimize.instance import SweepInstance
+    from servopt.optimize.targets import PRESETS
+
+    target = PRESETS["cpu-server"]
+    names = ["a", "b", "c", "d"][: racing.CAPACITY_PICKS + 1]
+    records = [Record(name=n, runtime="onnxruntime", status="ok", artifact={"format": "onnx", "path": f"/{n}.onnx"}) for n in names]
+
+    def decided(t, found):  # every served pick misses: the next one passes on its offline figures
+        return SimpleNamespace(recommended=names[len(found)], nearest=None)
+
+    sweep = SimpleNamespace(problems=[], capacity_probe=object(), instance_targets=lambda ts: ts,
+                            _capacity_of=lambda t, rec, kind: Capacity(variant=rec.name, slo="p99 <= 50 ms", capacity_rps=10.0))
+    out = SweepInstance.run_capacity(sweep, [target], decided, records, None)
+    assert [c.variant for c in out[target.name]] == names[:-1]
+    assert any(p.startswith(f"{target.name}: {names[-1]} became the pick") and "offline figures" in p for p in sweep.problems)

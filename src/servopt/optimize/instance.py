@@ -95,6 +95,14 @@ class SweepInstance:
                                              f"missed, but was not served itself: judged on its offline figures")
                     break
                 found.append(capacity)
+            else:  # the served figures moved the pick every time: the last pick is judged on offline figures, say so
+                last = decided(t, found)
+                pick = last.recommended or last.nearest
+                if found and pick not in {c.variant for c in found}:
+                    self.problems.append(
+                        f"{t.name}: {pick} became the pick after {', '.join(c.variant for c in found)} were served and their "
+                        f"capacity judged; it was not served itself (at most {racing.CAPACITY_PICKS} picks are): judged on its "
+                        "offline figures, which serving would lower (a served figure includes HTTP and batching)")
             if found:
                 out[t.name] = found
         return out
