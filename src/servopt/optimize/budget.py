@@ -70,11 +70,12 @@ class SweepBudget:
         remeasured = sum(t.device.computes_on is Device.CPU for t in here)  # interleave_candidates: CPU and edge targets
         level = cpu_features().level  # a CPU target naming a poorer ISA gets a capped re-measure of its own
         capped = len({t.isa for t in here if t.device is Device.CPU and t.isa is not None and richer(level, t.isa)})
+        scale, turn = racing.search_scale(self.batch_call_seconds()), self.remeasure_turn()  # the baseline's, once
         total = 0.0
         for count, u in enumerate(units, 1):
-            total += racing.expected_seconds(u.variant, learned, average, racing.search_scale(self.batch_call_seconds()))
+            total += racing.expected_seconds(u.variant, learned, average, scale)
             reserve = racing.finish_estimate(self.interleave_rounds, len(here), contenders + count, axes, remeasured,
-                                             self.remeasure_turn(), capped)
+                                             turn, capped)
             reserve += self.instance_reserve(contenders + count)
             if self.elapsed() + total + reserve > budget:
                 return count - 1
