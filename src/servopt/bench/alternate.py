@@ -2,9 +2,9 @@
 
 A runtime living in a Python environment of its own (ONNX Runtime's OpenVINO execution provider, onnxruntime-gpu)
 cannot join the interleaved re-measure, which runs every candidate in one process. Here each variant and the
-reference are measured alternately, A ref A ref …, each time in a fresh process (its runtime's environment), and every
-ratio is the median of per-round ratios to the reference of the same round: what the interleaved re-measure gives, at
-process granularity. ``benchmarks/alternating.py`` uses it for its comparisons; the sweep for its candidates in an
+reference are measured in turns, each time in a fresh process (its runtime's environment), the order flipped every round
+(``bench.rounds``: ref A B, B A ref, …), and every ratio is the median of per-round ratios to the reference of the same
+round: what the interleaved re-measure gives, at process granularity. ``benchmarks/alternating.py`` uses it for its comparisons; the sweep for its candidates in an
 environment of their own, so such a variant can win a CPU target.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from servopt.bench.jobs import MeasureJob
 from servopt.bench.launcher import launch
+from servopt.bench.rounds import per_round_ratios, take_turns
 from servopt.contracts import Measured, SideBySide
 
 
@@ -23,17 +24,19 @@ class AlternationFailed(Exception):
 
 
 def alternate(jobs: dict[str, MeasureJob], rounds: int, workdir: Path, deadline: float | None = None) -> dict[str, list[Measured]]:
-    """Every job once per round, in turn, each in a fresh process; a failure raises ``AlternationFailed``, a job still
-    running at ``deadline`` (a time budget's end) ``launcher.OutOfTime``."""
-    out: dict[str, list[Measured]] = {name: [] for name in jobs}
-    for i in range(rounds):
-        for name, job in jobs.items():
-            m = launch(job, workdir / name / f"round-{i}", None, deadline).result
-            if m is None or m.status != "ok" or m.latency_ms is None or m.throughput_ips is None or not m.throughput_ips.batch:
-                why = m.error if m is not None and m.error else "no figures"
-                raise AlternationFailed(f"{name}, round {i}: {why} (see {workdir / name / f'round-{i}' / 'job.log'})")
-            out[name].append(m)
-    return out
+    """Every job once per round, the order flipped each round (``bench.rounds.take_turns``), each in a fresh process; a
+    failure raises ``AlternationFailed``, a job still running at ``deadline`` (a time budget's end) ``launcher.OutOfTime``.
+    Each list is in round order, whatever order the round ran in."""
+
+    def measure(name: str, i: int) -> Measured:
+        m = launch(jobs[name], workdir / name / f"round-{i}", None, deadline).result
+        if m is None or m.status != "ok" or m.latency_ms is None or m.throughput_ips is None or not m.throughput_ips.batch:
+            why = m.error if m is not None and m.error else "no figures"
+            raise AlternationFailed(f"{name}, round {i}: {why} (see {workdir / name / f'round-{i}' / 'job.log'})")
+        return m
+
+    measured = take_turns(list(jobs), rounds, measure).measured
+    return {name: [m for m in ms if m is not None] for name, ms in measured.items()}
 
 
 def ratios(results: dict[str, list[Measured]], reference: str, anchor: SideBySide | None = None) -> dict[str, SideBySide]:
@@ -43,8 +46,8 @@ def ratios(results: dict[str, list[Measured]], reference: str, anchor: SideBySid
     base = results[reference]
     out = {}
     for name, ms in results.items():
-        p50_r = statistics.median(m.latency_ms.p50 / b.latency_ms.p50 for m, b in zip(ms, base, strict=True))
-        tp_r = statistics.median(m.throughput_ips.batch / b.throughput_ips.batch for m, b in zip(ms, base, strict=True))
+        p50_r = statistics.median(per_round_ratios([m.latency_ms.p50 for m in ms], [b.latency_ms.p50 for b in base]))
+        tp_r = statistics.median(per_round_ratios([m.throughput_ips.batch for m in ms], [b.throughput_ips.batch for b in base]))
         p50 = anchor.p50_ms * p50_r if anchor else statistics.median(m.latency_ms.p50 for m in ms)
         tp = anchor.throughput_ips * tp_r if anchor else statistics.median(m.throughput_ips.batch for m in ms)
         out[name] = SideBySide(p50_ms=p50, throughput_ips=tp, p50_ms_rounds=[m.latency_ms.p50 for m in ms],

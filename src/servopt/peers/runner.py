@@ -3,31 +3,25 @@ every round, and each figure reported as the median of same-round ratios with th
 
 A process per measurement (``bench.alternate``'s way, for answers that cannot share a process: another environment,
 another library's threads) keeps one tool's allocator, thread pool and caches from the next one's figures. Flipping
-the order (pick first, then last, …) keeps whichever drift the shared machine has from always favouring the one that
+the order (pick first, then last, …: ``bench.rounds``, the library's one round loop) keeps whichever drift the shared machine has from always favouring the one that
 runs first. A round in which some measuring process saw other processes use the CPU (its ``interference``) is flagged:
 kept, since the ratio pairs it with its own round's pick, but shown.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from servopt.bench.duel import median_interval
 from servopt.bench.jobs import MeasureJob
+from servopt.bench.rounds import Rounds, coverage, ratio_interval, round_order, take_turns
 from servopt.contracts import Measured, PeerRatio
 from servopt.peers.scenario import Scenario
 
+__all__ = ["Measure", "Rounds", "coverage", "launch_measure", "ratio_interval", "ratios", "round_order", "run_rounds"]
+
 Measure = Callable[[MeasureJob, Path], Measured]
-Z95 = 1.959964
-
-
-def round_order(names: list[str], i: int) -> list[str]:
-    """Round ``i``'s order: as given on even rounds, reversed on odd ones."""
-    return list(names) if i % 2 == 0 else list(reversed(names))
 
 
 def launch_measure(job: MeasureJob, workdir: Path) -> Measured:
@@ -38,63 +32,12 @@ def launch_measure(job: MeasureJob, workdir: Path) -> Measured:
     return launched.result if launched.result is not None else Measured(status="failed", error=launched.error)
 
 
-@dataclass
-class Rounds:
-    """Each name's measurements, round by round (None once it failed), and each round's order."""
-
-    measured: dict[str, list[Measured | None]]
-    order: list[list[str]]
-    failed: dict[str, str] = field(default_factory=dict)  # name → why (its first failure; not measured after)
-
-    def noisy_rounds(self) -> list[int]:
-        return [i for i in range(len(self.order))
-                if any((m := ms[i]) is not None and m.interference is not None and m.interference.flagged
-                       for ms in self.measured.values() if i < len(ms))]
-
-    def flagged(self, name: str) -> int:
-        return sum(1 for m in self.measured[name] if m is not None and m.interference is not None and m.interference.flagged)
-
-
 def run_rounds(jobs: dict[str, MeasureJob], rounds: int, workdir: Path, measure: Measure = launch_measure,
                progress: Callable[[str], None] = lambda _m: None) -> Rounds:
-    """Every job once per round, in ``round_order``; a job that fails is dropped from later rounds (its reason kept).
-    The first job is the reference (the pick): when it fails, no round counts, and the runner stops."""
-    names = list(jobs)
-    out = Rounds(measured={n: [] for n in names}, order=[])
-    for i in range(rounds):
-        order = [n for n in round_order(names, i) if n not in out.failed]
-        out.order.append(order)
-        for name in names:
-            if name in out.failed:
-                out.measured[name].append(None)
-        for name in order:
-            progress(f"round {i + 1}/{rounds}: measuring {name}")
-            m = measure(jobs[name], workdir / name / f"round-{i}")
-            if m.status != "ok":
-                out.failed[name] = m.error or "the measurement failed"
-                out.measured[name].append(None)
-                continue
-            out.measured[name].append(m)
-        if names[0] in out.failed:
-            break
-    return out
-
-
-def coverage(n: int, lo: int, hi: int) -> float:
-    """The exact probability that the order statistics of ranks ``lo``..``hi`` (0-based) of ``n`` draws bracket the
-    population median: P(lo < B ≤ hi + 1) with B ~ Binomial(n, 1/2) counting the draws below it."""
-    return sum(math.comb(n, k) for k in range(lo + 1, hi + 1)) / 2 ** n
-
-
-def ratio_interval(ratios: list[float], z: float = Z95) -> tuple[float, float, float, float]:
-    """(median, low, high, coverage) of per-round ratios: the median and its binomial order-statistics interval (at
-    ``z``; with few rounds the widest, the range), and that interval's exact coverage."""
-    s = sorted(ratios)
-    n = len(s)
-    half = z * math.sqrt(n) / 2
-    lo_i, hi_i = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
-    lo, hi = median_interval(s, z)
-    return statistics.median(s), lo, hi, coverage(n, lo_i, hi_i)
+    """Every job once per round, in ``round_order`` (``bench.rounds.take_turns``, the library's one round loop); a job
+    that fails is dropped from later rounds (its reason kept). The first job is the reference (the pick): when it
+    fails, no round counts, and the runner stops."""
+    return take_turns(list(jobs), rounds, lambda name, i: measure(jobs[name], workdir / name / f"round-{i}"), progress)
 
 
 def ratios(rounds: Rounds, pick: str, peer: str, scenarios: list[Scenario]) -> list[PeerRatio]:
