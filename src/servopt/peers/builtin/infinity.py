@@ -17,9 +17,9 @@ not ``[all]``, which pulls a torchvision that does not import with this torch)."
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
@@ -90,47 +90,17 @@ class Infinity(Peer):
                 "measured_as": "served only: its ONNX model's outputs are per token and Infinity pools them"})
 
     def serve(self, inputs: PeerInputs, answer: PeerAnswer, python: Path) -> Server:
-        import httpx
-
-        from servopt.bench.launcher import track, untrack
-        from servopt.serve.harness import free_port
+        from servopt.serve.harness import AppProcess, free_port
 
         assert answer.artifact.path is not None
-        folder = Path(answer.artifact.path).parent
         port = free_port()
         cmd = [str(python.parent / "infinity_emb"), "v2", "--model-id", ".", "--engine", "optimum", "--device", "cpu",
                "--pooling-method", "mean", "--served-model-name", MODEL, "--url-prefix", "/v1", "--host", "127.0.0.1",
                "--port", str(port)]
         env = {**os.environ, **OFFLINE, "HF_HOME": str(inputs.out_dir / "hf-home")}
         env.pop("PYTHONPATH", None)
-        log = open(inputs.out_dir / f"infinity-{port}.log", "w")  # noqa: SIM115 - closed by stop
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        track(proc)
-
-        def stop() -> None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-            untrack(proc)
-            log.close()
-
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                r = httpx.post(f"{url}/v1/embeddings", json={"model": MODEL, "input": ["ready?"]}, timeout=5)
-                if r.status_code == 200:
-                    return Server(url=url, model=MODEL, stop=stop, api="openai-embeddings", pid=proc.pid, command=cmd,
-                                  start_s=time.perf_counter() - t0)
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        stop()
-        tail = Path(log.name).read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"`{' '.join(cmd)}` did not answer /v1/embeddings in {START_TIMEOUT_S:g} s "
-                           f"({'exited ' + str(proc.returncode) if proc.poll() is not None else 'still starting'}):\n{tail}")
+        # ready when it embeds (it has no health route under the prefix); its output is shown if it does not start
+        app = AppProcess(cmd, port, env=env, cwd=Path(answer.artifact.path).parent, ready_path="/v1/embeddings",
+                         ready_body=json.dumps({"model": MODEL, "input": ["ready?"]}).encode(), start_timeout_s=START_TIMEOUT_S)
+        return Server(url=app.url, model=MODEL, stop=app.stop, api="openai-embeddings", pid=app.proc.pid, command=cmd,
+                      start_s=app.start_s)
