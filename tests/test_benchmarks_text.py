@@ -1,5 +1,5 @@
-"""Pure parts of the text benchmarks (text_peers.py, text_servers.py, int8_roofline.py under benchmarks/): no peer
-environment, no model; the roofline's graphs tiny. The instruments they import are tested in test_instruments.py."""
+"""Pure parts of the text benchmark (text_servers.py under benchmarks/): no peer environment, no model. The instruments
+it imports are tested in test_instruments.py."""
 
 from __future__ import annotations
 
@@ -12,35 +12,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import int8_roofline
-import text_peers
 import text_servers
-
-
-@pytest.mark.parametrize(("preset", "written"), [("avx2", "onnx/model_quint8_avx2.onnx"), ("avx512_vnni", "onnx/model_qint8_avx512_vnni.onnx"),
-                                                 ("avx512", "onnx/model_qint8_avx512.onnx"), ("arm64", "onnx/model_qint8_arm64.onnx")])
-def test_st_int8_file_is_what_st_wrote(tmp_path: Path, preset: str, written: str) -> None:
-    """ST's avx2 preset writes model_quint8_avx2.onnx (unsigned weights): expecting qint8 never measured it."""
-    st_dir = tmp_path / "st-model"
-    (st_dir / "onnx").mkdir(parents=True)
-    (st_dir / "onnx" / "model.onnx").write_bytes(b"")
-    assert text_peers.st_files(st_dir, preset)["st-onnx-int8"] == written  # named before the export, from the preset
-    (st_dir / written).write_bytes(b"")
-    if preset == "avx512":  # the avx512 preset must not take avx512_vnni's file (or the reverse)
-        (st_dir / "onnx" / "model_qint8_avx512_vnni.onnx").write_bytes(b"")
-    assert text_peers.st_files(st_dir, preset)["st-onnx-int8"] == written
-    assert (st_dir / text_peers.st_files(st_dir, preset)["st-onnx-int8"]).exists()
-
-
-def test_st_int8_file_found_under_another_weight_type(tmp_path: Path) -> None:
-    """Whatever weight type a later Optimum gives the preset, the file ST wrote is the one used."""
-    (tmp_path / "onnx").mkdir()
-    (tmp_path / "onnx" / "model_qint8_avx2.onnx").write_bytes(b"")
-    assert text_peers.st_int8_file(tmp_path, "avx2") == "onnx/model_qint8_avx2.onnx"
-    (tmp_path / "onnx" / "model_quint8_avx2.onnx").write_bytes(b"")
-    with pytest.raises(RuntimeError, match="several dynamic INT8 files"):
-        text_peers.st_int8_file(tmp_path, "avx2")
-
+from servopt.bench.blocks import workload
 
 # ------------------------------------------------------------------------------------------ text_servers.py
 
@@ -84,7 +57,7 @@ def test_the_model_alone_bounds_each_closed_cell_with_the_calls_its_requests_cou
 
     assert ServeSettings().max_batch == text_servers.MAX_BATCH  # a copy (the file runs in Infinity's env): kept equal
     inputs = {"pools": {"short": ["a", "b"], "128": ["c"]}}
-    assert text_peers.workload(inputs, "pool:short:8") == (["a", "b"], 8)
+    assert workload(inputs, "pool:short:8") == (["a", "b"], 8)
     assert text_servers.block_texts_per_s({"ok": True, "items_per_call": 8, "times_ns": [10**9, 3 * 10**9]}, "w") == 4.0
     with pytest.raises(RuntimeError, match="offline block pool:short:8 failed: boom"):
         text_servers.block_texts_per_s({"ok": False, "error": "boom"}, "pool:short:8")
@@ -127,55 +100,6 @@ def test_step_figures_name_the_other_load() -> None:
     assert (fig["req_per_s"], fig["texts_per_s"], fig["server_cpu_ms_per_request"], fig["others_share"]) == (50.0, 800.0, 10.0, 0.375)
     assert fig["client_cpu_ms_per_request"] == 5.0
     assert text_servers.step_figures({**raw, "cpu_deltas": [1.0]}, 1)["others_share"] is None
-
-
-# ------------------------------------------------------------------------------------------ int8_roofline.py
-
-
-def test_roofline_counts_int8_products_and_its_kernel_computes_one(tmp_path: Path) -> None:
-    """Multiply-adds per token are the K x N of each INT8 weight; the kernel graph is a real dynamic INT8 product."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = numpy_helper.from_array(np.ones((8, 4), np.int8), "w")
-    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
-             helper.make_node("MatMulInteger", ["xq", "w"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT32, ["t", 4])], [w])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
-    assert int8_roofline.int8_macs_per_token(tmp_path / "m.onnx") == 32
-
-    path = int8_roofline.kernel_graph(tmp_path / "k.onnx", 16, 8)
-    a = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
-    y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"A": a})[0]
-    model = onnx.load(path)
-    b = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "B")).astype(np.float32) * 0.01
-    assert y.shape == (4, 8) and np.corrcoef(y.ravel(), (a @ b).ravel())[0, 1] > 0.99
-
-
-def test_roofline_counts_qattention_apart_from_the_int8_products(tmp_path: Path) -> None:
-    """QAttention is an INT8 projection and an fp32 attention: its projection is timed at the other products' rate,
-    the rest of it is the attention (counting all of it as products put their rate too low)."""
-    # a 10 ms call: 50 % in products of 1 G multiply-adds (200 GMAC/s), 30 % in QAttention with a 0.2 G projection
-    split = int8_roofline.split_call(0.010, 0.5, 0.3, 1e9, 0.2e9, 400.0)
-    assert split["products_gmacs"] == pytest.approx(200.0)
-    assert split["attention_share"] == pytest.approx(0.2)  # 3 ms less the projection's 1 ms
-    assert split["rest_share"] == pytest.approx(0.2)
-    assert split["call_at_kernel_rate_ms"] == pytest.approx(3.0 + 2.0 + 2.0)  # 1.2 G at 400 GMAC/s, attention, rest
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    inits = [numpy_helper.from_array(np.ones((8, 24), np.int8), "wqkv"), numpy_helper.from_array(np.ones((8, 4), np.int8), "w")]
-    nodes = [helper.make_node("QAttention", ["x", "wqkv"], ["a"], domain="com.microsoft"),
-             helper.make_node("MatMulInteger", ["a", "w"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, ["t", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT32, ["t", 4])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]),
-              tmp_path / "m.onnx")
-    assert int8_roofline.int8_macs_per_token(tmp_path / "m.onnx") == 8 * 24 + 8 * 4
-    assert int8_roofline.int8_macs_per_token(tmp_path / "m.onnx", ("MatMulInteger",)) == 32
-    assert int8_roofline.int8_macs_per_token(tmp_path / "m.onnx", (int8_roofline.ATTENTION,)) == 192
 
 
 def test_servopt_b_runs_the_other_revisions_code_with_its_own_or_the_shared_options(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "servopt"
 
@@ -158,3 +160,35 @@ def test_architecture_maps_every_benchmark_script():
     scripts = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
     assert sorted(mapped) == scripts, f"mapped but absent: {sorted(set(mapped) - set(scripts))}; " \
                                       f"absent from the table: {sorted(set(scripts) - set(mapped))}"
+
+
+def _retired() -> tuple[str, set[str]]:
+    """docs/benchmarks.md's "Retired scripts" table: the revision that last held them, and their names."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    lines = text[text.index("<!-- retired:"):].splitlines()[1:]
+    table = lines[:next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
+    rev = re.search(r"script \(at `([0-9a-f]{7,40})`\)", table[0])
+    assert rev, "the retired table's header names the revision that held the scripts: script (at `<rev>`)"
+    names = {n for line in table[2:] for n in re.findall(r"`([a-z0-9_]+)\.py`", line.split("|")[1])}
+    return rev.group(1), names
+
+
+def test_every_script_the_docs_cite_is_here_or_retired_at_a_revision_that_has_it():
+    """Retiring a one-off investigation (issue 35) must not leave a doc telling a user to run a file that is gone:
+    each ``benchmarks/x.py`` the docs cite is in benchmarks/, or in docs/benchmarks.md's retired table, whose revision
+    holds it (``git show <rev>:benchmarks/x.py`` runs it from there)."""
+    import shutil
+    import subprocess
+
+    rev, retired = _retired()
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py")}
+    assert not retired & scripts, f"retired but still in benchmarks/: {sorted(retired & scripts)}"
+    docs = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
+    cited = {(d.name, m) for d in docs for m in re.findall(r"benchmarks/([a-z0-9_]+)\.py", d.read_text(encoding="utf-8"))}
+    missing = sorted(f"{doc} cites benchmarks/{name}.py" for doc, name in cited if name not in scripts | retired)
+    assert not missing, "\n".join(missing) + "\n(retire it in docs/benchmarks.md's table, or point to the new command)"
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the retired revision cannot be read")
+    absent = [n for n in sorted(retired) if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:benchmarks/{n}.py"],
+                                                           capture_output=True).returncode != 0]
+    assert not absent, f"revision {rev} does not hold benchmarks/{', '.join(absent)}.py"

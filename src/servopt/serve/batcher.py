@@ -133,7 +133,7 @@ INFERENCE_THREAD_PREFIX = "servopt-infer"  # the model-call threads' names: serv
 def name_native_thread() -> None:
     """Give this thread its Python name at the OS level too (Linux ``comm``, at most 15 bytes): Python 3.11 names only
     its own object, so ``top -H``, ``perf`` and ``/proc/<pid>/task/*/comm`` would show every thread as ``python``;
-    named, a server's CPU splits into its inference threads and the event loop (``benchmarks/serve_cpu.py``)."""
+    named, a server's CPU splits into its inference threads and the event loop (docs/serving.md, "Where a request's CPU goes")."""
     with contextlib.suppress(AttributeError, OSError):  # not Linux (no prctl): the name stays Python's own
         ctypes.CDLL(None).prctl(PR_SET_NAME, threading.current_thread().name.encode()[:15], 0, 0, 0)
 

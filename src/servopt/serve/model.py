@@ -84,7 +84,7 @@ class ServedModel:
         """Instances and threads per instance. For a throughput objective, two single-thread instances per 2 cores
         (Triton's CPU default is 2 instances): batches overlap with request handling, and one-thread sessions waste
         nothing on intra-op synchronisation (measured: served 79-81 % of offline throughput vs 58-77 % with one
-        2-thread instance, benchmarks/serve_bench.py). For latency, one instance with every core.
+        2-thread instance, serve_bench.py: docs/benchmarks.md, "Serving (issue 4)"). For latency, one instance with every core.
 
         When the split is servopt's (no ``threads`` given), one more session keeps the variant's measured options
         (``solo``): a model call that would run alone on an idle server takes it, so a lone request is as fast as the
