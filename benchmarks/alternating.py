@@ -19,9 +19,10 @@ from pathlib import Path
 
 from servopt.bench.jobs import MeasureJob
 from servopt.bench.protocol import Protocol
+from servopt.bench.rounds import ratio_interval
 from servopt.machine import header
 from servopt.optimize.rundir import load_run
-from servopt.peers.runner import ratio_interval, run_rounds
+from servopt.peers.runner import run_rounds
 
 EP_COMPARISON = ["ort-fp32", "ortep-openvino-fp32", "ov-fp32-latency", "ort-int8-static-qdq", "ortep-openvino-int8-qdq", "ov-int8-qdq"]
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from servopt.bench.protocol import Protocol, measure_latency
+from servopt.bench.rounds import ratio_interval, round_order
 from servopt.data.dataset import synthetic_inputs
 from servopt.machine import header
 from servopt.models.sources import load_model
-from servopt.peers.runner import ratio_interval, round_order
 from servopt.runtimes import open_session
 
 

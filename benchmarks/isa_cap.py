@@ -18,9 +18,10 @@ from pathlib import Path
 
 from servopt.bench.jobs import MeasureJob
 from servopt.bench.protocol import Protocol
+from servopt.bench.rounds import ratio_interval
 from servopt.machine import header
 from servopt.optimize.rundir import load_run
-from servopt.peers.runner import ratio_interval, run_rounds
+from servopt.peers.runner import run_rounds
 from servopt.runtimes import get_runtime
 
 DEFAULT = ["ov-fp32-latency", "nncf-int8-latency", "torch-eager", "ort-fp32"]

@@ -25,12 +25,12 @@ import threading
 import time
 from pathlib import Path
 
+from servopt.bench.rounds import ratio_interval, round_order
 from servopt.data.text import DEMO_SENTENCES, exact_length_texts, read_texts
 from servopt.families.text import _rows, tokenizer_of
 from servopt.machine import header
 from servopt.models.sources import load_model
 from servopt.passes.base import BuildContext, build_chain, source_artifact
-from servopt.peers.runner import ratio_interval, round_order
 from servopt.runtimes import open_session
 from servopt.serve.batcher import lower_priority
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import httpx
 
+from servopt.bench.rounds import ratio_interval, round_order
 from servopt.data.text import DEMO_SENTENCES, read_texts
 from servopt.machine import header
-from servopt.peers.runner import ratio_interval, round_order
 from servopt.serve.harness import ServerProcess
 
 NAME = "minilm"

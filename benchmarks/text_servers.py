@@ -60,6 +60,7 @@ import numpy as np
 
 from servopt.bench import blocks
 from servopt.bench.cputime import machine_busy_s, own_cpu_s, tree_cpu_s, tree_kb
+from servopt.bench.rounds import per_round_ratios, round_order
 from servopt.peers.builtin.infinity import MODEL
 from servopt.serve import rawhttp
 from servopt.serve.harness import AppProcess, free_port, revision_src, servopt_env
@@ -143,8 +144,8 @@ def block_texts_per_s(answer: dict, what: str) -> float:
 
 
 def median_ratio(a: list[float | None], b: list[float | None]) -> float | None:
-    pairs = [(x, y) for x, y in zip(a, b, strict=False) if x and y]
-    return statistics.median(x / y for x, y in pairs) if pairs else None
+    ratios = per_round_ratios([x or None for x in a], b)
+    return statistics.median(ratios) if ratios else None
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -567,7 +568,7 @@ def main() -> None:
             if alone:
                 print("  the model alone, texts/s: " + ", ".join(f"{w.removeprefix('pool:')} {v:.1f}" for w, v in row["model_alone"].items()),
                       flush=True)
-            for name in (names if r % 2 == 0 else names[::-1]):
+            for name in round_order(names, r):
                 if name.startswith("servopt"):
                     port = free_port()
                     extra, env = servopt_side(name, args, so_env, b_src)
