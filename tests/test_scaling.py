@@ -234,7 +234,16 @@ def test_each_variant_is_judged_on_its_own_served_capacity():
     scaling = Scaling(curves=curves, rounds=3, environment=HERE)
     served_a = Capacity(variant="int8-a", slo="p99 <= 50 ms", capacity_rps=200.0, cores=2, confirmed=True)
     first = decide(_target(), [ref, a, b], ref, IMAGES, scaling=scaling, capacity=[served_a])
-    assert first.recommended == "int8-b"  # a missed on its served 200/s (800 on 8 vCPUs); b passes on its offline figures
+    # a missed on its served 200/s (800 on 8 vCPUs); b, not served, passed on its offline 2,400/s before: judged at the
+    # share a kept served (a third of 600/s), it misses like a — like with like, not an offline figure beside a served one
+    vb = next(v for v in first.verdicts if v.variant == "int8-b")
+    tb = next(x for x in vb.bounds if x.bound == "throughput_ips")
+    assert tb.projection.basis == "estimated" and tb.projection.value == pytest.approx(800.0) and tb.status == "fail"
+    assert first.status == "fail" and "int8-a kept served" in tb.projection.note
+    faster = {**curves, "int8-b": curve({1: [900.0] * 3, 2: [1800.0] * 3}).model_copy(update={"variant": "int8-b"})}
+    moved = decide(_target(), [ref, a, b], ref, IMAGES, scaling=scaling.model_copy(update={"curves": faster}),
+                   capacity=[served_a])
+    assert moved.recommended == "int8-b"  # three times a's offline figure: it passes even at a's share (2,400/s), so it is served next
     served_b = served_a.model_copy(update={"variant": "int8-b", "capacity_rps": 210.0})
     second = decide(_target(), [ref, a, b], ref, IMAGES, scaling=scaling, capacity=[served_a, served_b])
     assert second.status == "fail" and second.nearest in ("int8-a", "int8-b")  # both served, both short: tied, simplest

@@ -544,7 +544,9 @@ class Projection(Contract):
     """A figure of the target's instance, projected from the cores measured here (``optimize.scaling``)."""
 
     figure: Literal["throughput_ips", "p50_ms"]
-    basis: Literal["served", "offline"] = "offline"  # served capacity within the SLO, or the offline batch loop
+    # served capacity within the SLO; "estimated": the offline figure × the served/offline share another variant's
+    # served capacity showed (a variant not served is judged like with like beside a served one); the offline batch loop
+    basis: Literal["served", "estimated", "offline"] = "offline"
     to_cores: int
     cores_measured: list[int]
     value: float

@@ -46,7 +46,7 @@ from servopt.optimize.noise import (
     rounds_won,
     surely_ahead_side_by_side,
 )
-from servopt.optimize.scaling import project_latency, project_throughput, why_not
+from servopt.optimize.scaling import ServedShare, project_estimated, project_latency, project_throughput, served_share, why_not
 from servopt.optimize.targets import Target
 from servopt.passes.base import get_pass
 
@@ -96,7 +96,7 @@ class Price(Contract):
     per_million_usd: float  # at the instance's capacity (the projection's central figure)
     per_million_range_usd: list[float] | None = None  # from the capacity's 95 % interval (low, high)
     capacity_ips: float | None = None  # the instance's samples/s that was priced
-    basis: Literal["served", "offline"] = "offline"  # served within the target's SLO, or the offline batch loop
+    basis: Literal["served", "estimated", "offline"] = "offline"  # served within the SLO, offline × a served share, or offline
     projected: bool = False  # projected from this machine's cores to the instance's (else measured there)
     instances: int | None = None  # for the stated load, at the capacity's pessimistic end
     monthly_usd: float | None = None
@@ -189,10 +189,11 @@ def isa_note(target: Target, rec: Record, fig: Figures) -> str | None:
 
 
 def instance_figures(target: Target, rec: Record, fig: Figures, scaling: Scaling | None,
-                     capacity: Capacity | None) -> Figures:
+                     capacity: Capacity | None, share: ServedShare | None = None) -> Figures:
     """``fig`` with the target's instance projected from this machine's cores, where the target names an instance
     (``instance_vcpus``) whose kind of device computes here: its throughput — the served capacity within the SLO when
-    ``capacity`` measured this variant, else the offline batch loop's — and one request's p50 with the instance's
+    ``capacity`` measured this variant; else, where another variant was served (``share``), the offline figure × the
+    share of it serving kept there; else the offline batch loop's — and one request's p50 with the instance's
     threads."""
     env = rec.environment
     if target.instance_vcpus is None or not target.device.measurable_on(env) or target.device.computes_on is not Device.CPU:
@@ -202,6 +203,9 @@ def instance_figures(target: Target, rec: Record, fig: Figures, scaling: Scaling
         return fig
     # a capacity of 0 (no rate tried met the SLO) is a served figure too: the instance serves nothing within it
     served = capacity if capacity is not None and capacity.variant == rec.name and capacity.error is None else None
+    if served is None and share is not None and share.variant != rec.name:
+        tp = project_estimated(curve, target.instance_vcpus, share)
+        return fig.model_copy(update={"instance_throughput": tp, "instance_p50": project_latency(curve, target.instance_vcpus)})
     tp = project_throughput(curve, target.instance_vcpus, served.capacity_rps * served.batch_size if served else None,
                             served.cores if served else None)
     if tp is not None and served is not None:
@@ -211,17 +215,18 @@ def instance_figures(target: Target, rec: Record, fig: Figures, scaling: Scaling
 
 
 def _projection_words(proj: Projection, unit: str) -> str:
-    what = "served capacity" if proj.basis == "served" else "throughput" if proj.figure == "throughput_ips" else "one request's p50"
+    what = {"served": "served capacity", "estimated": "estimated served capacity"}.get(proj.basis) or (
+        "throughput" if proj.figure == "throughput_ips" else "one request's p50")
     return (f"{what} on the instance's {proj.to_cores} vCPUs {proj.value:.3g}{unit} (95 %: {proj.low:.3g}–{proj.high:.3g}), "
             f"{proj.note} ({proj.model}); judged at the pessimistic end")
 
 
 def judge(target: Target, rec: Record, ref: Record | None, family: Family, interleaved: Interleaved | None = None,
-          scaling: Scaling | None = None, capacity: Capacity | None = None) -> Verdict:
+          scaling: Scaling | None = None, capacity: Capacity | None = None, share: ServedShare | None = None) -> Verdict:
     """The verdict of one variant against one target, bound by bound. A target naming its instance's vCPUs has its
     speed bounds judged on the projection to that instance (``instance_figures``), at the interval's pessimistic end,
     and never on this machine's own figures."""
-    fig = instance_figures(target, rec, figures(rec, interleaved), scaling, capacity)
+    fig = instance_figures(target, rec, figures(rec, interleaved), scaling, capacity, share)
     env = rec.environment
     bounds: list[Bound] = []
 
@@ -390,7 +395,7 @@ def _on_instance(b: Bound) -> str:
     """Where a failed bound's figure is the instance's: projected (its pessimistic end), or measured there."""
     if b.projection is None:
         return ""
-    what = "served capacity" if b.projection.basis == "served" else ""
+    what = {"served": "served capacity", "estimated": "estimated served capacity"}.get(b.projection.basis, "")
     end = "high" if b.upper else "low"
     where = "measured" if b.projection.measured else f"projected, the 95 % interval's {end} end; central {b.projection.value:.3g}"
     return f" ({what + ', ' if what else ''}instance of {b.projection.to_cores} vCPUs, {where})"
@@ -404,6 +409,15 @@ def projected_words(verdict: Verdict | None) -> str | None:
     measured = all(p.measured for p in projs)
     cores = max(max(p.cores_measured) for p in projs)
     return f"measured at {projs[0].to_cores} cores" if measured else f"projected from {cores} cores to {projs[0].to_cores} vCPUs"
+
+
+def best_share(served: dict[str, Capacity], scaling: Scaling | None) -> ServedShare | None:
+    """The largest share of its offline throughput a served variant kept (``served_share``): the variants that were not
+    served are judged at that share of theirs — the most favourable one seen, so a variant not yet served is not
+    ruled out by another's heavier serving costs, and still never judged on a figure no server could reach."""
+    shares = [s for c in served.values() if c.error is None and c.capacity_rps > 0 and scaling is not None
+              and (s := served_share(scaling.curves.get(c.variant), c.capacity_rps * c.batch_size, c.cores, c.variant))]
+    return max(shares, key=lambda s: s.share, default=None)
 
 
 def decide(target: Target, records: list[Record], ref: Record | None, family: Family,
@@ -420,7 +434,8 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
         return Decision(target=target, status="not measured",
                         reason=f"no GPU variant was measured on a GPU; skipped: {', '.join(skipped) or 'none'}")
     served = {c.variant: c for c in ([capacity] if isinstance(capacity, Capacity) else capacity or [])}  # per variant
-    verdicts = [judge(target, r, ref, family, interleaved, scaling, served.get(r.name)) for r in candidates]
+    share = best_share(served, scaling)
+    verdicts = [judge(target, r, ref, family, interleaved, scaling, served.get(r.name), share) for r in candidates]
     # Decide on one source of figures: when the top candidates were re-measured side by side, pick among them
     # (comparing a sweep figure with an interleaved one would compare two different moments of a noisy machine).
     side_by_side = [v for v in verdicts if v.figures.source == "interleaved"]

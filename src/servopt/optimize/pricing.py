@@ -49,7 +49,8 @@ def price(target: Target, verdict: Verdict, rec: Record, load_ips: float | None)
     if proj is not None:
         capacity, low, high = proj.value, proj.low, proj.high
         where = "measured there" if proj.measured else f"projected from {max(proj.cores_measured)} cores here ({proj.model})"
-        what = "served within the SLO" if proj.basis == "served" else "offline batch loop"
+        what = {"served": "served within the SLO", "estimated": "offline × the share another variant kept served"}.get(
+            proj.basis, "offline batch loop")
         note = f"{hourly:g} USD/h ({target.price_source or 'your price'}); capacity of {proj.to_cores} vCPUs, {what}, {where}"
         basis, projected = proj.basis, not proj.measured
     elif target.instance_vcpus is None and verdict.figures.throughput_ips:

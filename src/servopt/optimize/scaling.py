@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -152,6 +153,34 @@ def why_not(curve: ScalingCurve | None) -> str | None:
     return None
 
 
+def offline_at(curve: ScalingCurve, cores: int) -> float | None:
+    """The offline throughput at ``cores`` of this machine: the measured point's median, else the USL fit's."""
+    if why_not(curve) is not None:
+        return None
+    counts, values = medians(curve, "throughput_ips")
+    return values[counts.index(cores)] if cores in counts else fit_usl(counts, values)(cores)
+
+
+@dataclass(frozen=True)
+class ServedShare:
+    """What serving kept of a variant's offline throughput here: its served capacity within the SLO over its offline
+    figure at the same cores (HTTP, batching and the latency bound take the rest). A variant that was not served is
+    judged at its offline figure × this share, so it is compared like with like beside a served one (an offline figure
+    beside a served one always looks better, and would move the pick to whatever was not served)."""
+
+    share: float
+    variant: str
+    cores: int  # the cores here it was served on
+
+
+def served_share(curve: ScalingCurve | None, served_rps: float, cores: int | None, variant: str) -> ServedShare | None:
+    """The share ``variant``'s served capacity (``served_rps`` samples/s on ``cores``) kept of its offline figure."""
+    offline = offline_at(curve, cores or 1) if curve is not None else None
+    if not offline or offline <= 0:
+        return None
+    return ServedShare(share=served_rps / offline, variant=variant, cores=cores or 1)
+
+
 def project_throughput(curve: ScalingCurve, to_cores: int, served_rps: float | None = None, served_cores: int | None = None
                        ) -> Projection | None:
     """The instance's throughput: the USL fitted to the curve at ``to_cores``; with ``served_rps`` (a served capacity
@@ -172,7 +201,7 @@ def project_throughput(curve: ScalingCurve, to_cores: int, served_rps: float | N
         law = fit_usl(cores, values)
         return served_rps * law(to_cores) / law(served_cores)
 
-    basis = "served" if served_rps is not None else "offline"
+    basis: Literal["served", "offline"] = "served" if served_rps is not None else "offline"
     value, low, high = _bootstrap(curve, "throughput_ips", served if basis == "served" else offline)
     law = fit_usl(*medians(curve, "throughput_ips"))
     note = (f"measured at {to_cores} cores" if measured and basis == "offline" else
@@ -180,6 +209,18 @@ def project_throughput(curve: ScalingCurve, to_cores: int, served_rps: float | N
     return Projection(figure="throughput_ips", basis=basis, to_cores=to_cores, cores_measured=counts, value=value, low=low,
                       high=high, model=law.describe(len(counts)), measured=measured and basis == "offline",
                       note=note + noise_words(curve))
+
+
+def project_estimated(curve: ScalingCurve, to_cores: int, share: ServedShare) -> Projection | None:
+    """A variant that was not served, its instance's throughput as if served: its offline figure on the cores the
+    share was measured on × ``share`` (another variant's), projected like a served capacity."""
+    offline = offline_at(curve, share.cores)
+    proj = project_throughput(curve, to_cores, offline * share.share, share.cores) if offline else None
+    if proj is None:
+        return None
+    return proj.model_copy(update={"basis": "estimated", "note": (
+        f"not served: its offline figure × the {share.share:.0%} of its offline figure that {share.variant} kept served "
+        f"within the SLO; {proj.note}")})
 
 
 def project_latency(curve: ScalingCurve, to_cores: int) -> Projection | None:
