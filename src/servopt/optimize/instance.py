@@ -92,7 +92,8 @@ class SweepInstance:
                 if capacity is None:
                     if found:
                         self.problems.append(f"{t.name}: {pick} became the pick once {found[-1].variant}'s served capacity "
-                                             f"missed, but was not served itself: judged on its offline figures")
+                                             f"missed, but was not served itself: judged on its offline figures × the share "
+                                             "of them the served variants kept")
                     break
                 found.append(capacity)
             else:  # the served figures moved the pick every time: the last pick is judged on offline figures, say so
@@ -102,7 +103,8 @@ class SweepInstance:
                     self.problems.append(
                         f"{t.name}: {pick} became the pick after {', '.join(c.variant for c in found)} were served and their "
                         f"capacity judged; it was not served itself (at most {racing.CAPACITY_PICKS} picks are): judged on its "
-                        "offline figures, which serving would lower (a served figure includes HTTP and batching)")
+                        "offline figures × the share of them the served variants kept (an estimate: its own serving was not "
+                        "measured)")
             if found:
                 out[t.name] = found
         return out
@@ -119,7 +121,9 @@ class SweepInstance:
         if (previous := stored(path, lambda d: Capacity.model_validate(d["capacity"]), {cache_key})) is not None:
             return previous
         seconds = racing.CAPACITY_SECONDS if not quick else 15.0
+        budget_bound = False
         if (left := self.left()) is not None:
+            budget_bound = left < seconds
             seconds = min(seconds, left)
             if seconds < racing.CAPACITY_MIN_SECONDS and not quick:
                 self.problems.append(f"{t.name}: the time budget ({self.settings.budget}) left no time to serve {pick} and "
@@ -141,8 +145,11 @@ class SweepInstance:
             self.problems.append(f"{t.name}: the capacity search of {pick} failed: {capacity.error} — priced on the offline figures")
             return None
         if capacity.timed_out:  # not stored: a rerun with more time searches it
-            self.problems.append(f"{t.name}: the capacity search of {pick} ran out of the time the budget left it before a "
-                                 "rate was confirmed — priced on the offline figures (rerun with a larger --budget)")
+            why = ("the time the budget left it", "rerun with a larger --budget") if budget_bound else (
+                f"its {seconds:.0f} s", "the model's steps and confirming runs are long on this machine; rerun, or serve it "
+                "and run servopt loadtest --slo")
+            self.problems.append(f"{t.name}: the capacity search of {pick} ran out of {why[0]} before a rate was confirmed — "
+                                 f"priced on the offline figures ({why[1]})")
             return None
         write_json_atomic(path, {"cache_key": cache_key, "capacity": capacity.model_dump(mode="json")})
         return capacity
