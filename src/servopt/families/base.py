@@ -149,6 +149,12 @@ class Family(ABC):
         """Why a variant is too far from the original to be worth timing, or None (``gate.reference``: the original's
         quality)."""
 
+    def gate_shortfall(self, quality: Quality, gate: Gate) -> float | None:
+        """How far ``quality`` falls short of the gate's figure, in units of what the gate itself allows (a 90 %
+        agreement gate allows 10 points: 64 % is 2.6 short; 0 where it passes); None where this family cannot say. The
+        refinement ladder reads it (``racing.refinement_hopeless``): a search cannot bring back several allowances."""
+        return None
+
     @abstractmethod
     def quality_drop(self, record: Record, reference: Record | None) -> float | None:
         """Points of quality lost against the original (what targets bound as ``max_accuracy_drop``)."""

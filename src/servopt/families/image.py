@@ -209,6 +209,14 @@ class ImageClassification(Family):
                 return f"accuracy drop {drop:.2f} points > {gate.max_drop_points} allowed"
         return None
 
+    def gate_shortfall(self, quality: Quality, gate: Gate) -> float | None:
+        agr = getattr(quality, "agreement", None)
+        if not agr or agr.error or gate.min_agreement >= 1:
+            return None
+        confident = agr.top1_agreement_confident is not None and (agr.confident_total or 0) >= MIN_CONFIDENT
+        figure = agr.top1_agreement_confident if confident else agr.top1_agreement  # the one the gate reads
+        return None if figure is None else max(0.0, gate.min_agreement - figure) / (1 - gate.min_agreement)
+
     def quality_drop(self, record: Record, reference: Record | None) -> float | None:
         """Points of top-1 lost against the original; from agreement when there are no labels."""
         acc = getattr(record.quality, "accuracy", None)

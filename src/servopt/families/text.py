@@ -357,6 +357,13 @@ class TextEmbedding(EmbeddingBase):
                     f"a padded batch (< {gate.min_cosine}{low}); a server's batcher would change its answers")
         return None
 
+    def gate_shortfall(self, quality: Quality, gate: Gate) -> float | None:
+        agr = getattr(quality, "agreement", None)
+        if not agr or agr.error or gate.min_cosine is None or gate.min_cosine >= 1:
+            return None
+        means = [m for m in (agr.cosine_mean, agr.cosine_mean_alone, agr.batch_consistency) if m is not None]
+        return None if not means else max(0.0, gate.min_cosine - min(means)) / (1 - gate.min_cosine)
+
     def quality_drop(self, record: Record, reference: Record | None) -> float | None:
         """Points of Spearman lost on the pairs where there are pairs, else (1 − mean cosine) in points."""
         mine, theirs = getattr(record.quality, "pairs", None), getattr(reference.quality, "pairs", None) if reference else None

@@ -114,6 +114,14 @@ class SweepBuilds:
             out[v.name] = (artifact, wall.get(_ident(v.chain), 0.0), why)
         return out
 
+    def _tuning_gate(self, reference: Record | None) -> Gate | None:
+        """The verification gate as the tuning samples judge it (a choice reads only them)."""
+        if reference is None or reference.tuning_quality is None:
+            return None
+        s = self.settings
+        return Gate(reference=reference.tuning_quality, max_drop_points=s.verify_max_drop,
+                    min_agreement=s.verify_min_agreement, min_cosine=s.verify_min_cosine)
+
     def _measure_job(self, u: Unit, artifact, reference: Record | None, ref_outputs: Path) -> MeasureJob:
         """The measurement of a variant; the original's (``reference`` None) saves the outputs the others are verified against."""
         v, s = u.variant, self.settings
@@ -270,9 +278,12 @@ class SweepBuilds:
                 measured = [self.records.get((n, kind)) for n in (base, *tried)]
                 drops = [self.family.quality_drop(racing.tuning_view(r), racing.tuning_view(ref))  # a choice: on tuning samples
                          if r is not None and r.status == "ok" else None for r in measured]
+                gate = self._tuning_gate(ref)
+                gaps = [self.family.gate_shortfall(r.tuning_quality, gate) if gate and r is not None and r.tuning_quality
+                        else None for r in measured]
                 search = sum(get_pass(name).slow_seconds for name, _ in u.variant.chain)  # a search: minutes, not seconds
                 search *= racing.search_scale(self.batch_call_seconds())
-                if search and (hopeless := racing.refinement_hopeless(drops, tolerance, len(tried))):
+                if search and (hopeless := racing.refinement_hopeless(drops, tolerance, len(tried), gaps)):
                     self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built (a search of about {search:.0f} s): {hopeless}"))
                     continue
                 self._screen([u])
