@@ -121,6 +121,14 @@ class Peer:
                 return False, f"the run saved no {what}"
         return ok, why
 
+    def needs_hf_folder(self, inputs: PeerInputs, what: str) -> tuple[bool, str]:
+        """``applies``, and the run's original is a Hugging Face folder (``what`` the tool does with one: says why not)."""
+        ok, why = self.applies(inputs)
+        ref = inputs.original.ref
+        if ok and (ref is None or ref.kind != "hf_encoder"):
+            return False, f"it {what} a Hugging Face model folder, and this run's model is not one"
+        return ok, why
+
     def own_environment(self, name: str | None = None) -> EnvSpec:
         """An environment of its own with its ``requirements``, servopt's core and servopt's ONNX Runtime version (what
         builds or calibrates its model is what measures it); ``name``: another peer's, to share it (same requirements)."""
@@ -138,6 +146,19 @@ class Peer:
         """Start its own server on ``answer`` (``serves`` names its API), ready when it returns: called in the comparing
         process, once per round; ``python`` is its environment's interpreter (servopt's when it has none)."""
         raise NotImplementedError(f"{self.name} has no server of its own")
+
+
+def copy_hf_folder(inputs: PeerInputs, name: str) -> Path:
+    """The run's Hugging Face folder copied afresh to ``<peer out>/<name>`` without its exported models (ONNX, OpenVINO):
+    a tool that exports the folder writes its own there, as a user's first run does."""
+    import shutil
+
+    assert inputs.original.ref is not None
+    folder = inputs.out_dir / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(inputs.original.ref.path, folder, ignore=shutil.ignore_patterns("onnx", "openvino", "*.onnx"))
+    return folder
 
 
 PEERS: Registry[Peer] = Registry("peer", "servopt.peers.builtin")

@@ -19,14 +19,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from importlib import metadata
 from pathlib import Path
 
 from servopt.contracts import Artifact
 from servopt.envs import EnvSpec
-from servopt.peers.base import ORT_AS_SHIPPED, Peer, PeerAnswer, PeerInputs, PeerUnavailable, Server, register_peer
+from servopt.peers.base import (
+    ORT_AS_SHIPPED,
+    Peer,
+    PeerAnswer,
+    PeerInputs,
+    PeerUnavailable,
+    Server,
+    copy_hf_folder,
+    register_peer,
+)
 
 VERSION = "0.0.78"
 MODEL = "model"  # the served model name
@@ -47,11 +55,7 @@ class Infinity(Peer):
         return self.own_environment()
 
     def available(self, inputs: PeerInputs) -> tuple[bool, str]:
-        ok, why = self.applies(inputs)
-        ref = inputs.original.ref
-        if ok and (ref is None or ref.kind != "hf_encoder"):
-            return False, "it serves a Hugging Face model folder, and this run's model is not one"
-        return ok, why
+        return self.needs_hf_folder(inputs, "serves")
 
     def build(self, inputs: PeerInputs) -> PeerAnswer:
         os.environ.update(OFFLINE)
@@ -62,11 +66,7 @@ class Infinity(Peer):
             raise PeerUnavailable(f"infinity-emb's optimum extra does not import in its environment: {e}") from e
         from servopt.peers.builtin.optimum import preset_for
 
-        assert inputs.original.ref is not None
-        folder = inputs.out_dir / "model"
-        if folder.exists():
-            shutil.rmtree(folder)
-        shutil.copytree(inputs.original.ref.path, folder, ignore=shutil.ignore_patterns("onnx", "openvino", "*.onnx"))
+        folder = copy_hf_folder(inputs, "model")
         t0 = time.perf_counter()
         ORTModelForFeatureExtraction.from_pretrained(str(folder), export=True).save_pretrained(str(folder))
         exported = time.perf_counter() - t0

@@ -4,9 +4,9 @@
 Its answer is the same module servopt's torch source of the run is (``models.hf_encoder``: Transformer → Pooling →
 Normalize, read from the same ``modules.json``), so it is measured as that torch artifact through servopt's torch
 runtime, on the run's token ids (ST's own tokenizing and length sorting are not timed; the build checks that ST's
-pooling and normalization are the ones servopt's module runs). ST's ONNX and OpenVINO backends (and its INT8 exports)
-need ``optimum``; they write token-level outputs that pool outside the graph, which servopt's runtimes do not measure
-yet, so this peer says so in what it ran rather than pretending to run them."""
+pooling and normalization are the ones servopt's module runs). ST's ONNX backend and its dynamic INT8 export are peers
+of their own (``sentence_transformers_onnx.py``: they need Optimum, in an environment of theirs); its OpenVINO backend
+is not a peer yet, which this peer says in what it ran."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ class SentenceTransformersTorch(Peer):
         if str(mode).replace("_tokens", "").replace("_token", "") != ours.pooling or normalize != ours.normalize:
             raise PeerUnavailable(f"its modules pool {mode}{' and normalize' if normalize else ''}, servopt's torch source "
                                   f"{ours.pooling}{' and normalizes' if ours.normalize else ''}: not the same answer")
-        not_here = [] if importable("optimum")[0] else [
-            "backend='onnx' / 'openvino' and the INT8 exports need optimum, which is not installed here"]
+        not_here = ["backend='onnx' and its dynamic INT8: the sentence-transformers-onnx(-int8) peers; backend='openvino': "
+                    "not compared yet"]
         return PeerAnswer(artifact=inputs.original, runtime="torch", options={"grad_mode": "inference_mode"}, build_s=seconds,
                           configuration={"tool": f"sentence-transformers {sentence_transformers.__version__}, torch {torch.__version__}",
                                          "call": 'SentenceTransformer(folder, device="cpu"); model.encode(texts)',
