@@ -233,3 +233,19 @@ def test_a_step_that_missed_in_its_tail_alone_is_run_again_and_a_queue_is_not():
     stalls["confirm"].clear()
     off = search(measure, 10.0, SearchRules(**{**FAST.model_dump(), "stall_p50": 0.0}))
     assert off.capacity_rps < 0.6 * result.capacity_rps, "without the rule every stall reads as the knee"
+
+
+def test_a_rate_run_again_is_not_read_as_a_halving():
+    """The search stops halving once the median no longer falls with the rate; a rate run twice (a narrow miss's rerun)
+    is one rate, not two. An EfficientNet-Lite0 served at 100/s missed p99 ≤ 50 ms narrowly twice (p50 14.2, 11.8 ms),
+    and the search stopped there with nothing met, where 50/s was never tried."""
+    knee = 60.0
+
+    def measure(rate: float, seconds: float, confirming: bool) -> LoadStep:
+        ok = rate <= knee
+        p99 = 30.0 if ok else 55.0  # past the knee a narrow miss: each rate runs twice
+        return LoadStep(rate_rps=rate, achieved_rps=rate, requests=int(rate * seconds) + 1, duration_s=seconds, p50_ms=12.0,
+                        p99_ms=p99, errors=0, meets=ok, valid=True, confirming=confirming, to_bound=p99 / 50.0)
+
+    result = search(measure, 100.0, FAST)
+    assert result.confirmed and result.stopped is None and 50.0 <= result.knee_rps <= knee

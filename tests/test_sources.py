@@ -46,6 +46,16 @@ def test_onnx_with_external_data(tmp_path, tiny_module):
         assert np.allclose(out, tiny_module(_x()).numpy(), atol=1e-5)
 
 
+def test_a_model_given_by_a_relative_path_is_recorded_by_its_absolute_one(tmp_path, tiny_module, monkeypatch):
+    """The run directory records the original's path: `servopt optimize m.onnx` in one folder, then `servopt serve RUN
+    --variant ort-fp32` from another, failed with "m.onnx is not a readable ONNX file" (an EfficientNet-Lite0 run)."""
+    torch.onnx.export(tiny_module, (_x(),), str(tmp_path / "m.onnx"), dynamo=False, input_names=["input"],
+                      output_names=["logits"], dynamic_axes={"input": {0: "batch"}})
+    monkeypatch.chdir(tmp_path)
+    loaded = load_model("m.onnx")
+    assert Path(loaded.path).is_absolute() and Path(loaded.path) == tmp_path / "m.onnx"
+
+
 def test_torchscript(tmp_path, tiny_module):
     path = tmp_path / "m.ts"
     torch.jit.save(torch.jit.trace(tiny_module, _x()), str(path))

@@ -154,8 +154,9 @@ def load_model(
     input_shape: dict[str, list[int]] | None = None,
     task: str | None = None,
 ) -> LoadedModel:
-    """Detect the format of ``path`` and load it, with a clear error when it cannot."""
-    path = Path(path)
+    """Detect the format of ``path`` and load it, with a clear error when it cannot. The path is made absolute: the run
+    directory records it (the original's artifact), and `servopt serve RUN` from another directory must find it."""
+    path = Path(path).absolute()
     if not path.exists():
         raise UserError(f"model file {path} does not exist", fix="check the path")
     if path.is_dir():

@@ -155,7 +155,8 @@ def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, 
                     break
                 rate = min(rate * 2, rules.max_rps)
             else:
-                failed = [s for s in steps if not s.meets and s.p50_ms is not None]
+                # the last failing step of each rate: a rerun of one rate (a stall's, a narrow miss's) is not a halving
+                failed = list({s.rate_rps: s for s in steps if not s.meets and s.p50_ms is not None}.values())
                 if len(failed) >= 2 and failed[-1].p50_ms >= 0.8 * failed[-2].p50_ms:
                     # halving the rate no longer shortens the median: the service time misses the bound, not a queue,
                     # and no lower rate will meet it (a slow model on one thread per instance: another layout may)
