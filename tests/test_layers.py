@@ -147,8 +147,11 @@ def test_no_benchmark_script_imports_another():
     wrong = [f"{p.name} imports {', '.join(sorted(names))}" for p in sorted(BENCHMARKS.glob("*.py"))
              if (names := _script_imports(p) & (scripts | {"."}))]
     assert not wrong, "\n".join(wrong)
-    sys_path = [p.name for p in BENCHMARKS.glob("*.py") if re.search(r"sys\.path\.(insert|append)", p.read_text())]
-    assert not sys_path, f"scripts putting a folder on sys.path (to import a script): {sys_path}"
+    # putting its own folder on sys.path is how a script would import another; another folder (unpacked wheels) is not
+    own_folder = re.compile(r"sys\.path\.(insert|append)\(.*(__file__|HERE|benchmarks)")
+    sys_path = [p.name for p in BENCHMARKS.glob("*.py") if own_folder.search(p.read_text())]
+    assert not sys_path, f"scripts putting their own folder on sys.path (to import a script): {sys_path}"
+    assert own_folder.search('sys.path.insert(0, str(Path(__file__).parent))') and not own_folder.search("sys.path.insert(0, str(site))")
 
 
 def test_architecture_maps_every_benchmark_script():
