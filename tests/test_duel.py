@@ -233,6 +233,19 @@ def test_a_duel_settles_what_the_rounds_could_not():
     assert "block by block (15 pairs)" in d.reason and "within this machine's noise" in d.reason
 
 
+def test_a_close_call_between_two_runtimes_is_not_dueled():
+    """Two runtimes' thread pools taking turns every 0.1 s in one process time each other's idle workers: a real
+    EfficientNet-Lite0's ONNX Runtime fp32 and OpenVINO fp32 dueled 13-19 % apart on p50 in two runs, tied by the
+    rounds (0.995-0.998) and by separate processes alternating (1.03×, interval 0.98-1.06). Only the pick's runtime's
+    rivals take turns; the other's close call stays as the rounds left it."""
+    records, il = _race_1()
+    ref = records[0]
+    other = [records[0], records[1], records[2].model_copy(update={"runtime": "openvino"})]
+    names, _ = unsettled([STRICT], other, ref, IMAGES, il, rivals=2)
+    assert "ort-transformers-int8-dynamic" not in names and names == ["ort-int8-dynamic-per-channel", "ort-fp32"]
+    assert "ort-transformers-int8-dynamic" in unsettled([STRICT], records, ref, IMAGES, il, rivals=2)[0], "same runtime: dueled"
+
+
 def test_a_lead_of_the_rounds_within_the_drift_goes_to_a_duel_too():
     """Race 2 of 2026-11-27's second image run (AMD EPYC, AVX2): U8S8 with 7-bit weights ahead of U8U8 on p50 in each
     of three rounds, 3.50 against 4.38 ms on the medians — a lead by the rounds' rule, so no tie. The same two, taking

@@ -555,11 +555,16 @@ def unsettled(targets: list[Target], records: list[Record], ref: Record | None, 
     bound by more where nothing passes) and within ``SELECTION_DRIFT`` of it on a speed figure's medians over the
     rounds (three rounds seconds apart put two equal INT8 models 20 % apart on p50 in each, 2026-11-27: a lead of the
     rounds is no more settled than a tie) —, the tied first, then the closest on the objective; each in the
-    interleaved process, not alternated from an environment of its own; ``most`` in all; and the speed figures those
-    targets use. ([], []) when there is none."""
+    interleaved process, not alternated from an environment of its own, and **on the pick's runtime**: two runtimes'
+    thread pools taking turns every 0.1 s in one process time each other's idle workers (ONNX Runtime fp32 against
+    OpenVINO fp32 of a real EfficientNet-Lite0: the duel put OpenVINO 13-19 % ahead on p50 in two runs, where the
+    rounds found 0.995-0.998 and each in its own process, alternating, 1.03× [0.98, 1.06]; 2026-11-28, Xeon) — such
+    a close call stays as the rounds left it; ``most`` in all; and the speed figures those targets use. ([], []) when
+    there is none."""
     picks: list[str] = []
     others: list[str] = []
     figures: set[str] = set()
+    runtime_of = {r.name: r.runtime for r in records}
 
     def joined(name: str | None) -> bool:
         v = interleaved.variants.get(name or "")
@@ -578,7 +583,9 @@ def unsettled(targets: list[Target], records: list[Record], ref: Record | None, 
         if not joined(pick) or d.verdict is None:
             continue
         dims = speed_dims(t)
-        close = [v.variant for v in d.verdicts if v.variant != pick and joined(v.variant) and (v.variant in d.tied or (
+        runtime = runtime_of.get(pick)
+        close = [v.variant for v in d.verdicts if v.variant != pick and joined(v.variant) and runtime_of.get(v.variant) == runtime
+                 and (v.variant in d.tied or (
                  (v.passes if d.recommended else _no_worse_fixed(v, d.verdict))
                  and any(apart(dim, pick, v.variant) <= SELECTION_DRIFT for dim in dims)))]
         close.sort(key=lambda n: (n not in d.tied, apart(_objective_dim(t), pick, n)))
