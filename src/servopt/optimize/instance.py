@@ -132,10 +132,14 @@ class SweepInstance:
         # half the offline rate, at most 200/s: a served request costs the HTTP front end and the load generator (on
         # the same cores) far more than a tiny model's call, and the search doubles from there in a few steps
         start = min(200.0, max(1.0, 0.5 * (rec.batch_ips or rec.throughput_ips or 20.0)))
+        # one serving instance's time a sample in a batch: the machine's batch loop spread over one single-thread
+        # instance per core, as servopt serve lays a throughput target out
+        cores = (rec.environment.cores_usable or rec.environment.cores) if rec.environment else None
+        per_sample = 1000.0 * cores / rec.batch_ips if cores and rec.batch_ips else None
         self.progress.step(f"serving {pick}: its capacity within p99 <= {t.max_p99_ms:g} ms{self._for(kind)}")
         try:
             capacity = self.executor.submit(self.capacity_probe, self.out, pick, 99, t.max_p99_ms, start, seconds, quick,
-                                            resources=self.kinds.get(kind), what=f"capacity {pick}").result()
+                                            per_sample, resources=self.kinds.get(kind), what=f"capacity {pick}").result()
             if stopping():  # its servers were stopped mid-search: not a capacity to keep
                 raise Interrupted(f"the capacity search of {pick} was stopped")
         except Lost as e:

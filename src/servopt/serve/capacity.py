@@ -284,6 +284,23 @@ def default_config(cores: int, max_batch: int = 32, max_delay_us: int = 2000) ->
     return ServeConfig(instances=instances, threads=max(1, cores // instances), max_batch=max_batch, max_delay_us=max_delay_us)
 
 
+# The batch bound a search starts from: the largest power of two whose batch one instance computes in this share of
+# the latency bound. A request that arrives while its instance runs a full batch waits a whole batch, so the batch
+# sets the tail: the image demo's pick (about 4 ms a sample on one thread) served in batches of up to 32 had p99 near
+# 50 ms from 200/s to 336/s and confirmed nothing (306/s: p99 55.6 ms, 278/s: 53.1); with batches of up to 8 it
+# confirmed 280/s at p99 42.8 ms (2026-11-28, Xeon). The hill climb still tries half and double from there.
+SLO_BATCH_SHARE = 0.75
+
+
+def slo_max_batch(per_sample_ms: float | None, slo: Slo, largest: int = 32) -> int:
+    """``largest``, or a smaller power of two whose batch (``per_sample_ms`` a sample on one instance) fits in
+    ``SLO_BATCH_SHARE`` of the bound."""
+    if not per_sample_ms or per_sample_ms <= 0:
+        return largest
+    fits = int(SLO_BATCH_SHARE * slo.limit_ms / per_sample_ms)
+    return max(1, min(largest, 2 ** int(math.log2(fits)))) if fits >= 1 else 1
+
+
 def neighbours(cfg: ServeConfig, cores: int) -> list[ServeConfig]:
     """The configurations one step from ``cfg``: the other layouts of ``cores`` (instances × threads), half and double
     the batch, a quarter and four times the delay."""
@@ -368,10 +385,13 @@ QUICK_RULES = SearchRules(min_seconds=0.3, min_queries=20, confirm_seconds=0.5, 
 
 
 def probe(run_dir: Path, variant: str, percentile: int, limit_ms: float, start_rps: float, budget_s: float | None,
-          quick: bool = False) -> Capacity:
+          quick: bool = False, per_sample_ms: float | None = None) -> Capacity:
     """``servopt optimize``'s capacity search for a target's pick (``Sweep.capacity_probe``): plain arguments, so the
-    sweep (a layer below the server) can hand it to any executor."""
+    sweep (a layer below the server) can hand it to any executor. ``per_sample_ms``: one instance's time a sample in
+    a batch (the search starts from the batch bound that fits the SLO, ``slo_max_batch``)."""
     from servopt.bench.scaling import machine_cores
 
-    return search_configurations(Path(run_dir), variant, Slo(percentile, limit_ms), start_rps, machine_cores(), budget_s,
-                                 QUICK_RULES if quick else SWEEP_RULES)
+    slo, cores = Slo(percentile, limit_ms), machine_cores()
+    first = default_config(cores, max_batch=slo_max_batch(per_sample_ms, slo))
+    return search_configurations(Path(run_dir), variant, slo, start_rps, cores, budget_s,
+                                 QUICK_RULES if quick else SWEEP_RULES, first=first)
