@@ -115,6 +115,7 @@ def fake_peers(monkeypatch):
     yield from _plugin(monkeypatch, "fake_peers", ("copy-of-fp32", "never-here", "gone-at-build"))
 
 
+@pytest.mark.slow  # a tiny run's sweep and real measurement processes: seconds each (make test runs it)
 def test_compare_end_to_end_with_fake_peers(tiny_run, fake_peers):
     from servopt.cli import app
 
@@ -210,6 +211,7 @@ def test_list_names_every_built_in_peer_with_its_families():
         assert any(line.startswith(f"{name}:") and family in line for line in res.output.splitlines()), res.output
 
 
+@pytest.mark.slow  # a tiny run's sweep and real measurement processes: seconds each (make test runs it)
 def test_an_answer_built_from_the_same_inputs_is_reused_and_rebuilt_when_they_change(tiny_run, fake_peers):
     import os as _os
 
@@ -248,6 +250,7 @@ def test_served_scenarios_read_their_step_and_a_server_that_never_starts_is_a_fa
     assert failed.status == "failed" and "did not start" in failed.error and "address already in use" in failed.error
 
 
+@pytest.mark.slow  # a tiny run's sweep and real measurement processes: seconds each (make test runs it)
 def test_compare_serves_the_pick_and_a_serving_peer_in_turns(tiny_run, served_peers):
     from servopt.peers.compare import compare
 
