@@ -281,3 +281,29 @@ def test_the_search_starts_from_the_batch_bound_that_fits_the_slo():
     assert slo_max_batch(2.5, slo) == 8 and slo_max_batch(1.0, slo) == 32 and slo_max_batch(0.1, slo) == 32
     assert slo_max_batch(60.0, slo) == 1, "a sample longer than the share: one at a time"
     assert slo_max_batch(None, slo) == 32, "nothing measured: the default"
+
+
+def test_the_sweep_s_probe_starts_from_the_pick_s_slo_batch_bound(monkeypatch):
+    """The wiring of ``slo_max_batch``: the sweep sizes one instance's time a sample from the pick's batch loop, and the
+    probe's first configuration carries the bound that fits the SLO."""
+    from servopt.bench import scaling
+    from servopt.contracts import Capacity, Environment, Record, Throughput
+    from servopt.optimize.instance import instance_sample_ms
+    from servopt.serve import capacity
+
+    rec = Record(name="int8", runtime="onnxruntime", status="ok", batch_size=32, throughput_ips=Throughput(batch=490.0),
+                 environment=Environment(cpu="x", cpu_flags=[], cores=2, cores_usable=2, gpu=False, node="n", python="3",
+                                         platform="p"))
+    assert instance_sample_ms(rec) == pytest.approx(4.08, abs=0.01)  # 2 single-thread instances sharing 490/s
+    seen = {}
+
+    def search_configurations(run_dir, variant, slo, start, cores, budget, rules, first=None, **_):
+        seen["first"] = first
+        return Capacity(variant=variant, slo=str(slo), capacity_rps=1.0)
+
+    monkeypatch.setattr(capacity, "search_configurations", search_configurations)
+    monkeypatch.setattr(scaling, "machine_cores", lambda: 2)
+    capacity.probe("run", "int8", 99, 50.0, 100.0, 60.0, False, instance_sample_ms(rec))
+    assert seen["first"] == capacity.default_config(2, max_batch=8)
+    capacity.probe("run", "int8", 99, 50.0, 100.0, 60.0, False, None)
+    assert seen["first"].max_batch == 32, "nothing measured: the default"

@@ -273,6 +273,7 @@ def test_the_ladders_give_up_rule_reads_the_tuning_drops_too(tmp_path, monkeypat
                            batch_call_seconds=lambda: 0.0)
     fake._misses_quality = lambda rec, kind: Sweep._misses_quality(fake, rec, kind)
     fake.settings = SimpleNamespace(verify_max_drop=5.0, verify_min_agreement=0.9, verify_min_cosine=None)
+    fake._gate = lambda quality: Sweep._gate(fake, quality)
     fake._tuning_gate = lambda ref: Sweep._tuning_gate(fake, ref)
     screened: list[str] = []
 

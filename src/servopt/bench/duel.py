@@ -48,13 +48,16 @@ WARM_CALLS = {"p50_ms": 3, "throughput_ips": 1}
 LOOK_EVERY = 5  # cycles between two looks at the intervals
 
 
+def median_ranks(n: int, z: float) -> tuple[int, int]:
+    """The 0-based ranks, of ``n`` sorted draws, that bound the median's binomial order-statistics interval at ``z``."""
+    half = z * math.sqrt(n) / 2
+    return max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
+
+
 def median_interval(sorted_logs: list[float], z: float) -> tuple[float, float]:
     """The median's interval from binomial order statistics at ``z`` (distribution-free: one slow block, an
     interruption on the shared machine, moves it by one rank, not by its size)."""
-    n = len(sorted_logs)
-    half = z * math.sqrt(n) / 2
-    lo = max(0, math.floor(n / 2 - half))
-    hi = min(n - 1, math.ceil(n / 2 + half) - 1)
+    lo, hi = median_ranks(len(sorted_logs), z)
     return sorted_logs[lo], sorted_logs[hi]
 
 

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from servopt.bench.duel import median_interval
+from servopt.bench.duel import median_ranks
 from servopt.contracts import Measured
 
 Z95 = 1.959964
@@ -77,11 +77,8 @@ def ratio_interval(ratios: list[float], z: float = Z95) -> tuple[float, float, f
     """(median, low, high, coverage) of per-round ratios: the median and its binomial order-statistics interval (at
     ``z``; with few rounds the widest, the range), and that interval's exact coverage."""
     s = sorted(ratios)
-    n = len(s)
-    half = z * math.sqrt(n) / 2
-    lo_i, hi_i = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
-    lo, hi = median_interval(s, z)
-    return statistics.median(s), lo, hi, coverage(n, lo_i, hi_i)
+    lo_i, hi_i = median_ranks(len(s), z)
+    return statistics.median(s), s[lo_i], s[hi_i], coverage(len(s), lo_i, hi_i)
 
 
 def per_round_ratios(a: Iterable[float | None], b: Iterable[float | None]) -> list[float]:

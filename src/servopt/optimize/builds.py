@@ -13,7 +13,7 @@ from pathlib import Path
 from servopt.bench.jobs import MeasureJob, OpenSpec
 from servopt.bench.launcher import OutOfTime, launch
 from servopt.bench.run import measure
-from servopt.contracts import ChainStep, Gate, Record
+from servopt.contracts import ChainStep, Gate, Quality, Record
 from servopt.errors import UserError
 from servopt.machine import Device, cpu_features, gpu_present
 from servopt.optimize import racing
@@ -114,20 +114,20 @@ class SweepBuilds:
             out[v.name] = (artifact, wall.get(_ident(v.chain), 0.0), why)
         return out
 
+    def _gate(self, reference: Quality | None) -> Gate:
+        """The verification gate of the settings, against the original's ``reference`` quality."""
+        s = self.settings
+        return Gate(reference=reference, max_drop_points=s.verify_max_drop, min_agreement=s.verify_min_agreement,
+                    min_cosine=s.verify_min_cosine)
+
     def _tuning_gate(self, reference: Record | None) -> Gate | None:
         """The verification gate as the tuning samples judge it (a choice reads only them)."""
-        if reference is None or reference.tuning_quality is None:
-            return None
-        s = self.settings
-        return Gate(reference=reference.tuning_quality, max_drop_points=s.verify_max_drop,
-                    min_agreement=s.verify_min_agreement, min_cosine=s.verify_min_cosine)
+        return None if reference is None or reference.tuning_quality is None else self._gate(reference.tuning_quality)
 
     def _measure_job(self, u: Unit, artifact, reference: Record | None, ref_outputs: Path) -> MeasureJob:
         """The measurement of a variant; the original's (``reference`` None) saves the outputs the others are verified against."""
-        v, s = u.variant, self.settings
-        gate = None if reference is None or not v.gate else Gate(
-            reference=reference.quality, max_drop_points=s.verify_max_drop,
-            min_agreement=s.verify_min_agreement, min_cosine=s.verify_min_cosine)
+        v = u.variant
+        gate = None if reference is None or not v.gate else self._gate(reference.quality)
         # The tuning samples judged too where the refinement ladder reads them: the original, a refined variant, a refinement
         tuned = self.ctx.tuning_path if reference is None or v.refines or any(c.refines == v.name for c in self.all_variants) else None
         ref_tuning = ref_outputs.with_name(f"{ref_outputs.stem}-tuning.npy")

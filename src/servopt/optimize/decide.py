@@ -214,9 +214,11 @@ def instance_figures(target: Target, rec: Record, fig: Figures, scaling: Scaling
     return fig.model_copy(update={"instance_throughput": tp, "instance_p50": project_latency(curve, target.instance_vcpus)})
 
 
+BASIS_WORDS = {"served": "served capacity", "estimated": "estimated served capacity"}  # a projection's basis, as a bound says it
+
+
 def _projection_words(proj: Projection, unit: str) -> str:
-    what = {"served": "served capacity", "estimated": "estimated served capacity"}.get(proj.basis) or (
-        "throughput" if proj.figure == "throughput_ips" else "one request's p50")
+    what = BASIS_WORDS.get(proj.basis) or ("throughput" if proj.figure == "throughput_ips" else "one request's p50")
     return (f"{what} on the instance's {proj.to_cores} vCPUs {proj.value:.3g}{unit} (95 %: {proj.low:.3g}–{proj.high:.3g}), "
             f"{proj.note} ({proj.model}); judged at the pessimistic end")
 
@@ -395,7 +397,7 @@ def _on_instance(b: Bound) -> str:
     """Where a failed bound's figure is the instance's: projected (its pessimistic end), or measured there."""
     if b.projection is None:
         return ""
-    what = {"served": "served capacity", "estimated": "estimated served capacity"}.get(b.projection.basis, "")
+    what = BASIS_WORDS.get(b.projection.basis, "")
     end = "high" if b.upper else "low"
     where = "measured" if b.projection.measured else f"projected, the 95 % interval's {end} end; central {b.projection.value:.3g}"
     return f" ({what + ', ' if what else ''}instance of {b.projection.to_cores} vCPUs, {where})"

@@ -24,6 +24,14 @@ if TYPE_CHECKING:
     pass
 
 
+def instance_sample_ms(rec: Record) -> float | None:
+    """One serving instance's time a sample in a batch (what the capacity search's batch bound is sized from): the
+    machine's batch loop spread over one single-thread instance per core, as servopt serve lays a throughput target out."""
+    env = rec.environment
+    cores = (env.cores_usable or env.cores) if env else None
+    return 1000.0 * cores / rec.batch_ips if cores and rec.batch_ips else None
+
+
 class SweepInstance:
     """Scaling and served capacity (a mixin of ``Sweep``)."""
 
@@ -132,10 +140,7 @@ class SweepInstance:
         # half the offline rate, at most 200/s: a served request costs the HTTP front end and the load generator (on
         # the same cores) far more than a tiny model's call, and the search doubles from there in a few steps
         start = min(200.0, max(1.0, 0.5 * (rec.batch_ips or rec.throughput_ips or 20.0)))
-        # one serving instance's time a sample in a batch: the machine's batch loop spread over one single-thread
-        # instance per core, as servopt serve lays a throughput target out
-        cores = (rec.environment.cores_usable or rec.environment.cores) if rec.environment else None
-        per_sample = 1000.0 * cores / rec.batch_ips if cores and rec.batch_ips else None
+        per_sample = instance_sample_ms(rec)
         self.progress.step(f"serving {pick}: its capacity within p99 <= {t.max_p99_ms:g} ms{self._for(kind)}")
         try:
             capacity = self.executor.submit(self.capacity_probe, self.out, pick, 99, t.max_p99_ms, start, seconds, quick,
