@@ -307,3 +307,33 @@ def test_the_sweep_s_probe_starts_from_the_pick_s_slo_batch_bound(monkeypatch):
     assert seen["first"] == capacity.default_config(2, max_batch=8)
     capacity.probe("run", "int8", 99, 50.0, 100.0, 60.0, False, None)
     assert seen["first"].max_batch == 32, "nothing measured: the default"
+
+
+def test_a_confirming_run_met_by_a_hair_runs_again_and_both_must_meet():
+    """The image demo's pick confirmed 278/s at p99 43.5 ms (0.87 of its 50 ms bound), then missed in two independent
+    20 s runs (70, 73 ms): near saturation a second run of the same length tells. A confirmation that met with less
+    than ``confirm_margin`` of the bound to spare runs once more; one that met with room to spare does not."""
+    knee = 120.0
+    calls: list[tuple[float, float, bool]] = []
+
+    def measure(rate: float, seconds: float, confirming: bool) -> LoadStep:
+        calls.append((rate, seconds, confirming))
+        runs = sum(1 for r, _, c in calls if c and r == rate)
+        if not confirming:
+            p99 = 5.0 if rate <= knee else 500.0
+        elif rate > 100:  # near saturation: the first run meets by a hair, the next one misses
+            p99 = 44.0 if runs == 1 else 70.0
+        else:
+            p99 = 20.0
+        ok = p99 <= 50.0
+        return LoadStep(rate_rps=rate, achieved_rps=rate, requests=int(rate * seconds) + 1, duration_s=seconds,
+                        p50_ms=2.0 if rate <= knee else 20.0 * rate / knee, p99_ms=p99, errors=0, meets=ok, valid=True,
+                        confirming=confirming, to_bound=p99 / 50.0)
+
+    result = search(measure, 10.0, FAST)
+    confirms = [r for r, _, c in calls if c]
+    assert result.confirmed and result.capacity_rps <= 100, "the rate met by a hair was not priced"
+    assert confirms[0] == confirms[1] > 100 and confirms.count(result.capacity_rps) == 1, "once more there, once below"
+    calls.clear()
+    off = search(measure, 10.0, SearchRules(**{**FAST.model_dump(), "confirm_margin": 1.0}))
+    assert off.capacity_rps > 100, "without the rule the hair's-breadth confirmation stands"
