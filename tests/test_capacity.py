@@ -337,3 +337,26 @@ def test_a_confirming_run_met_by_a_hair_runs_again_and_both_must_meet():
     calls.clear()
     off = search(measure, 10.0, SearchRules(**{**FAST.model_dump(), "confirm_margin": 1.0}))
     assert off.capacity_rps > 100, "without the rule the hair's-breadth confirmation stands"
+
+
+def test_a_knee_right_under_the_first_step_alone_is_tested_once_more():
+    """The first step runs on a server just started: the image demo's pick missed at 200/s first (p50 14.6 ms), then
+    met every rate up to 183/s, and an independent 20 s run met the bound at 208/s. When the bisection closes in on a
+    failing first step that ran once, it runs once more, and met, the search goes on above it."""
+    knee = 250.0
+    calls: list[tuple[float, float, bool]] = []
+
+    def measure(rate: float, seconds: float, confirming: bool) -> LoadStep:
+        calls.append((rate, seconds, confirming))
+        ok = rate <= knee and len(calls) > 1  # the first step alone is slow
+        return LoadStep(rate_rps=rate, achieved_rps=rate, requests=int(rate * seconds) + 1, duration_s=seconds,
+                        p50_ms=2.0 if ok else 20.0, p99_ms=5.0 if ok else 500.0, errors=0, meets=ok, valid=True,
+                        confirming=confirming, to_bound=(5.0 if ok else 500.0) / 50.0)
+
+    result = search(measure, 200.0, FAST)
+    assert result.confirmed and knee / (1 + FAST.precision) <= result.knee_rps <= knee, result.knee_rps
+    assert [r for r, _, _ in calls].count(200.0) == 2, "the first rate ran twice"
+    calls.clear()
+    steady, _ = knee_at(190.0)  # a real knee under the first step: it fails again and the knee stays
+    result = search(steady, 200.0, FAST)
+    assert result.confirmed and result.knee_rps <= 190.0

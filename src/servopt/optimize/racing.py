@@ -193,15 +193,17 @@ SCALING_SECONDS = 0.3
 # what serve.capacity's search reports, in its cache key: 2 = confirmed a headroom below the knee (a capacity stored by
 # the search before it, at the knee's edge, is searched again); 3 = a step missed in its tail alone is run again;
 # 4 = the search starts from the batch bound that fits the SLO (serve.capacity.slo_max_batch); 5 = a confirmation met
-# by a hair runs again (SearchRules.confirm_margin)
-CAPACITY_METHOD = 5
+# by a hair runs again (SearchRules.confirm_margin); 6 = a failing first step the knee closes in on runs again
+CAPACITY_METHOD = 6
 # a search's cap where the budget leaves more: a 15 s confirming run rerun once after a stall, and a slower model's
 # steps (an ImageNet EfficientNet-Lite0 at ~200/s here spent 45 s of 60 without confirming: two 15 s confirmations)
 CAPACITY_SECONDS = 90.0
 # what a budget keeps for a capacity search: one configuration's (bracket, bisect, confirm: 25-30 s for the demos)
 # and its server's start; the search uses whatever more the budget leaves, up to CAPACITY_SECONDS (the image demo's
-# took 31 s of the 70 s kept for it, and the 5-minute demo measured 4 variants where it had measured 9-12)
-CAPACITY_RESERVE_SECONDS = 40.0
+# took 31 s of the 70 s kept for it, and the 5-minute demo measured 4 variants where it had measured 9-12). 60 s: a
+# confirmation met by a hair runs twice (15 s each), and with 40 s kept the text demo's search ran out before any
+# rate was confirmed (2026-11-28, Xeon)
+CAPACITY_RESERVE_SECONDS = 60.0
 CAPACITY_MIN_SECONDS = 10.0
 CAPACITY_PICKS = 2  # picks served per target: the first, and the one its served capacity may make the pick
 
