@@ -38,7 +38,10 @@ def compare(
                              progress=lambda m: console.print(f"[dim]{escape(m)}[/dim]"))
         table = Table(title=f"against servopt's pick {result.pick} for {result.target} (peer ÷ pick, median of "
                             f"{result.rounds} rounds, interval)")
-        for col in ("peer", "status", "quality", "p50 ratio", "throughput ratio", "served req/s ratio"):
+        cols = {"p50_ms": "p50 ratio", "throughput_ips": "throughput ratio", "texts_p50_ms": "texts-in p50 ratio",
+                "texts_per_s": "texts/s ratio", "served_rps": "served req/s ratio"}
+        cols = {m: c for m, c in cols.items() if m in ("p50_ms", "throughput_ips") or any(r.metric == m for p in result.peers for r in p.ratios)}
+        for col in ("peer", "status", "quality", *cols.values()):
             table.add_column(col)
         for p in result.peers:
             by = {r.metric: r for r in p.ratios}
@@ -48,7 +51,7 @@ def compare(
                 return f"{r.ratio:.2f}× ({r.low:.2f}–{r.high:.2f})" if r else "—"
 
             table.add_row(p.name, p.status if p.status == "ok" else f"{p.status}: {escape(p.why or '')}",
-                          escape(p.quality_text), cell("p50_ms"), cell("throughput_ips"), cell("served_rps"))
+                          escape(p.quality_text), *(cell(m) for m in cols))
         console.print(table)
         if result.pick_note:
             console.print(f"{result.pick}: {escape(result.pick_note)}")

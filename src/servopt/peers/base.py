@@ -12,6 +12,9 @@ A peer is one file in ``peers/builtin/`` (or a plugin module) with a ``Peer`` su
 - ``serves`` and ``serve(inputs, answer, python)``: a peer with a server of its own (Infinity) starts it on its answer
   and hands back a ``Server`` (URL, model name, API, ``stop``); the served scenarios load it against servopt's pick
   under ``servopt serve``. An answer only its own server runs is ``PeerAnswer(offline=False)``.
+- ``encodes`` and ``encoder(inputs, answer)``: a peer with a text path of its own (sentence-transformers' ``encode``)
+  hands back texts → embeddings as its users call it (its tokenizer, batching and pooling), loaded in a fresh process
+  in its environment; the texts scenarios (``scenarios/texts.py``) time it against servopt's own text path.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class PeerAnswer(Contract):
 
 
 ServedApi = Literal["oip-v2", "openai-embeddings"]
+Encode = Callable[[list[str], int], Any]  # texts, batch size → their embeddings (an array [texts, dimensions])
 
 
 @dataclass
@@ -95,6 +99,7 @@ class Peer:
     families: ClassVar[tuple[str, ...]] = ()  # the model families it applies to
     requirements: ClassVar[tuple[str, ...]] = ()  # pinned; installed in its own environment when environment() says so
     serves: ClassVar[ServedApi | None] = None  # the API of its own server (served scenarios measure it); None: it has none
+    encodes: ClassVar[bool] = False  # it has a text path of its own (``encoder``): the texts scenarios time it
 
     def environment(self) -> EnvSpec | None:
         """Its own Python environment (None: it runs in servopt's)."""
@@ -146,6 +151,11 @@ class Peer:
         """Start its own server on ``answer`` (``serves`` names its API), ready when it returns: called in the comparing
         process, once per round; ``python`` is its environment's interpreter (servopt's when it has none)."""
         raise NotImplementedError(f"{self.name} has no server of its own")
+
+    def encoder(self, inputs: PeerInputs, answer: PeerAnswer) -> Encode:
+        """Texts in, embeddings out as the tool's users call it (``encodes`` says it has one): loaded once in a fresh
+        process in its environment, then ``encode(texts, batch_size)`` → an array [texts, dimensions]."""
+        raise NotImplementedError(f"{self.name} has no text path of its own")
 
 
 def copy_hf_folder(inputs: PeerInputs, name: str) -> Path:

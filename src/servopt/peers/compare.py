@@ -15,8 +15,9 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from servopt.bench.jobs import MeasureJob, OpenSpec
+from servopt.bench.jobs import JobBase, MeasureJob, OpenSpec
 from servopt.bench.protocol import Protocol
 from servopt.contracts import Artifact, Comparison, Measured, PeerResult, Record
 from servopt.errors import UserError
@@ -27,6 +28,7 @@ from servopt.peers.jobs import PeerBuildJob, PeerBuilt
 from servopt.peers.runner import Measure, launch_measure, ratios, run_rounds
 from servopt.peers.scenario import SCENARIOS, Scenario
 from servopt.peers.scenarios import served as served_scenarios
+from servopt.peers.scenarios import texts as texts_scenarios
 from servopt.results import write_json_atomic
 
 DEFAULT_SCENARIOS = ("single", "offline")
@@ -100,13 +102,22 @@ def build_key(peer: Peer, inputs: PeerInputs, env_key: str | None) -> str:
     return h.hexdigest()[:16]
 
 
+def in_env(job: JobBase, ready) -> JobBase:
+    """``job`` run by a peer's environment (``envs.ReadyEnv``: made once by ``ensure_env``) with servopt's source on its
+    path."""
+    from servopt.envs import servopt_src
+
+    return job.model_copy(update={"python": str(ready.python), "env": {
+        **job.env, "PYTHONPATH": str(servopt_src()), "PYTHONNOUSERSITE": "1", "VIRTUAL_ENV": str(ready.folder)}})
+
+
 def build_peer(peer: Peer, inputs: PeerInputs, workdir: Path, progress: Callable[[str], None]) -> PeerBuilt | str:
     """The peer's answer (or why it is unavailable), built in a fresh process in its environment, or the one built before
     from the same inputs (``build_key``); a string: why it failed."""
     from servopt.bench.launcher import launch
-    from servopt.envs import EnvCreationError, ensure_env, servopt_src
+    from servopt.envs import EnvCreationError, ensure_env
 
-    job = PeerBuildJob(inputs=inputs)
+    job: JobBase = PeerBuildJob(inputs=inputs)
     spec = peer.environment()
     if spec is not None:
         progress(f"{peer.name}: making its environment {spec.name} (once)")
@@ -114,9 +125,7 @@ def build_peer(peer: Peer, inputs: PeerInputs, workdir: Path, progress: Callable
             ready = ensure_env(spec, lambda line: progress(line) if not line.startswith(PIP_CHATTER) else None)
         except EnvCreationError as e:
             return PeerBuilt(unavailable=f"its environment could not be made here: {e.problem}")
-        job = job.model_copy(update={"python": str(ready.python),
-                                     "env": {"PYTHONPATH": str(servopt_src()), "PYTHONNOUSERSITE": "1",
-                                             "VIRTUAL_ENV": str(ready.folder)}})
+        job = in_env(job, ready)
     key = build_key(peer, inputs, spec.key() if spec is not None else None)
     stored = workdir / "answer.json"
     if stored.exists():
@@ -144,7 +153,7 @@ def _words(family: Family, name: str, runtime: str, m: Measured | None, original
 
 def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: int = 3, quick: bool = False,
             scenarios: list[str] | None = None, measure: Measure = launch_measure, served_s: float | None = None,
-            progress: Callable[[str], None] = lambda _m: None) -> Comparison:
+            progress: Callable[[str], None] = lambda _m: None, texts_measure: Measure = launch_measure) -> Comparison:
     """Build, measure, compare; write ``compare.json`` and return it."""
     if rounds < 1:
         raise UserError(f"--rounds {rounds}: at least one round is needed", fix="give --rounds 3 or more (an interval needs rounds)")
@@ -160,9 +169,13 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
     wanted = list(scenarios or DEFAULT_SCENARIOS)
     if scenarios is None and any(PEERS.get(n).serves for n in peers):  # a peer that serves: its served figures too
         wanted += served_scenarios.SERVED
+    if (scenarios is None and config.spec.family_name in texts_scenarios.FAMILIES
+            and any(PEERS.get(n).encodes for n in peers)):  # a peer with a text path of its own: texts in, end to end
+        wanted += texts_scenarios.TEXTS
     scs = [SCENARIOS.get(s) for s in wanted]
-    offline_scs = [s for s in scs if not getattr(s, "served", False)]
     served_scs = [s for s in scs if getattr(s, "served", False)]
+    texts_scs = [s for s in scs if getattr(s, "texts", False)]
+    offline_scs = [s for s in scs if s not in served_scs and s not in texts_scs]
     target_name, pick, pick_note = _pick(config, summary, records, target)
     original = next((r for r in records if r.name == summary.reference), None)
     if original is None or original.artifact is None:
@@ -230,6 +243,11 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
             "ratios": ratios(measured, pick_key, name, offline_scs) if name in jobs else [],
             "flagged_rounds": measured.flagged(name) if name in jobs else 0,
             "session": m.environment.session if m and m.environment else None})
+    if texts_scs:
+        encoding = [n for n in answers if PEERS.get(n).encodes and results[n].status == "ok"]
+        for name, update in texts_rounds(run, config, pick, pick_key, encoding, answers, inputs_of, texts_scs, rounds, proto,
+                                         texts_measure, progress, functools.partial(_served_quality, family, run, original)).items():
+            results[name] = results[name].model_copy(update={**update, "ratios": [*results[name].ratios, *update.get("ratios", [])]})
     if served_scs:
         served = [n for n in answers if PEERS.get(n).serves and results[n].status == "ok"]
         for name, update in serve_rounds(run.root, target_name, bool(pick_note), pick_key, served, answers, inputs_of,
@@ -263,6 +281,68 @@ def _served_quality(family: Family, run: RunDir, original: Record, name: str, em
     m = Measured(quality=quality)
     text, drop = _words(family, name, "served", m, original)
     return {"quality": m.quality, "quality_text": text, "quality_drop": drop}
+
+
+def texts_rounds(run: RunDir, config: RunConfig, pick: Record, pick_key: str, encoding: list[str],
+                 answers: dict[str, PeerAnswer], inputs_of: dict[str, PeerInputs], scenarios: list[Scenario], rounds: int,
+                 proto: Protocol, measure: Measure, progress: Callable[[str], None],
+                 judge: Callable[[str, Any], dict]) -> dict[str, dict]:
+    """The texts scenarios: servopt's pick through servopt's text path and each peer through its own (``Peer.encoder``, in
+    its environment), the run's evaluation texts in, a fresh process per measurement, the order flipped each round;
+    per peer, its texts ratios and what ran (the quality of its embeddings of the texts, and the pick's). A peer whose
+    text path fails keeps its other figures, and says why."""
+    import numpy as np
+
+    from servopt.envs import ensure_env
+
+    if not encoding:
+        return {}
+    tokenizer = (config.spec.preprocessing or {}).get("tokenizer")
+    texts = served_scenarios.eval_texts(Path(tokenizer), run.eval_data) if tokenizer else None
+    if not texts:
+        why = "the run's evaluation texts could not be read back (its model records no tokenizer.json to decode them)"
+        return {n: {"configuration": {**answers[n].configuration, "texts_not_measured": why}} for n in encoding}
+    workdir = run.work_root / "compare" / "texts"
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(workdir / "texts.json", texts)
+    common = {"texts": str(workdir / "texts.json"), "batch_size": max(1, proto.batch_size), "protocol": proto,
+              "save_embeddings": ""}
+    jobs: dict[str, JobBase] = {pick_key: texts_scenarios.TextsJob(
+        session=OpenSpec(name=pick.name, artifact=pick.artifact.opened(), runtime=pick.runtime, options=pick.options),  # type: ignore[union-attr]
+        spec=config.spec, env=pick.env, **common)}
+    for name in encoding:
+        spec = PEERS.get(name).environment()
+        job = texts_scenarios.TextsJob(peer=inputs_of[name], answer=answers[name], **common)
+        jobs[name] = in_env(job, ensure_env(spec)) if spec is not None else job
+
+    def measure_saving(job, wd: Path):  # each measurement saves its embeddings in its own folder
+        wd.mkdir(parents=True, exist_ok=True)
+        return measure(job.model_copy(update={"save_embeddings": str(wd / "embeddings.npy")}), wd)
+
+    measured = run_rounds(jobs, rounds, workdir, measure_saving, lambda m: progress(f"texts, {m}"))  # type: ignore[arg-type]
+    if pick_key in measured.failed:
+        why = f"servopt's pick could not encode the texts: {measured.failed[pick_key]}"
+        return {n: {"configuration": {**answers[n].configuration, "texts_not_measured": why}} for n in encoding}
+
+    def described(name: str) -> tuple[str, str, float | None]:
+        first = next((m for m in measured.measured[name] if m is not None), None)
+        if first is None or not first.embeddings:
+            return "", "", None
+        return first.through, judge(name, np.load(first.embeddings)).get("quality_text", ""), first.load_s
+
+    _, pick_quality, pick_load = described(pick_key)
+    out: dict[str, dict] = {}
+    for name in encoding:
+        conf = dict(answers[name].configuration)
+        if name in measured.failed:
+            out[name] = {"configuration": {**conf, "texts_not_measured": f"its text path failed: {measured.failed[name]}"}}
+            continue
+        through, quality, load_s = described(name)
+        out[name] = {"ratios": ratios(measured, pick_key, name, scenarios),
+                     "configuration": {**conf, "texts_through": through, "texts_quality": quality, "texts_load_s": load_s,
+                                       "texts_pick_quality": pick_quality, "texts_pick_load_s": pick_load,
+                                       "texts": f"{len(texts)} evaluation texts (their token ids decoded)"}}
+    return out
 
 
 def _python(peer: Peer) -> Path:

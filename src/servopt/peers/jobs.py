@@ -9,6 +9,7 @@ from typing import ClassVar, Literal
 from servopt.bench.jobs import JobBase, register_job
 from servopt.contracts import Contract
 from servopt.peers.base import PeerAnswer, PeerInputs, PeerUnavailable
+from servopt.peers.scenarios import texts as _texts  # noqa: F401  (registers the texts scenarios' job)
 
 
 class PeerBuilt(Contract):

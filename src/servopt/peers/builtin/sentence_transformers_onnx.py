@@ -7,7 +7,8 @@ picks it).
 ST runs its ONNX file for the token embeddings and pools them in torch (its ``Pooling`` and ``Normalize`` modules). So
 that servopt's runtimes can measure and judge it on the run's token ids like every other answer, the build appends
 those same two steps to ST's graph (masked mean over the tokens, then L2 normalization: ``pool_in_graph``), read from
-ST's own modules; a model whose modules do anything else is not this peer's. ST's ONNX session is ONNX Runtime as
+ST's own modules; a model whose modules do anything else is not this peer's. The texts scenarios
+(``scenarios/texts.py``) time ST's own ``encode()`` on its exported file instead, texts in (``encoder``). ST's ONNX session is ONNX Runtime as
 shipped (what ``ORTModel`` opens: every fusion, its own threads). It replaces the ONNX half of the former
 ``benchmarks/text_speed.py`` (docs/benchmarks.md, "Retired scripts"), whose pins it keeps: sentence-transformers 6
 cannot have its ``[onnx]`` extra (optimum-onnx caps transformers below 4.58, ST 6 needs 5), so ST 5.7.0."""
@@ -22,7 +23,16 @@ from typing import ClassVar
 
 from servopt.contracts import Artifact
 from servopt.envs import EnvSpec
-from servopt.peers.base import ORT_AS_SHIPPED, Peer, PeerAnswer, PeerInputs, PeerUnavailable, copy_hf_folder, register_peer
+from servopt.peers.base import (
+    ORT_AS_SHIPPED,
+    Encode,
+    Peer,
+    PeerAnswer,
+    PeerInputs,
+    PeerUnavailable,
+    copy_hf_folder,
+    register_peer,
+)
 
 POOLING = "mean"  # the pooling pool_in_graph appends (ST's default for sentence encoders)
 
@@ -74,6 +84,7 @@ class SentenceTransformersOnnx(Peer):
     int8: ClassVar[bool] = False  # its dynamic INT8 export rather than the fp32 one
     families = ("text-embedding",)
     requirements = ("sentence-transformers==5.7.0", "optimum-onnx==0.1.0", "torch==2.13.0", "transformers>=4.57,<4.58")
+    encodes = True  # the texts scenarios time its own encode() on its ONNX file
 
     def environment(self) -> EnvSpec:
         return self.own_environment("sentence-transformers-onnx")  # one environment for both of this file's peers
@@ -127,9 +138,16 @@ class SentenceTransformersOnnx(Peer):
                 "tool": f"sentence-transformers {sentence_transformers.__version__}, optimum-onnx {metadata.version('optimum-onnx')}, "
                         f"onnxruntime {metadata.version('onnxruntime')}",
                 "call": call, **({"preset": preset} if preset else {}), "modules": list(modules), "pooling": mode,
-                "normalize": "Normalize" in modules,
+                "normalize": "Normalize" in modules, "st_folder": str(folder), "st_file": exported.relative_to(folder).as_posix(),
                 "measured_as": f"ST's {exported.name} with its Pooling{' and Normalize' if 'Normalize' in modules else ''} "
                                "appended to the graph (ST runs them in torch after ONNX Runtime), in ONNX Runtime as shipped"})
+
+    def encoder(self, inputs: PeerInputs, answer: PeerAnswer) -> Encode:
+        """ST's own ``encode()`` on the file its export wrote (ST's graph, its pooling in torch), as its guide loads it."""
+        from servopt.peers.builtin.sentence_transformers_torch import st_encoder
+
+        conf = answer.configuration
+        return st_encoder(conf["st_folder"], backend="onnx", model_kwargs={"file_name": conf["st_file"]})
 
 
 @register_peer

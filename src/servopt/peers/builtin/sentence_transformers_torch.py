@@ -3,8 +3,9 @@
 
 Its answer is the same module servopt's torch source of the run is (``models.hf_encoder``: Transformer → Pooling →
 Normalize, read from the same ``modules.json``), so it is measured as that torch artifact through servopt's torch
-runtime, on the run's token ids (ST's own tokenizing and length sorting are not timed; the build checks that ST's
-pooling and normalization are the ones servopt's module runs). ST's ONNX backend and its dynamic INT8 export are peers
+runtime, on the run's token ids (the build checks that ST's pooling and normalization are the ones servopt's module
+runs); the texts scenarios (``scenarios/texts.py``) time ST's own ``encode()`` instead, texts in: its tokenizing, its
+sort by length and its pooling in torch. ST's ONNX backend and its dynamic INT8 export are peers
 of their own (``sentence_transformers_onnx.py``: they need Optimum, in an environment of theirs); its OpenVINO backend
 is not a peer yet, which this peer says in what it ran."""
 
@@ -13,7 +14,21 @@ from __future__ import annotations
 import os
 import time
 
-from servopt.peers.base import Peer, PeerAnswer, PeerInputs, PeerUnavailable, importable, register_peer
+from servopt.peers.base import Encode, Peer, PeerAnswer, PeerInputs, PeerUnavailable, importable, register_peer
+
+
+def st_encoder(folder: str, **kwargs) -> Encode:
+    """``SentenceTransformer(folder, device="cpu", **kwargs).encode`` as a user calls it: texts in, its embeddings out
+    (its tokenizer, its sort by length, its pooling and normalization), loaded once."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder: never the hub
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(folder, device="cpu", **kwargs)
+
+    def encode(texts: list[str], batch_size: int):
+        return model.encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
+
+    return encode
 
 
 @register_peer
@@ -22,6 +37,7 @@ class SentenceTransformersTorch(Peer):
     description = "sentence-transformers' default backend (torch eager, fp32, inference_mode)"
     families = ("text-embedding",)
     requirements = ("sentence-transformers==6.2.0",)
+    encodes = True  # the texts scenarios time its own encode()
 
     def available(self, inputs: PeerInputs) -> tuple[bool, str]:
         ok, why = self.applies(inputs)
@@ -63,3 +79,7 @@ class SentenceTransformersTorch(Peer):
                                          "max_seq_length": model.max_seq_length, "torch_threads": torch.get_num_threads(),
                                          "measured_as": "servopt's torch artifact of the same folder (the same modules)",
                                          "not_here": not_here})
+
+    def encoder(self, inputs: PeerInputs, answer: PeerAnswer) -> Encode:
+        assert inputs.original.ref is not None
+        return st_encoder(inputs.original.ref.path)

@@ -165,13 +165,14 @@ def embed(server: Server, texts: list[str], batch: int = 32) -> list[list[float]
 
 
 def eval_texts(folder: str | Path, data: Path) -> list[str] | None:
-    """The run's evaluation samples as texts: its token ids decoded by the model folder's ``tokenizer.json`` (special
-    tokens and padding dropped), so a server that tokenizes for itself embeds the same sentences; None without one."""
+    """The run's evaluation samples as texts: its token ids decoded by the model folder's ``tokenizer.json`` (or that
+    file itself; special tokens and padding dropped), so a tool that tokenizes for itself embeds the same sentences;
+    None without one."""
     import numpy as np
 
     from servopt.data.dataset import Dataset
 
-    path = Path(folder) / "tokenizer.json"
+    path = Path(folder) if Path(folder).suffix == ".json" else Path(folder) / "tokenizer.json"
     if not path.exists():
         return None
     from tokenizers import Tokenizer
