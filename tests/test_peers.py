@@ -229,6 +229,20 @@ def test_an_answer_built_from_the_same_inputs_is_reused_and_rebuilt_when_they_ch
     assert not copy_peer().reused_build
 
 
+def test_a_peers_answer_for_a_run_is_built_as_compare_builds_it_or_refused_with_why(tiny_run, fake_peers):
+    """What a benchmark serving or timing a peer outside a comparison starts from (text_servers.py: Infinity)."""
+    from servopt.errors import UserError
+    from servopt.peers.compare import built_answer
+
+    peer, answer, inputs, python = built_answer(tiny_run, "copy-of-fp32")
+    assert peer.name == "copy-of-fp32" and Path(answer.artifact.path).is_file() and python == Path(sys.executable)
+    assert inputs.peer == "copy-of-fp32" and inputs.calibration and not inputs.quick
+    with pytest.raises(UserError, match="frobnicator"):
+        built_answer(tiny_run, "never-here")
+    with pytest.raises(UserError, match="hub cannot be reached"):
+        built_answer(tiny_run, "gone-at-build")
+
+
 @pytest.fixture
 def served_peers(monkeypatch):
     yield from _plugin(monkeypatch, "fake_served_peer", ("served-copy", "server-never-up"))

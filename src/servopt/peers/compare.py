@@ -144,6 +144,27 @@ def build_peer(peer: Peer, inputs: PeerInputs, workdir: Path, progress: Callable
     return built
 
 
+def built_answer(run_dir: Path, name: str, progress: Callable[[str], None] = lambda _m: None
+                 ) -> tuple[Peer, PeerAnswer, PeerInputs, Path]:
+    """(the peer, its answer for the run, its inputs, its environment's interpreter): built, or reused, as ``compare``
+    builds it; what a benchmark that serves or times a peer outside a comparison starts from."""
+    run, config = RunDir(run_dir), load_config(run_dir)
+    summary, records = load_run(run_dir)
+    original = next((r for r in records if summary is not None and r.name == summary.reference), None)
+    if config is None or original is None:
+        raise UserError(f"{run_dir} is not a finished run", fix="run the same servopt optimize again (it resumes)")
+    peer = PEERS.get(name)
+    inputs = peer_inputs(run, config, records, original, name, quick=False)
+    ok, why = peer.available(inputs)
+    if not ok:
+        raise UserError(f"{name} cannot run here: {why}", fix=f"servopt compare {run_dir} --list names the peers")
+    built = build_peer(peer, inputs, run.work_root / "compare" / name / "build-job", progress)
+    if isinstance(built, str) or built.answer is None:
+        raise UserError(f"{name}'s build: {built if isinstance(built, str) else built.unavailable}",
+                        fix=f"see {run.work_root / 'compare' / name / 'build-job'}")
+    return peer, built.answer, inputs, _python(peer)
+
+
 def _words(family: Family, name: str, runtime: str, m: Measured | None, original: Record) -> tuple[str, float | None]:
     if m is None or m.quality is None:
         return "", None
