@@ -5,19 +5,12 @@
     PYTHONPATH=src python benchmarks/racing.py --races 1 --budget 3m  # + a budgeted run: is the budget honoured?
     PYTHONPATH=src python benchmarks/racing.py --full-from runs/racing/racing.json  # races against an earlier full sweep
 
-Every run is `servopt demo` in a fresh run directory (builds included: a user's first run), in its own process, one
-after another on this machine: the full sweep (`--full`) first, then the races (`servopt demo` as a user runs it:
-its default `--budget 5m`), and the budgeted run. The one-time
-model preparation (training the demo model, or finding the MiniLM weights) is done before the first timed run.
-A race "agrees" with the full sweep on a target when it picks the same variant, or one no more than 3 % behind the full
-sweep's pick on the target's objective **in a same-run measurement**: the two picks, built by the full sweep, taking
-turns block by block in one process (``bench.duel``, up to 20 s: the median of per-pair ratios, with its interval;
-until 2026-11-27 this was the sweep's interleave protocol, 6 rounds of seconds each, whose rounds moved one encoder's
-p50 by 30 %). The full sweep's own records
-are no judge of a 3 % gap: they mix figures from different moments of this shared machine (a sweep figure of one
-variant, the side-by-side re-measure of another), and two builds of one configuration (ort-int8-calibration-search
-settling on plain MinMax U8S8 with 7-bit weights, and ort-int8-static-qop-u8s8-rr) differed by 20 % there. That gap is
-printed too. Prints a table and writes ``racing.json`` beside the runs, with the CPU and its flags.
+Each run is `servopt demo` in a fresh folder and its own process, one after another: the full sweep (`--full`), the
+races (the demo's default `--budget 5m`), the budgeted run; the demo's model is prepared once, untimed. A race agrees
+with the full sweep on a target when it picks the same variant, or one at most 3 % behind the full sweep's pick on the
+target's objective in a 20 s duel of the two builds (``bench.duel``: blocks taking turns in one process, the median of
+per-pair ratios with its interval). The gap in the full sweep's own records, which mix moments of a shared machine, is
+printed beside it (docs/benchmarks.md says why it is no judge). Writes ``racing.json`` with the CPU and its flags.
 """
 
 from __future__ import annotations
@@ -57,13 +50,9 @@ def run_demo(out: Path, text: bool, extra: list[str]) -> dict:
 
 def objective_figure(out: Path, target: str, variant: str | None) -> float | None:
     """The target's objective figure of ``variant`` in a run (interleaved where re-measured, else the sweep's)."""
-    summary, _ = load_run(out)
-    decision = next(d for d in summary.targets if d.target.name == target)
-    verdict = next((v for v in decision.verdicts if v.variant == variant), None)
-    if verdict is None:
-        return None
-    f = verdict.figures
-    return f.throughput_ips if decision.target.objective == "throughput" else f.p50_ms
+    decision = next(d for d in load_run(out)[0].targets if d.target.name == target)
+    f = next((v.figures for v in decision.verdicts if v.variant == variant), None)
+    return None if f is None else f.throughput_ips if decision.target.objective == "throughput" else f.p50_ms
 
 
 def side_by_side(full_out: Path, objective: str, theirs: str, mine: str) -> tuple[float, list[float]] | None:
@@ -86,10 +75,8 @@ def side_by_side(full_out: Path, objective: str, theirs: str, mine: str) -> tupl
 def agreement(full: dict, race: dict) -> dict[str, str]:
     """Per target: 'same', or 'within 3 %' / 'differs' judged side by side (with the gap, and the gap in the full sweep's
     records, which mix moments)."""
-    out = {}
-    full_out = Path(full["out"])
-    summary, _ = load_run(full_out)
-    objectives = {d.target.name: d.target.objective for d in summary.targets}
+    out, full_out = {}, Path(full["out"])
+    objectives = {d.target.name: d.target.objective for d in load_run(full_out)[0].targets}
     for target, pick in full["picks"].items():
         mine = race["picks"].get(target)
         if mine == pick:
