@@ -116,6 +116,22 @@ def test_the_progress_bar_counts_a_resumed_runs_cached_records_before_it_starts(
     assert bar.tasks[0].completed == 3 and bar.tasks[0].total == 5
 
 
+def test_the_progress_bar_s_time_left_never_runs_past_the_budget(monkeypatch):
+    """A 1-minute budget's bar said ETA 0:08:24 from the first variants' pace: the sweep stops at the budget's end, so
+    the estimate shown is the smaller of the two (marked), and rich's own where it is the smaller."""
+    from types import SimpleNamespace
+
+    import servopt.cli.optimize as cli
+
+    column = cli._BudgetRemaining(60.0)
+    slow = SimpleNamespace(finished=False, time_remaining=504.0, total=29, completed=2, speed=None, elapsed=40.0)
+    shown = column.render(slow).plain
+    assert "(budget)" in shown and shown.startswith(("0:00:", "0:01:00")), shown
+    quick = SimpleNamespace(finished=False, time_remaining=5.0, total=29, completed=27, speed=None, elapsed=40.0)
+    assert "(budget)" not in column.render(quick).plain
+    assert "(budget)" not in cli._BudgetRemaining(None).render(slow).plain, "no budget: rich's estimate"
+
+
 def test_default_budget_and_full_lifts_it():
     from servopt.cli.optimize import optimize_settings
 
