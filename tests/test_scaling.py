@@ -294,3 +294,35 @@ def test_a_pick_moved_past_the_served_ones_is_said_to_be_judged_offline():
     out = SweepInstance.run_capacity(sweep, [target], decided, records, None)
     assert [c.variant for c in out[target.name]] == names[:-1]
     assert any(p.startswith(f"{target.name}: {names[-1]} became the pick") and "offline figures" in p for p in sweep.problems)
+
+
+def test_a_capacity_search_that_ran_out_of_time_is_kept_for_reading_and_searched_again(tmp_path):
+    """A search the budget cut short is no capacity, so a rerun with more time searches again; but its steps are what
+    says why it ran out (the image demo's pick ran out of its 60 s and left nothing to read), so they are kept."""
+    import json
+    from types import SimpleNamespace
+
+    from servopt.contracts import Capacity, LoadStep, Record
+    from servopt.optimize.instance import SweepInstance
+    from servopt.optimize.targets import PRESETS
+
+    target = PRESETS["cpu-server"]
+    rec = Record(name="a", runtime="onnxruntime", status="ok", artifact={"format": "onnx", "path": "/a.onnx"})
+    step = LoadStep(rate_rps=200.0, achieved_rps=190.0, requests=300, duration_s=1.5, p50_ms=14.6, p99_ms=65.0, errors=0,
+                    meets=False, valid=True)
+    calls = []
+
+    def submit(fn, *args, **kw):
+        calls.append(args)
+        return SimpleNamespace(result=lambda: Capacity(variant="a", slo="p99 <= 50 ms", capacity_rps=0.0, steps=[step],
+                                                       timed_out=True))
+
+    sweep = SimpleNamespace(problems=[], settings=SimpleNamespace(quick=False, budget="5m"), left=lambda: 60.0,
+                            dir=SimpleNamespace(capacity=lambda t, v: tmp_path / f"{t}-{v}.json"), out=tmp_path,
+                            progress=SimpleNamespace(step=lambda m: None), executor=SimpleNamespace(submit=submit),
+                            kinds={}, _for=lambda kind: "", capacity_probe=object())
+    assert SweepInstance._capacity_of(sweep, target, rec, None) is None
+    kept = json.loads((tmp_path / "cpu-server-a.json").read_text())
+    assert kept["cache_key"] is None and kept["capacity"]["steps"][0]["p50_ms"] == 14.6
+    assert SweepInstance._capacity_of(sweep, target, rec, None) is None and len(calls) == 2, "searched again"
+    assert "ran out of the time the budget left it" in sweep.problems[0]
