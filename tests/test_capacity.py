@@ -364,3 +364,18 @@ def test_a_knee_closing_in_on_a_rate_that_missed_once_runs_it_again(start):
     steady, _ = knee_at(190.0)  # a real knee under the first step: it fails again and the knee stays
     result = search(steady, 200.0, FAST)
     assert result.confirmed and result.knee_rps <= 190.0
+
+
+def test_a_doubling_after_a_rerun_is_not_read_as_a_halving():
+    """The text pick missed 800/s, met it when run again, doubled to 1,600/s (p50 216 ms) and the search said "p50 216
+    ms at 1.6e+03/s, as at twice the rate: no lower rate meets it": only a lower failing rate is a halving."""
+    def measure(rate: float, seconds: float, confirming: bool) -> LoadStep:
+        first_800 = rate == 800 and seconds < 0.2 and not confirming
+        ok = rate <= 1000 and not first_800
+        p99 = 55.0 if first_800 else 10.0 if ok else 300.0  # the first 800/s misses narrowly: it runs again
+        p50 = 10.0 if rate <= 1000 else 216.0
+        return LoadStep(rate_rps=rate, achieved_rps=rate, requests=int(rate * seconds) + 1, duration_s=seconds, p50_ms=p50,
+                        p99_ms=p99, errors=0, meets=ok, valid=True, confirming=confirming, to_bound=p99 / 50.0)
+
+    result = search(measure, 200.0, FAST)
+    assert result.stopped is None and result.confirmed and 900 <= result.knee_rps <= 1000
