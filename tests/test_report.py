@@ -122,3 +122,21 @@ def test_a_new_int8_pass_needs_no_edit_in_the_report(run_v1):
         assert _int8_table(run_v1, _variants(records, [case])) == {"int8-0": "3-bit weights, 128 groups"}
     finally:
         PASSES.classes.pop("four-bit-test")
+
+
+def test_the_comparison_section_shows_every_figure_the_peers_have_even_one_it_has_no_label_for():
+    """The texts scenarios came as one file each; the report's labels did not know their figures and dropped them from
+    the section (they were in compare.json and the terminal only)."""
+    from servopt.contracts import Comparison, PeerRatio, PeerResult
+    from servopt.optimize.compare_report import markdown
+
+    def ratio(metric: str, better: str) -> PeerRatio:
+        return PeerRatio(metric=metric, scenario=metric, better=better, ratio=0.4, low=0.35, high=0.45, confidence=0.75,
+                         rounds=[0.35, 0.4, 0.45], pick_median=2.0, peer_median=0.8)
+
+    peer = PeerResult(name="sentence-transformers", status="ok", ratios=[ratio("texts_per_s", "higher"),
+                                                                         ratio("p50_ms", "lower"), ratio("brand_new", "lower")])
+    c = Comparison(created="2026-11-28", run_dir="r", target="cpu-server", pick="ort-int8", scenarios=["texts"], rounds=3,
+                   order=[["a"]], peers=[peer])
+    head = markdown(c).splitlines()[4]
+    assert head.index("p50 (single request)") < head.index("texts in: texts/s (batches)") < head.index("brand_new"), head

@@ -13,7 +13,15 @@ TITLE = "Against the tools you would use instead"
 METRICS = {"p50_ms": "p50 (single request)", "throughput_ips": "throughput (offline batches)",
            "served_rps": "served requests/s (closed loop)", "served_p50_ms": "served p50", "served_p99_ms": "served p99",
            "served_cpu_ms": "server CPU per request",
-           "poisson_p99_ms": "p99 at a Poisson rate"}
+           "poisson_p99_ms": "p99 at a Poisson rate", "texts_p50_ms": "texts in: p50 (one text a call)",
+           "texts_per_s": "texts in: texts/s (batches)"}
+
+
+def _metrics(c: Comparison) -> list[str]:
+    """The figures the peers' ratios have, in METRICS' order, then any a newer scenario added (under its own name: a
+    scenario is one file, and its figure must not vanish from the report for want of a label here)."""
+    seen = list(dict.fromkeys(r.metric for p in c.peers for r in p.ratios))
+    return [m for m in METRICS if m in seen] + [m for m in seen if m not in METRICS] or list(METRICS)
 
 
 def load_comparison(out: Path) -> Comparison | None:
@@ -58,16 +66,16 @@ def _intro(c: Comparison) -> str:
 
 
 def markdown(c: Comparison) -> str:
-    metrics = [m for m in METRICS if any(r.metric == m for p in c.peers for r in p.ratios)] or list(METRICS)
-    head = ["peer", "what it ran", "quality", *(METRICS[m] for m in metrics)]
+    metrics = _metrics(c)
+    head = ["peer", "what it ran", "quality", *(METRICS.get(m, m) for m in metrics)]
     lines = [f"## {TITLE}", "", _intro(c), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(p, metrics)) + " |" for p in c.peers]
     return "\n".join(lines) + "\n"
 
 
 def html(c: Comparison) -> str:
-    metrics = [m for m in METRICS if any(r.metric == m for p in c.peers for r in p.ratios)] or list(METRICS)
-    head = ["peer", "what it ran", "quality", *(METRICS[m] for m in metrics)]
+    metrics = _metrics(c)
+    head = ["peer", "what it ran", "quality", *(METRICS.get(m, m) for m in metrics)]
     rows = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in _row(p, metrics)) + "</tr>" for p in c.peers)
     return (f"<h2>{TITLE}</h2><p>{escape(_intro(c))}</p><table><tr>"
             + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr>{rows}</table>\n")
