@@ -50,8 +50,7 @@ def main() -> None:
     slo = parse_slo(cap.slo.replace(" ", "").replace("<=", "="))
     print(f"# {cpu_model()} ({cpu_features().level}); {cap.variant} within {cap.slo}: reported {cap.capacity_rps:.1f} req/s, "
           f"{cfg.label}")
-    args_ = ["--variant", cap.variant, "--instances", str(cfg.instances), "--threads", str(cfg.threads),
-             "--max-batch", str(cfg.max_batch), "--max-delay-us", str(cfg.max_delay_us), "--name", "m"]
+    args_ = ["--variant", cap.variant, *cfg.serve_args(), "--name", "m"]
     rows: dict[float, list[dict]] = {1.0: [], args.over: []}
     for i in range(args.rounds):
         for factor in round_order([1.0, args.over], i):
@@ -65,7 +64,7 @@ def main() -> None:
             print(f"round {i + 1}: {factor:.2f}x = {cap.capacity_rps * factor:8.1f} req/s for {args.seconds:g} s: {s['ok']} "
                   f"answers, p50 {s['latency_ms']['p50']:.1f} ms, p{slo.percentile} {value:.1f} ms, {errors} errors → "
                   f"{'meets' if meets else 'misses'} {cap.slo}", flush=True)
-    # by the median run at each rate: one 20 s run's p99 on a shared machine is itself a coin near the bound
+    # by the majority of the runs at each rate: one 20 s run's p99 on a shared machine is itself a coin near the bound
     held = {f: sum(r["meets"] for r in rs) > len(rs) / 2 for f, rs in rows.items()}
     agrees = held[1.0] and not held[args.over]
     print(f"capacity {'agrees' if agrees else 'DISAGREES'} with the independent open loop (meets at 1x in "

@@ -574,6 +574,11 @@ class ServeConfig(Contract):
     def label(self) -> str:
         return f"{self.instances}×{self.threads} threads, batch ≤ {self.max_batch}, wait ≤ {self.max_delay_us} µs"
 
+    def serve_args(self) -> list[str]:
+        """``servopt serve``'s options for this configuration."""
+        return ["--instances", str(self.instances), "--threads", str(self.threads), "--max-batch", str(self.max_batch),
+                "--max-delay-us", str(self.max_delay_us)]
+
 
 class LoadStep(Contract):
     """One offered rate of a capacity search (an open loop of Poisson arrivals)."""

@@ -25,6 +25,7 @@ def compare(
     measurement, the order flipped each round), write compare.json and the report's comparison section."""
 
     def go() -> None:
+        from servopt.optimize.compare_report import METRICS, metrics_of, ratio_text
         from servopt.peers.base import PEERS
         from servopt.peers.compare import compare as run_compare
 
@@ -38,20 +39,13 @@ def compare(
                              progress=lambda m: console.print(f"[dim]{escape(m)}[/dim]"))
         table = Table(title=f"against servopt's pick {result.pick} for {result.target} (peer ÷ pick, median of "
                             f"{result.rounds} rounds, interval)")
-        cols = {"p50_ms": "p50 ratio", "throughput_ips": "throughput ratio", "texts_p50_ms": "texts-in p50 ratio",
-                "texts_per_s": "texts/s ratio", "served_rps": "served req/s ratio"}
-        cols = {m: c for m, c in cols.items() if m in ("p50_ms", "throughput_ips") or any(r.metric == m for p in result.peers for r in p.ratios)}
-        for col in ("peer", "status", "quality", *cols.values()):
+        metrics = metrics_of(result)  # the report's columns and words: one table of labels
+        for col in ("peer", "status", "quality", *(METRICS.get(m, m) for m in metrics)):
             table.add_column(col)
         for p in result.peers:
             by = {r.metric: r for r in p.ratios}
-
-            def cell(metric: str, by=by) -> str:
-                r = by.get(metric)
-                return f"{r.ratio:.2f}× ({r.low:.2f}–{r.high:.2f})" if r else "—"
-
             table.add_row(p.name, p.status if p.status == "ok" else f"{p.status}: {escape(p.why or '')}",
-                          escape(p.quality_text), *(cell(m) for m in cols))
+                          escape(p.quality_text), *(escape(ratio_text(by.get(m))) for m in metrics))
         console.print(table)
         if result.pick_note:
             console.print(f"{result.pick}: {escape(result.pick_note)}")

@@ -17,7 +17,7 @@ METRICS = {"p50_ms": "p50 (single request)", "throughput_ips": "throughput (offl
            "texts_per_s": "texts in: texts/s (batches)"}
 
 
-def _metrics(c: Comparison) -> list[str]:
+def metrics_of(c: Comparison) -> list[str]:
     """The figures the peers' ratios have, in METRICS' order, then any a newer scenario added (under its own name: a
     scenario is one file, and its figure must not vanish from the report for want of a label here)."""
     seen = list(dict.fromkeys(r.metric for p in c.peers for r in p.ratios))
@@ -66,7 +66,7 @@ def _intro(c: Comparison) -> str:
 
 
 def markdown(c: Comparison) -> str:
-    metrics = _metrics(c)
+    metrics = metrics_of(c)
     head = ["peer", "what it ran", "quality", *(METRICS.get(m, m) for m in metrics)]
     lines = [f"## {TITLE}", "", _intro(c), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(p, metrics)) + " |" for p in c.peers]
@@ -74,7 +74,7 @@ def markdown(c: Comparison) -> str:
 
 
 def html(c: Comparison) -> str:
-    metrics = _metrics(c)
+    metrics = metrics_of(c)
     head = ["peer", "what it ran", "quality", *(METRICS.get(m, m) for m in metrics)]
     rows = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in _row(p, metrics)) + "</tr>" for p in c.peers)
     return (f"<h2>{TITLE}</h2><p>{escape(_intro(c))}</p><table><tr>"

@@ -154,7 +154,7 @@ class SweepInstance:
             self.problems.append(f"{t.name}: the capacity search of {pick} failed: {capacity.error} — priced on the offline figures")
             return None
         if capacity.timed_out:  # kept for reading (its steps), never reused: a rerun with more time searches it
-            write_json_atomic(path, {"cache_key": None, "timed_out_key": cache_key, "capacity": capacity.model_dump(mode="json")})
+            write_json_atomic(path, {"cache_key": None, "capacity": capacity.model_dump(mode="json")})
             why = ("the time the budget left it", "rerun with a larger --budget") if budget_bound else (
                 f"its {seconds:.0f} s", "the model's steps and confirming runs are long on this machine; rerun, or serve it "
                 "and run servopt loadtest --slo")

@@ -30,6 +30,7 @@ import numpy as np
 from servopt.bench.blocks import BlockWorker, answer_blocks, protocol_channel
 from servopt.bench.cputime import machine_busy_s, own_cpu_s, tree_cpu_s, tree_kb
 from servopt.bench.rounds import per_round_ratios, round_order
+from servopt.families.metrics import cosine
 from servopt.peers.builtin.infinity import MODEL as MODEL_NAME  # every server serves the model under this name
 from servopt.serve import rawhttp
 
@@ -107,11 +108,6 @@ def block_texts_per_s(answer: dict, what: str) -> float:
 def median_ratio(a: list[float | None], b: list[float | None]) -> float | None:
     ratios = per_round_ratios([x or None for x in a], b)
     return statistics.median(ratios) if ratios else None
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def step_figures(raw: dict, texts_per_request: int, ncpu: int = 1) -> dict:
@@ -327,7 +323,7 @@ def served_rounds(names: list[str], start: Callable[[str], tuple[list[str], Runn
                 print(f"  {name} ready in {srv.start_s:.1f} s ({rss_mb:.0f} MB)", flush=True)
                 emb = embed(srv.url, pools["shipped"], "float")
                 b64 = embed(srv.url, pools["shipped"][:16], "base64")
-                cos = cosine_rows(emb, reference)
+                cos = cosine(emb, reference)
                 info = {"start_s": round(srv.start_s, 2), "rss_after_start_mb": round(rss_mb, 1),
                         "cosine": {"mean": float(cos.mean()), "min": float(cos.min()), "texts": len(cos),
                                    "base64_matches_float": float(np.abs(b64 - emb[:16]).max())}}

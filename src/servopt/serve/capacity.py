@@ -128,7 +128,7 @@ def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, 
         last = steps[-1]
         if last.meets and confirming and last.to_bound is not None and last.to_bound > rules.confirm_margin \
                 and (until is None or time.monotonic() + seconds <= until):
-            steps.append(measure(rate, seconds, confirming))  # met by a hair: once more, and both must meet
+            steps.append(measure(rate, seconds, confirming))  # met by a hair: once more, both must meet (no time: it stands)
             return steps[-1].meets
         if last.meets or not last.valid or last.errors:
             return last.meets
@@ -176,8 +176,8 @@ def search(measure: Callable[[float, float, bool], LoadStep], start_rps: float, 
                     # each rate's last step, where it failed: a rerun of one rate (a stall's, a narrow miss's) is not a
                     # halving, a rate whose rerun met did not fail, and a rate above the last failure is a doubling (the
                     # text pick's 800/s missed, met when rerun, and 1,600/s then read as "halving no longer helps")
-                    last = {s.rate_rps: s for s in steps}
-                    failed = [s for s in last.values() if not s.meets and s.p50_ms is not None]
+                    latest = {s.rate_rps: s for s in steps}
+                    failed = [s for s in latest.values() if not s.meets and s.p50_ms is not None]
                     if len(failed) >= 2 and failed[-1].rate_rps < failed[-2].rate_rps and failed[-1].p50_ms >= 0.8 * failed[-2].p50_ms:
                         # halving the rate no longer shortens the median: the service time misses the bound, not a queue,
                         # and no lower rate will meet it (a slow model on one thread per instance: another layout may)
@@ -363,8 +363,7 @@ def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: floa
         key = cfg.model_dump_json()
         if key not in tried:
             log(f"capacity of {variant} within {slo}: {cfg.label}")
-            args = ["--variant", variant, "--instances", str(cfg.instances), "--threads", str(cfg.threads),
-                    "--max-batch", str(cfg.max_batch), "--max-delay-us", str(cfg.max_delay_us), "--name", "m"]
+            args = ["--variant", variant, *cfg.serve_args(), "--name", "m"]
             until = None if budget_s is None else started + budget_s
             with ServerProcess(run_dir, *args) as server:
                 tried[key] = (cfg, measure_capacity(server.url, "m", slo, start, rules, until=until))
