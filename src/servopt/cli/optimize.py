@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -141,33 +142,30 @@ def result_line(record, family) -> str:
 
 class _BudgetRemaining(TimeRemainingColumn):
     """rich's estimate of the time left, never past the time budget's end: the sweep stops there (what it did not try
-    is listed), so an estimate from the pace of the first variants (a 1-minute budget said 8 minutes) misleads."""
+    is listed), so an estimate from the pace of the first variants (a 1-minute budget said 8 minutes) misleads.
+    ``left``: the sweep's own reading of its budget (``Sweep.left``; None: no budget), set once the sweep exists."""
 
-    def __init__(self, budget_s: float | None) -> None:
-        import time
-
+    def __init__(self) -> None:
         super().__init__()
-        self.end = None if budget_s is None else time.monotonic() + budget_s
+        self.left: Callable[[], float | None] = lambda: None
 
     def render(self, task):
-        import time
-
         from rich.text import Text
 
         shown = super().render(task)
-        if self.end is None or task.finished:
+        budget_left = self.left()
+        if budget_left is None or task.finished:
             return shown
-        left = max(0, int(self.end - time.monotonic()))
+        left = max(0, int(budget_left))
         estimate = task.time_remaining
         if estimate is not None and estimate <= left:
             return shown
         return Text(f"{left // 3600}:{left // 60 % 60:02d}:{left % 60:02d} (budget)", style="progress.remaining")
 
 
-def _progress_ui(quiet: bool, family=None, budget_s: float | None = None):
+def _progress_ui(quiet: bool, family=None):
     """The sweep's progress: a rich bar on a terminal; one plain line per step and per result when the output goes to a
-    file or pipe (a log shows what the run did, as it did it); nothing with --quiet. ``budget_s``: the time budget,
-    which bounds the bar's estimate of the time left."""
+    file or pipe (a log shows what the run did, as it did it); nothing with --quiet."""
     import time
 
     from servopt.optimize.sweep import Progress as Callbacks
@@ -184,7 +182,7 @@ def _progress_ui(quiet: bool, family=None, budget_s: float | None = None):
         return None, Callbacks(start=lambda total: say(f"{total} variants to build and measure"), step=say, note=say,
                                result=lambda rec: say(result_line(rec, family)))
     bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("ETA"), _BudgetRemaining(budget_s), console=console, transient=False)
+                   TextColumn("ETA"), _BudgetRemaining(), console=console, transient=False)
     task: dict[str, int] = {}
     early = [0]  # advances before the bar has its total (a resumed run's cached records): counted when it starts
 
@@ -268,13 +266,16 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
             console.print(f"[yellow]{escape(n)}[/yellow]")
     count = settings.calibration_samples
     calib = tune.subset(np.arange(0, len(tune), max(1, len(tune) // count))[:count])  # spread over the split
-    bar, callbacks = _progress_ui(quiet or json_out, family, settings.budget_seconds)
+    bar, callbacks = _progress_ui(quiet or json_out, family)
     with sweep.open_executor(settings.ray) as executor, stopping_on_signals(executor) as signals:
         # --ray: a Ray cluster's nodes; else this machine, Ray never imported
         run = sweep.Sweep(model=loaded, eval_data=eval_data, calibration=calib, tuning=tune, settings=settings, targets=targets,
                           executor=executor, progress=callbacks,
                           capacity_probe=None if settings.no_capacity else capacity_probe())
         if bar:
+            for column in bar.columns:  # the bar's time left reads the sweep's own budget clock
+                if isinstance(column, _BudgetRemaining):
+                    column.left = lambda: run.left(closing=False)
             with bar:
                 summary = run.run()
         else:
