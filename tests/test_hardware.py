@@ -37,6 +37,28 @@ def test_feature_levels():
     assert not richer(None, "avx2") and not richer("avx512", None)
 
 
+def test_servopt_reads_the_cpu_as_a_poorer_rung_when_told(monkeypatch):
+    """SERVOPT_CPU_READ_AS (CI's second pass on a VNNI/AMX machine): servopt's reading drops the richer rungs'
+    features and records that it did; the host's own features (what the kernels use) stay as they are."""
+    from servopt import machine
+    from servopt.errors import UserError
+
+    monkeypatch.setattr(machine, "_cpuinfo_lines", lambda: ["flags\t: " + " ".join(sorted(SAPPHIRE.flags)) + "\n"])
+    monkeypatch.delenv(machine.READ_AS_ENV, raising=False)
+    assert machine.cpu_features() == SAPPHIRE and machine.environment().cpu_read_as is None
+    monkeypatch.setenv(machine.READ_AS_ENV, "avx2")
+    seen = machine.cpu_features()
+    assert seen.flags == {"avx2"} and seen.level == "avx2" and seen.int8_saturates and not seen.bf16
+    assert machine.host_features() == SAPPHIRE
+    env = machine.environment()
+    assert env.cpu_read_as == "avx2" and env.cpu_flags == ["avx2"] and "read by servopt as avx2" in machine.header(env)
+    monkeypatch.setenv(machine.READ_AS_ENV, "avx512_vnni")
+    assert machine.cpu_features().level == "avx512_vnni" and not machine.cpu_features().amx
+    monkeypatch.setenv(machine.READ_AS_ENV, "avx3")
+    with pytest.raises(UserError, match="avx2, avx512, avx512_vnni, amx"):
+        machine.cpu_features()
+
+
 def test_devices_say_where_figures_count():
     from servopt.contracts import Environment
 
@@ -70,14 +92,14 @@ def test_openvino_precision_is_pinned_and_read_back(onnx_model):
     """The plugin picks bf16 on its own on bf16 CPUs; servopt pins what the variant asks for and reads back what ran."""
     if not get_runtime("openvino").available()[0]:
         pytest.skip("openvino not installed")
-    from servopt.machine import cpu_features
+    from servopt.machine import host_features
 
     artifact = Artifact(format="onnx", path=str(onnx_model))
     fp32 = open_session(artifact, "openvino", {"precision": "fp32"}).info()
     assert fp32.precision_requested == "fp32" and fp32.details["inference_precision_hint"] == "f32"
     bf16 = open_session(artifact, "openvino", {"precision": "bf16"}).info()
     assert bf16.precision_requested == "bf16"
-    cpu = cpu_features()
+    cpu = host_features()  # what the plugin sees, whatever servopt is told to read (SERVOPT_CPU_READ_AS)
     if cpu.bf16:
         assert bf16.details["inference_precision_hint"] == "bf16"
     elif "avx512f" in cpu.flags:

@@ -82,6 +82,9 @@ class Environment(Contract):
     platform: str = ""
     libraries: dict[str, str] = Field(default_factory=dict)
     isa_cap: str | None = None  # an instruction-set cap the measurement ran under (oneDNN / ATen)
+    # servopt read the CPU as one stopping at this rung (SERVOPT_CPU_READ_AS): cpu_flags lack the richer rungs' features,
+    # which the runtimes' kernels still used
+    cpu_read_as: str | None = None
     runtime_env: str | None = None  # the runtime's own Python environment it ran in (servopt.envs: name-key)
     session: SessionInfo | None = None
 

@@ -154,6 +154,7 @@ class CpuFeatures:
         return ", ".join(parts)
 
 
+@lru_cache(maxsize=1)
 def _cpuinfo_lines() -> list[str]:
     try:
         with open("/proc/cpuinfo") as f:
@@ -170,12 +171,50 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-@lru_cache(maxsize=1)
-def cpu_features() -> CpuFeatures:
+# The x86 features each rung of the ladder adds: reading a CPU as if it stopped at a rung drops every later rung's.
+RUNG_FEATURES = {
+    Isa.AVX2: frozenset({"avx2", "fma", "f16c"}),
+    Isa.AVX512: frozenset({"avx512f", "avx512bw", "avx512vl"}),
+    Isa.AVX512_VNNI: frozenset({"avx512_vnni", "avx_vnni", "avx_vnni_int8", "avx512_bf16", "avx512_fp16"}),
+    Isa.AMX: frozenset({"amx_tile", "amx_int8", "amx_bf16", "amx_fp16"}),
+}
+# SERVOPT_CPU_READ_AS=avx2: servopt reads this CPU as one that stops at that rung (CI runs the tests whose answer
+# depends on the CPU that way on a VNNI/AMX machine: issue 40). Only servopt's reading changes — what it plans,
+# orders, warns about —, never the kernels a runtime picks; a record says so (Environment.cpu_read_as).
+READ_AS_ENV = "SERVOPT_CPU_READ_AS"
+
+
+def read_as() -> Isa | None:
+    value = os.environ.get(READ_AS_ENV, "").strip().lower()
+    if not value:
+        return None
+    try:
+        return Isa(value)
+    except ValueError:
+        from servopt.errors import UserError
+
+        raise UserError(f"{READ_AS_ENV}={value!r} is not a rung of the instruction-set ladder",
+                        fix=f"set it to one of {', '.join(i.value for i in Isa)}, or unset it") from None
+
+
+def host_features() -> CpuFeatures:
+    """The features /proc/cpuinfo lists, as the kernels see them (``cpu_features`` is servopt's reading of them)."""
     for line in _cpuinfo_lines():
         if line.startswith(("flags", "Features")):
             return CpuFeatures(frozenset(line.split(":", 1)[1].split()) & frozenset(KNOWN_FEATURES))
     return CpuFeatures(frozenset())
+
+
+def capped_features(features: CpuFeatures, rung: Isa) -> CpuFeatures:
+    """``features`` without those of the rungs above ``rung``."""
+    dropped = frozenset().union(*(f for r, f in RUNG_FEATURES.items() if r > rung))
+    return CpuFeatures(features.flags - dropped)
+
+
+def cpu_features() -> CpuFeatures:
+    """This CPU's features as servopt reads them: the host's, less the rungs above ``SERVOPT_CPU_READ_AS``."""
+    rung = read_as()
+    return capped_features(host_features(), rung) if rung is not None else host_features()
 
 
 @lru_cache(maxsize=1)
@@ -219,7 +258,7 @@ def environment(session: SessionInfo | None = None, libraries: tuple[str, ...] |
         gpu=gpu_present(), gpu_name=gpu_name(), node=node_name(), python=platform.python_version(),
         platform=platform.platform(), libraries=library_versions(libraries),
         isa_cap=os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("ATEN_CPU_CAPABILITY"),
-        runtime_env=os.environ.get("SERVOPT_RUNTIME_ENV"), session=session,
+        runtime_env=os.environ.get("SERVOPT_RUNTIME_ENV"), session=session, cpu_read_as=read_as(),
     )
 
 
@@ -238,4 +277,5 @@ def header(env: Environment | None = None) -> str:
     cores = f"{env.cores} cores" + (f" ({env.cores_usable} usable)" if env.cores_usable and env.cores_usable != env.cores else "")
     features = CpuFeatures(frozenset(env.cpu_flags)).describe() if env.cpu_flags else "flags unknown"
     cap = f", capped at {env.isa_cap}" if env.isa_cap else ""
-    return f"{env.cpu}, {cores}, {features}{cap}"
+    read_as = f", read by servopt as {env.cpu_read_as} ({READ_AS_ENV})" if env.cpu_read_as else ""
+    return f"{env.cpu}, {cores}, {features}{cap}{read_as}"
