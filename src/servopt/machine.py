@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 from importlib import metadata
+from typing import Literal
 
 from servopt.contracts import Environment, SessionInfo
 
@@ -65,6 +66,14 @@ def richer(level: Isa | str | None, than: Isa | str | None) -> bool:
         return level is not None and than is not None and Isa(level) > Isa(than)
     except ValueError:
         return False
+
+
+# The INT8 product a model runs on x86, by activations × weights: "u8s8" (8-bit s8 weights: summed in saturating int16
+# pairs without VNNI), "u8s8-7bit" (7-bit weights: no pair can overflow), "u8u8" (16-bit products), "s8s8" (signed
+# activations: fast in ONNX Runtime only with AVX-VNNI-INT8 or ARM dot products). A quantizer says which its model
+# is (``Pass.int8_kernel``), a runtime what it runs of it (``Runtime.int8_kernel``), the CPU what it computes fast
+# and right (``CpuFeatures.int8_trouble``).
+Int8Kernel = Literal["u8s8", "u8s8-7bit", "u8u8", "s8s8"]
 
 
 class Device(StrEnum):
@@ -119,6 +128,20 @@ class CpuFeatures:
         (``reduce_range``, NNCF's overflow fix) cannot overflow; U8U8 does not either, more slowly."""
         x86 = bool(self.flags & {"avx2", "avx512f"})
         return x86 and not self.int8_dot
+
+    def without_dot_products(self) -> CpuFeatures:
+        """This CPU as a target without 8-bit dot products sees INT8 (an AVX2 EPYC, for weights built on a VNNI Xeon)."""
+        return CpuFeatures(self.flags - {"avx512_vnni", "avx_vnni", "avx_vnni_int8", "amx_int8"})
+
+    def int8_trouble(self, kernel: Int8Kernel | None) -> str | None:
+        """What goes wrong with ``kernel`` on this CPU, or None: full-range U8S8 saturates without VNNI (static U8S8 lost
+        5.43 points on the demo on an AVX2 Zen 3, where 7-bit weights lost 0.54); S8S8 runs slower than fp32 without
+        fast signed kernels (QDQ S8S8 at half ORT fp32's speed there)."""
+        if kernel == "u8s8" and self.int8_saturates:
+            return "its 8-bit U8S8 sums saturate in int16 without VNNI"
+        if kernel == "s8s8" and not self.int8_signed and bool(self.flags & {"avx2", "avx512f"}):
+            return "signed INT8 activations run slowly without AVX-VNNI-INT8"
+        return None
 
     @property
     def bf16(self) -> bool:

@@ -46,6 +46,7 @@ from servopt.bench.stats import timed_loop
 from servopt.contracts import Artifact
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
+from servopt.machine import Int8Kernel
 from servopt.passes.base import BuildContext, Pass, PassOutput, register_pass
 from servopt.passes.onnx_passes import DYNAMIC_EXTRA, QTYPES, StaticParams, preprocess_for_quantization, quantize_static_onnx
 from servopt.runtimes import open_session
@@ -195,6 +196,10 @@ class AccuracyAwareInt8(Pass):
     output_format = "onnx"
     Params = AccuracyAwareParams
     int8_recipe = True
+
+    @classmethod
+    def int8_kernel(cls, params: AccuracyAwareParams) -> Int8Kernel:
+        return params.int8_kernel()
 
     @classmethod
     def describe(cls, params: AccuracyAwareParams, report: dict | None = None) -> str:

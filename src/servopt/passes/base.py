@@ -30,7 +30,9 @@ from servopt.contracts import Artifact, Contract
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
+from servopt.machine import Int8Kernel
 from servopt.models.sources import LoadedModel
+from servopt.passes.int8_overflow import u8s8_overflow
 from servopt.registry import Registry
 from servopt.results import write_json_atomic
 
@@ -92,6 +94,13 @@ class Pass(ABC):
         changed = [f"{f.description or name}: {getattr(params, name)}" for name, f in type(params).model_fields.items()
                    if getattr(params, name) != f.get_default(call_default_factory=True)]
         return cls.name + (f" ({'; '.join(changed)})" if changed else "")
+
+    @classmethod
+    def int8_kernel(cls, params: Any) -> Int8Kernel | None:
+        """The INT8 product its model holds (``machine.Int8Kernel``), known before it is built: the race ranks recipes
+        by what the CPU computes fast and right (``CpuFeatures.int8_trouble``). None: not a quantizer, or it cannot
+        tell."""
+        return None
 
     @classmethod
     def read_params(cls, raw: dict[str, Any]) -> PassParams:
@@ -256,6 +265,9 @@ def build_chain(start: Artifact, chain: list[tuple[str, dict]], cache: Path, ctx
             tmp.mkdir(parents=True)
             ctx.log(f"building {name}")
             produced = p.run(artifact.opened(), parsed, tmp, ctx)
+            if p.int8_recipe and produced.format == "onnx" and produced.file:
+                # every INT8 recipe's ONNX model says whether a CPU without VNNI computes it as it was verified here
+                produced.report = {**u8s8_overflow(str(tmp / produced.file)), **(produced.report or {})}
             write_json_atomic(tmp / "artifact.json", {**produced.model_dump(), "pass": name, "params": parsed.model_dump(), "hash": key})
             _publish(tmp, out)
         artifact = resolve(out, start)

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from servopt.contracts import Artifact
 from servopt.errors import UserError
+from servopt.machine import Int8Kernel
 from servopt.passes.accuracy_aware import _p50_ms, _predict, _score
 from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, register_pass
 from servopt.passes.onnx_passes import StaticParams, preprocess_for_quantization, quantize_static_onnx
@@ -61,6 +62,11 @@ class CalibrationSearch(Pass):
     output_format = "onnx"
     Params = CalibrationSearchParams
     int8_recipe = True
+
+    @classmethod
+    def int8_kernel(cls, params: CalibrationSearchParams) -> Int8Kernel:
+        """Its candidates are U8S8 in 8 bits unless 7-bit weights are among them (which the search may not pick)."""
+        return "s8s8" if params.activation_type == "S8" else "u8s8" if not params.try_reduce_range else "u8s8-7bit"
 
     @classmethod
     def describe(cls, params: CalibrationSearchParams, report: dict | None = None) -> str:

@@ -27,6 +27,7 @@ from pydantic import Field
 from servopt.contracts import Artifact
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
+from servopt.machine import Int8Kernel
 from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, register_pass
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,12 @@ class NncfQuantizeOnnx(Pass):
     output_format = "onnx"
     Params = NncfOnnxParams
     int8_recipe = True
+
+    @classmethod
+    def int8_kernel(cls, params: NncfOnnxParams) -> Int8Kernel:
+        if params.activations == "signed":
+            return "s8s8"
+        return "u8s8-7bit" if params.overflow_fix == "enable" else "u8s8"
 
     @classmethod
     def describe(cls, params: NncfOnnxParams, report: dict | None = None) -> str:

@@ -20,6 +20,7 @@ from pydantic import Field
 from servopt.contracts import Artifact
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
+from servopt.machine import Int8Kernel
 from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, register_pass
 
 log = logging.getLogger(__name__)
@@ -161,6 +162,10 @@ class OrtQuantizeDynamic(Pass):
     int8_recipe = True
 
     @classmethod
+    def int8_kernel(cls, params: Params) -> Int8Kernel:  # activations are u8 at run time
+        return "u8u8" if params.weight_type == "U8" else "u8s8-7bit" if params.reduce_range else "u8s8"
+
+    @classmethod
     def describe(cls, params: Params, report: dict | None = None) -> str:
         return "dynamic (activation ranges at run time)" + (", 7-bit weights" if params.reduce_range else "")
 
@@ -173,57 +178,8 @@ class OrtQuantizeDynamic(Pass):
                          per_channel=params.per_channel, reduce_range=params.reduce_range, extra_options=DYNAMIC_EXTRA,
                          op_types_to_quantize=params.op_types or None, nodes_to_exclude=kept or None)
         Path(src).unlink(missing_ok=True)
-        report = {**u8s8_overflow(str(out_dir / "model.onnx")), **({"float_ffn_output": len(kept)} if params.float_ffn_output else {})}
+        report = {"float_ffn_output": len(kept)} if params.float_ffn_output else None  # + its U8S8 overflow (build_chain)
         return PassOutput(format="onnx", file="model.onnx", report=report)
-
-
-def emulate_u8s8_without_vnni(src: str, dst: Path) -> str:
-    """``src`` with every U8S8 MatMulInteger computed as x86's U8S8 kernel does without VNNI: the products of each
-    pair of neighbours along the reduction axis summed and clipped to int16, then the activation zero point removed:
-    what a model returns on a CPU whose ONNX Runtime has no VNNI, checked on any machine (slow: float products)."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    model = onnx.load(src)
-    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    nodes = []
-    for n in model.graph.node:
-        w = weights.get(n.input[1]) if n.op_type == "MatMulInteger" else None
-        if w is None or w.dtype != np.int8:
-            nodes.append(n)
-            continue
-        if len(n.input) > 3 and n.input[3] and weights[n.input[3]].any():
-            raise ValueError(f"{n.name}: s8 weights with a zero point (ONNX Runtime's quantizers make them symmetric)")
-        k, cols = w.shape
-        p = n.name + "/sat/"
-
-        def const(name: str, value: np.ndarray, p: str = p) -> str:
-            model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), p + name))
-            return p + name
-
-        i64 = np.int64
-        nodes += [
-            helper.make_node("Cast", [n.input[0]], [p + "a"], to=TensorProto.FLOAT),
-            helper.make_node("Reshape", [p + "a", const("shape", np.array([-1, k // 2, 2, 1], i64))], [p + "a4"]),
-            helper.make_node("Mul", [p + "a4", const("w", w.astype(np.float32).reshape(k // 2, 2, cols))], [p + "products"]),
-            helper.make_node("ReduceSum", [p + "products", const("pair", np.array([2], i64))], [p + "pairs"], keepdims=0),
-            helper.make_node("Clip", [p + "pairs", const("lo", np.float32(-32768)), const("hi", np.float32(32767))], [p + "int16"]),
-            helper.make_node("ReduceSum", [p + "int16", const("k", np.array([1], i64))], [p + "raw"], keepdims=0),
-            helper.make_node("Cast", [n.input[2] if len(n.input) > 2 and n.input[2] else const("za", np.uint8(0))], [p + "za"],
-                             to=TensorProto.FLOAT),
-            helper.make_node("Mul", [p + "za", const("colsum", w.astype(np.float32).sum(0))], [p + "zero"]),
-            helper.make_node("Sub", [p + "raw", p + "zero"], [p + "flat"]),
-            helper.make_node("Shape", [n.input[0]], [p + "in_shape"]),
-            helper.make_node("Slice", [p + "in_shape", const("s0", np.array([0], i64)), const("s1", np.array([-1], i64))], [p + "lead"]),
-            helper.make_node("Concat", [p + "lead", const("n", np.array([cols], i64))], [p + "out_shape"], axis=0),
-            helper.make_node("Reshape", [p + "flat", p + "out_shape"], [p + "y"]),
-            helper.make_node("Cast", [p + "y"], [n.output[0]], to=TensorProto.INT32),
-        ]
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    onnx.save(model, str(dst))
-    return str(dst)
 
 
 GELU = {"Erf", "Gelu", "FastGelu", "BiasGelu", "QuickGelu"}
@@ -244,43 +200,6 @@ def gelu_fed_matmuls(path: str, depth: int = 5) -> list[str]:
         return node.op_type in GELU or any(fed_by_gelu(i, left - 1) for i in node.input)
 
     return [n.name for n in graph.node if n.op_type == "MatMul" and n.name and fed_by_gelu(n.input[0], depth)]
-
-
-# Integer products whose u8 activations meet s8 weights, and which input holds the weights.
-U8S8_WEIGHT_INPUT = {"MatMulInteger": 1, "DynamicQuantizeMatMul": 1, "MatMulIntegerToFloat": 1, "QAttention": 1,
-                     "QLinearMatMul": 3}
-INT16_MAX = 32767
-
-
-def u8s8_overflow(path: str) -> dict[str, int | bool]:
-    """How many of the model's s8 weight pairs can overflow ONNX Runtime's U8S8 kernel on x86 without VNNI.
-
-    There MLAS multiplies u8 activations by s8 weights with ``vpmaddubsw``, which adds the products of two neighbours
-    along the reduction axis into a saturating int16: weights ``w0, w1`` of one output column overflow when
-    ``255 * (w0 + w1)`` (the same-signed ones) passes 32767. Dynamic quantization stretches every activation tensor
-    over all of 0..255, and full-range per-channel weights reach ±127 in every column: on all-mpnet-base-v2 the
-    clipped sums left a mean cosine of 0.0104 to fp32 (an AVX2 Zen 2) where 7-bit weights (``reduce_range``, at most
-    255 * 128 = 32640) or VNNI (32-bit sums) give 0.89. ``safe_without_vnni``: no pair can overflow."""
-    import numpy as np
-    import onnx
-    from onnx import numpy_helper
-
-    graph = onnx.load(path).graph
-    weights = {i.name: i for i in graph.initializer}
-    pairs = overflowing = 0
-    for node in graph.node:
-        index = U8S8_WEIGHT_INPUT.get(node.op_type)
-        if index is None or len(node.input) <= index or node.input[index] not in weights:
-            continue
-        w = numpy_helper.to_array(weights[node.input[index]])
-        if w.dtype != np.int8 or w.ndim != 2:  # u8 weights run U8U8 kernels (16-bit products: no overflow)
-            continue
-        k = w.shape[0] - w.shape[0] % 2
-        two = w[:k].astype(np.int32).reshape(k // 2, 2, w.shape[1])
-        high, low = 255 * np.clip(two, 0, None).sum(1), 255 * np.clip(two, None, 0).sum(1)
-        pairs += two.shape[0] * two.shape[2]
-        overflowing += int(((high > INT16_MAX) | (low < -INT16_MAX - 1)).sum())
-    return {"u8s8_weight_pairs": pairs, "u8s8_overflowing_pairs": overflowing, "safe_without_vnni": overflowing == 0}
 
 
 def strip_value_info(src: str, out_dir: Path) -> str:
@@ -327,6 +246,15 @@ class StaticParams(PassParams):
     calibration_samples: int = 100
     reduce_range: bool = False
     nodes_to_exclude: list[str] = Field(default_factory=list)
+
+    def int8_kernel(self) -> Int8Kernel:
+        """ONNX Runtime's quantizer (1.32) writes per-channel conv weights as s8 even when asked for U8: per-channel
+        "U8U8" runs U8S8 on every conv (tests/test_int8_overflow.py)."""
+        if self.activation_type == "S8":
+            return "s8s8"
+        if self.weight_type == "U8" and not self.per_channel:
+            return "u8u8"
+        return "u8s8-7bit" if self.reduce_range else "u8s8"
 
 
 # Where ONNX Runtime's symbolic shape inference saves a model whose shapes it could not complete, before it raises:
@@ -420,6 +348,10 @@ class OrtQuantizeStatic(Pass):
     output_format = "onnx"
     Params = StaticParams
     int8_recipe = True
+
+    @classmethod
+    def int8_kernel(cls, params: StaticParams) -> Int8Kernel:
+        return params.int8_kernel()
 
     @classmethod
     def describe(cls, params: StaticParams, report: dict | None = None) -> str:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from servopt.contracts import Artifact, OpProfile, OpTime, SessionInfo
 from servopt.envs import EnvSpec
 from servopt.errors import UserError
-from servopt.machine import Device, Isa
+from servopt.machine import Device, Int8Kernel, Isa
 from servopt.registry import Registry
 
 
@@ -115,6 +115,12 @@ class Runtime(ABC):
     def isa_cap_env(self, level: Isa) -> dict[str, str] | None:
         """Environment variables that hold this runtime to an instruction-set ``level`` (``avx2`` … ``amx``), or None
         where it cannot be held (it then measures with whatever the CPU has, and verdicts say so)."""
+        return None
+
+    def int8_kernel(self, quantized: Int8Kernel, options: dict) -> Int8Kernel | None:
+        """The INT8 product its kernels run with ``options`` for a model quantized as ``quantized``; None where its
+        kernels are its own and not known (OpenVINO's oneDNN): the race then expects nothing of it, and a model
+        whose weights can overflow without VNNI keeps that risk (``decide``)."""
         return None
 
     def serving_options(self, options: RuntimeOptions) -> RuntimeOptions:

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from servopt.contracts import Artifact, OpProfile, SessionInfo
 from servopt.errors import UserError
-from servopt.machine import Device, gpu_present
+from servopt.machine import Device, Int8Kernel, gpu_present
 from servopt.runtimes.base import Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 GRAPH_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -298,6 +298,11 @@ class OnnxRuntime(Runtime):
     requirements = ("onnxruntime",)
     libraries = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino")
     default_providers: tuple[str, ...] = (CPU,)
+
+    def int8_kernel(self, quantized: Int8Kernel, options: dict) -> Int8Kernel:
+        """MLAS runs the model's own product, except that ``session.x64quantprecision`` runs U8S8 on U8U8 kernels."""
+        x64 = OrtOptions.model_validate(options).x64_quant_precision
+        return "u8u8" if quantized in ("u8s8", "u8s8-7bit") and x64 else quantized
 
     def serving_options(self, options: OrtOptions) -> OrtOptions:
         # Not spinning at all, unless the user bounds it (``-o spin_duration_us=N``): a bounded spin made a lone

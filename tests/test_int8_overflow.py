@@ -1,0 +1,105 @@
+"""What x86 without VNNI computes of an INT8 model (``passes.int8_overflow``), read from the weights on any CPU: every
+INT8 recipe's build carries its count, a runtime says whether its kernels sum pairs in int16, and ``decide`` fails
+a model that can overflow for a target naming such a CPU (issue 40: static U8S8 lost 5.43 points on a Zen 3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servopt.data.dataset import Dataset
+from servopt.models.sources import load_model
+from servopt.passes import BuildContext, build_chain, source_artifact
+from servopt.passes.int8_overflow import u8s8_overflow, u8s8_weights
+
+
+def conv_model(path: Path) -> Path:
+    """Input (4 channels) → a 1x1 conv of two output channels — one all positive (its quantized pairs are 127 + 127:
+    they overflow), one alternating (its pairs cancel) — → a depthwise 3x3 conv of large weights (MLAS computes it in
+    32 bits: never paired) → logits."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.stack([np.ones((4, 1, 1)), np.array([1, -1, 1, -1], float).reshape(4, 1, 1)]).astype(np.float32)
+    dw = np.full((2, 1, 3, 3), 3.0, np.float32)
+    nodes = [helper.make_node("Conv", ["input", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "dw"], ["d"], group=2, pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["d"], ["p"]), helper.make_node("Flatten", ["p"], ["logits"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 4, 6, 6])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(dw, "dw")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The model quantized statically in each format, through ``build_chain`` (which adds the count to the report)."""
+    tmp = tmp_path_factory.mktemp("overflow")
+    model = load_model(conv_model(tmp / "m.onnx"))
+    x = np.abs(np.random.default_rng(0).standard_normal((16, 4, 6, 6))).astype(np.float32)
+    ctx = BuildContext(source=model, calibration=Dataset({"input": x}))
+
+    def static(fmt: str, act: str, wt: str, reduce_range: bool = False, per_channel: bool = True):
+        params = {"quant_format": fmt, "activation_type": act, "weight_type": wt, "per_channel": per_channel,
+                  "calibrate_method": "MinMax", "calibration_samples": 16, "reduce_range": reduce_range}
+        return build_chain(source_artifact(model), [("ort-quantize-static", params)], tmp / "cache", ctx)
+
+    return {"qop-u8s8": static("QOperator", "U8", "S8"), "qdq-u8s8": static("QDQ", "U8", "S8"),
+            "qop-u8s8-rr": static("QOperator", "U8", "S8", True), "qop-u8u8": static("QOperator", "U8", "U8"),
+            "qop-u8u8-per-tensor": static("QOperator", "U8", "U8", per_channel=False), "qdq-s8s8": static("QDQ", "S8", "S8")}
+
+
+def test_static_u8s8_weights_are_counted_in_the_kernel_s_pairs(built):
+    """QLinearConv (QOperator) and DequantizeLinear → Conv (QDQ, fused by ONNX Runtime) alike: the plain conv's two
+    columns of two pairs each, the all-positive column's both overflowing; the depthwise conv is not paired. ONNX
+    Runtime's quantizer (1.32) writes per-channel conv weights as s8 even when asked for U8: its "U8U8" is U8S8 on a
+    CNN, and saturates like it — what the weights say, not the recipe's name, is counted."""
+    for name in ("qop-u8s8", "qdq-u8s8", "qop-u8u8"):
+        assert built[name].report["u8s8_weight_pairs"] == 4, name
+        assert built[name].report["u8s8_overflowing_pairs"] == 2 and built[name].report["safe_without_vnni"] is False, name
+    (w,) = list(u8s8_weights(built["qop-u8s8"].path))
+    assert w.shape == (4, 2) and w[:, 0].tolist() == [127] * 4, "K × N, the all-positive column full range"
+
+
+def test_recipes_that_cannot_saturate_are_safe(built):
+    """7-bit weights cannot overflow (at most 255 × 128); u8 weights run U8U8 kernels and s8 activations S8S8 ones."""
+    assert built["qop-u8s8-rr"].report["safe_without_vnni"] and built["qop-u8s8-rr"].report["u8s8_weight_pairs"] == 4
+    for name in ("qop-u8u8-per-tensor", "qdq-s8s8"):
+        report = built[name].report
+        assert (report["u8s8_weight_pairs"], report["u8s8_overflowing_pairs"], report["safe_without_vnni"]) == (0, 0, True), name
+
+
+def test_each_quantizer_says_before_it_builds_which_product_its_weights_hold(built):
+    """``Pass.int8_kernel`` (what the race ranks on) agrees with the weights the build wrote (what decide reads)."""
+    from servopt.passes import get_pass
+
+    static = get_pass("ort-quantize-static")
+    for name, artifact in built.items():
+        kernel = static.int8_kernel(static.read_params(artifact.params))
+        assert (kernel == "u8s8") == (artifact.report["u8s8_overflowing_pairs"] > 0), name
+        assert (kernel in ("u8s8", "u8s8-7bit")) == (artifact.report["u8s8_weight_pairs"] > 0), name
+
+
+def test_a_float_model_has_nothing_to_overflow(tmp_path):
+    assert u8s8_overflow(str(conv_model(tmp_path / "f.onnx")))["u8s8_weight_pairs"] == 0
+
+
+def test_what_a_runtime_runs_of_a_quantized_model_and_what_the_cpu_makes_of_it():
+    """ONNX Runtime runs the model's product, U8U8 under x64 precision; OpenVINO's kernels are its own (unknown). The
+    CPU says what goes wrong: full-range U8S8 without VNNI, S8S8 without fast signed kernels."""
+    from servopt.machine import CpuFeatures
+    from servopt.runtimes import get_runtime
+
+    ort = get_runtime("onnxruntime")
+    assert ort.int8_kernel("u8s8", {}) == "u8s8" and ort.int8_kernel("u8s8", {"x64_quant_precision": True}) == "u8u8"
+    assert ort.int8_kernel("s8s8", {"x64_quant_precision": True}) == "s8s8"
+    assert get_runtime("openvino").int8_kernel("u8s8", {"hint": "LATENCY"}) is None
+    avx2, vnni = CpuFeatures(frozenset({"avx2", "fma"})), CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    assert "saturate" in avx2.int8_trouble("u8s8") and vnni.int8_trouble("u8s8") is None
+    assert avx2.int8_trouble("u8s8-7bit") is None and avx2.int8_trouble("u8u8") is None
+    assert "signed" in vnni.int8_trouble("s8s8") and CpuFeatures(frozenset({"asimd", "asimddp"})).int8_trouble("s8s8") is None
