@@ -147,6 +147,42 @@ def test_refinements_of_the_likely_winner_go_first_each_group_cheapest_first(tmp
         ("ort-int8-u8s8", ["ort-int8-u8s8-rr", "ort-int8-u8s8-search"]), ("nncf-int8-latency", ["nncf-int8-accuracy-control"])]
 
 
+def test_without_vnni_the_recipes_that_cannot_saturate_go_first_and_full_range_u8s8_last(tmp_path, monkeypatch):
+    """Issue 40: on an AVX2 Zen 3 every INT8 variant had one prior, the catalogue's order put full-range U8S8 first,
+    and a 5-minute demo spent itself on recipes that lost 5.43 points there. Where the CPU INT8 must run right on has
+    no 8-bit dot products — this one, or a target's (cpu-server, from a VNNI machine) — the image catalogue's U8S8 and
+    S8S8 recipes are expected below the baseline, after the 7-bit ones, and last in their refinement group; with VNNI
+    and no such target they keep their place."""
+    from servopt.families.catalogue import CatalogueContext
+    from servopt.spec import ModelSpec, TensorSpec
+
+    monkeypatch.setenv("SERVOPT_HOME", str(tmp_path))
+    avx2 = CpuFeatures(frozenset({"avx2", "fma"}))
+    vnni = CpuFeatures(frozenset({"avx2", "fma", "avx512f", "avx512_vnni"}))
+    spec = ModelSpec(inputs=[TensorSpec(name="input", dtype="float32", shape=["batch", 3, 224, 224])],
+                     outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", 10])])
+
+    def race(cpu: CpuFeatures, poorer_target: bool) -> tuple[list[str], list[str], list[str]]:
+        ctx = CatalogueContext(spec=spec, is_torch=True, linear_heavy=False, cpu=cpu, deploy_without_vnni=poorer_target)
+        units = [_U(v) for v in IMAGES.catalogue(ctx) if v.default is not False and v.group in ("int8", "onnxruntime")
+                 and v.runtime == "onnxruntime"]
+        first = [u for u in units if not u.variant.refines]
+        likely, rest = racing.likely_first(first, "image-classification", cpu, ctx.int8_cpu)
+        groups = dict(((base, [u.variant.name for u in g]) for (base, _), g in
+                       racing.refinement_groups([u for u in units if u.variant.refines], "image-classification", cpu, ctx.int8_cpu)))
+        return [u.variant.name for u in likely], [u.variant.name for u in rest], groups["ort-int8-static-qop-u8s8"]
+
+    troubled = {"ort-int8-static-qop-u8s8", "ort-int8-static-qdq-u8s8", "ort-int8-static-qop-u8u8", "ort-int8-static-qdq"}
+    for cpu, poorer in ((avx2, False), (vnni, True)):
+        likely, rest, u8s8_group = race(cpu, poorer)
+        assert "ort-int8-static-qop-u8u8-rr" in likely and troubled <= set(rest), (cpu, likely, rest)
+        assert u8s8_group.index("ort-int8-static-qop-u8s8-rr") < u8s8_group.index("ort-int8-entropy"), u8s8_group
+        assert set(u8s8_group[-2:]) == {"ort-int8-entropy", "ort-int8-percentile"}, "full-range U8S8 calibrations last"
+    likely, rest, _ = race(vnni, False)
+    assert {"ort-int8-static-qop-u8s8", "ort-int8-static-qdq-u8s8"} <= set(likely), "VNNI sums U8S8 in 32 bits"
+    assert "ort-int8-static-qdq" in rest, "S8S8 is slow without AVX-VNNI-INT8, VNNI or not"
+
+
 def test_the_likely_winners_come_before_the_rest_and_history_moves_a_variant_across(tmp_path, monkeypatch):
     """A racing sweep screens what is expected to be at least as fast as the baseline, refines its quality, then the
     rest: a budget that runs out drops a PyTorch variant, not the recovery of the likely winner."""
@@ -296,6 +332,7 @@ def test_a_racing_sweep_refines_the_likely_winners_before_it_measures_the_rest(t
             self.family = IMAGES
             self.progress = Progress()
             self.units = [Unit(v, None, v.name) for v in vs]
+            self.int8_cpu = CpuFeatures(frozenset(HERE.cpu_flags))
 
         def _prepare(self): pass
         def _todo(self): return self.units

@@ -67,17 +67,15 @@ class CatalogueContext:
     linear_heavy: bool
     cpu: CpuFeatures
     accuracy_drop: float = 1.0
-    # a CPU target names an instruction set without 8-bit dot products (cpu-server: an AVX2 EPYC): the dynamic INT8
-    # weights are built for it, in 7 bits, even where this CPU has VNNI (``int8_cpu``)
+    # a CPU target names an instruction set without 8-bit dot products (cpu-server: an AVX2 EPYC): the INT8 weights
+    # are built for it, in 7 bits, even where this CPU has VNNI (``int8_cpu``)
     deploy_without_vnni: bool = False
 
     @property
     def int8_cpu(self) -> CpuFeatures:
-        """The CPU the dynamic INT8 weights are built for: this one, or — a target naming an ISA without VNNI — this one
-        without its dot products (a model with 8-bit weights built here would compute wrong sums there)."""
-        if not self.deploy_without_vnni:
-            return self.cpu
-        return CpuFeatures(frozenset(self.cpu.flags - {"avx512_vnni", "avx_vnni", "avx_vnni_int8", "amx_int8"}))
+        """The CPU the INT8 weights are built for: this one, or — a target naming an ISA without VNNI — this one without
+        its dot products (a model with 8-bit weights built here would compute wrong sums there)."""
+        return self.cpu.without_dot_products() if self.deploy_without_vnni else self.cpu
 
     @property
     def export(self) -> list[tuple[str, dict]]:
@@ -219,6 +217,9 @@ def tensor_catalogue(ctx: CatalogueContext) -> list[Variant]:
                          description=f"graph optimized offline at level {level}, loaded with optimizations disabled",
                          **({} if level == "all" else LAB)))
     u8s8 = "ort-int8-static-qop-u8s8"
+    # the CPU the INT8 weights must compute right on: this one, or a target's without VNNI (``int8_cpu``): there the
+    # recipes that cannot saturate (7-bit weights, U8U8 kernels) are built even on a VNNI machine
+    sat = ctx.int8_cpu.int8_saturates
     v += [
         Variant("ort-int8-dynamic", "int8", "onnxruntime", [*export, dynamic_int8(ctx.int8_cpu)],
                 description="ORT dynamic INT8 (weights ahead, activations at run time)", **when(ctx.linear_heavy, NOT_LINEAR)),
@@ -229,29 +230,31 @@ def tensor_catalogue(ctx: CatalogueContext) -> list[Variant]:
         Variant(u8s8, "int8", "onnxruntime", [*export, ("ort-quantize-static", static("QOperator", "U8", "S8"))],
                 description="static INT8, QOperator, U8S8, per-channel, MinMax"),
         Variant("ort-int8-static-qop-u8u8", "int8", "onnxruntime", [*export, ("ort-quantize-static", static("QOperator", "U8", "U8"))],
-                description="static INT8, QOperator, U8U8, per-channel, MinMax"),
+                description="static INT8, QOperator, U8 weights asked, per-channel, MinMax (ONNX Runtime writes per-channel "
+                            "conv weights as s8 anyway: U8S8 kernels on convs)"),
         Variant("ort-int8-static-qop-s8s8", "int8", "onnxruntime", [*export, ("ort-quantize-static", static("QOperator", "S8", "S8"))],
                 description="static INT8, QOperator, S8S8, per-channel, MinMax", **when(cpu.int8_signed, NO_S8S8)),
-        # Without VNNI, MLAS's U8U8 kernels (16-bit products) ran faster than its U8S8 ones (saturating vpmaddubsw) on
-        # an AVX2 Zen 4 (Olive's search found it: 284 vs 251 img/s, same run), and 7-bit weights kept the accuracy plain
-        # calibration lost: a first-round candidate there, not a refinement (its kernels are not U8S8's).
+        # Without VNNI this ran faster than plain U8S8 on an AVX2 Zen 4 (Olive's search found it: 284 vs 251 img/s, same
+        # run), and its 7-bit weights kept the accuracy plain calibration lost (a Zen 3: 0.54 points lost where U8S8 lost
+        # 5.43): a first-round candidate there, not a refinement. ONNX Runtime (1.32) writes per-channel conv weights as
+        # s8 even when asked for U8 (tests/test_int8_overflow.py): on a CNN its kernels are U8S8 with 7-bit weights.
         Variant("ort-int8-static-qop-u8u8-rr", "int8", "onnxruntime",
                 [*export, ("ort-quantize-static", static("QOperator", "U8", "U8", reduce_range=True))],
-                description="static INT8, QOperator, U8U8 with 7-bit weights (reduce_range), per-channel, MinMax",
-                **when(cpu.int8_saturates, NO_SATURATION)),
+                description="static INT8, QOperator, U8 weights asked (s8 on convs), 7-bit (reduce_range), per-channel, MinMax",
+                **when(sat, NO_SATURATION)),
         # Refinements of the plain U8S8 model, cheapest first: a racing sweep builds them one by one, only while none
         # recovers the quality bounds, those that run the same INT8 kernels before those that may run slower ones.
         Variant("ort-int8-static-qop-u8s8-rr", "int8", "onnxruntime",
                 [*export, ("ort-quantize-static", static("QOperator", "U8", "S8", reduce_range=True))],
                 description="static INT8, QOperator U8S8 with 7-bit weights (reduce_range): no U8S8 saturation without VNNI",
-                refines=u8s8, **when(cpu.int8_saturates, NO_SATURATION)),
-        Variant("ort-int8-nncf", "int8", "onnxruntime", [*export, nncf_onnx(cpu)], refines=u8s8,
+                refines=u8s8, **when(sat, NO_SATURATION)),
+        Variant("ort-int8-nncf", "int8", "onnxruntime", [*export, nncf_onnx(ctx.int8_cpu)], refines=u8s8,
                 description="NNCF post-training INT8 on the ONNX graph (fast bias correction), QDQ run by ONNX Runtime"),
-        Variant("ort-int8-cle-nncf", "int8", "onnxruntime", [*export, ("equalize", {}), nncf_onnx(cpu)], refines=u8s8,
+        Variant("ort-int8-cle-nncf", "int8", "onnxruntime", [*export, ("equalize", {}), nncf_onnx(ctx.int8_cpu)], refines=u8s8,
                 description="cross-layer equalization of conv chains, then NNCF INT8 on the ONNX graph"),
-        Variant("ort-int8-nncf-bc", "int8", "onnxruntime", [*export, nncf_onnx(cpu, bias_correction="full")], refines=u8s8,
+        Variant("ort-int8-nncf-bc", "int8", "onnxruntime", [*export, nncf_onnx(ctx.int8_cpu, bias_correction="full")], refines=u8s8,
                 description="NNCF post-training INT8 on the ONNX graph with full bias correction"),
-        Variant("ort-int8-nncf-mixed", "int8", "onnxruntime", [*export, nncf_onnx(cpu, preset="mixed")], refines=u8s8,
+        Variant("ort-int8-nncf-mixed", "int8", "onnxruntime", [*export, nncf_onnx(ctx.int8_cpu, preset="mixed")], refines=u8s8,
                 description="NNCF post-training INT8 on the ONNX graph, mixed preset (asymmetric activations)"),
         Variant("ort-int8-entropy", "int8", "onnxruntime",
                 [*export, ("ort-quantize-static", static("QOperator", "U8", "S8", "Entropy", samples=64))],
@@ -260,16 +263,16 @@ def tensor_catalogue(ctx: CatalogueContext) -> list[Variant]:
                 [*export, ("ort-quantize-static", static("QOperator", "U8", "S8", "Percentile", samples=64))],
                 description="static INT8, QOperator U8S8, Percentile (99.99) calibration", refines=u8s8),
         Variant("ort-int8-calibration-search", "int8", "onnxruntime",
-                [*export, ("ort-quantize-calibration-search", {"max_drop": drop, "try_reduce_range": cpu.int8_saturates})],
+                [*export, ("ort-quantize-calibration-search", {"max_drop": drop, "try_reduce_range": sat})],
                 refines=u8s8,
                 description=f"static U8S8 INT8, the calibration (method, percentile, symmetry, per-channel) that keeps the tuning "
                             f"split within {drop} point(s), fastest first (Olive's search space, ranked)"),
         Variant("ort-int8-static-qop-u8s8-x64precision", "int8", "onnxruntime",
                 [*export, ("ort-quantize-static", static("QOperator", "U8", "S8"))], {"x64_quant_precision": True},
                 description="static INT8 U8S8 run with ONNX Runtime's session.x64quantprecision (U8U8 kernels: no saturation)",
-                refines=u8s8, same_kernels=False, **when(cpu.int8_saturates, NO_SATURATION)),
+                refines=u8s8, same_kernels=False, **when(sat, NO_SATURATION)),
         Variant("ort-int8-accuracy-aware", "int8", "onnxruntime",
-                [*export, ("ort-quantize-accuracy-aware", {**static("QOperator", "U8", "S8", reduce_range=cpu.int8_saturates),
+                [*export, ("ort-quantize-accuracy-aware", {**static("QOperator", "U8", "S8", reduce_range=sat),
                                                           "max_drop": drop})], refines=u8s8, same_kernels=False,
                 description=f"as much INT8 (QOperator U8S8) as fits a {drop}-point drop; the fastest mix within it"),
         Variant("ort-fp16", "fp16", "onnxruntime", [*export, ("fp16", {})],

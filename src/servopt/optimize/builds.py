@@ -248,7 +248,7 @@ class SweepBuilds:
         slower kernels only when none of them did. The groups go most promising first (the race's order): a fast
         recovered variant measured early shows a slower base hopeless even with its quality back, so its refinements
         (NNCF's accuracy control: 98 s of a 464 s demo) are never built."""
-        for (base, kind), group in racing.refinement_groups(units, self.family.name, cpu_features()):
+        for (base, kind), group in racing.refinement_groups(units, self.family.name, cpu_features(), self.int8_cpu):
             probe = self.records.get((base, kind))
             if not self._misses_quality(probe, kind):
                 for u in group:

@@ -24,7 +24,7 @@ from servopt.contracts import Record, SideBySide
 from servopt.errors import UserError
 from servopt.families.base import Family
 from servopt.home import default_home
-from servopt.machine import CpuFeatures, Isa, cpu_features, richer
+from servopt.machine import CpuFeatures, Int8Kernel, Isa, cpu_features, richer
 from servopt.optimize.decide import eligible, judge, speed_dims
 from servopt.optimize.noise import DRIFT, SCREENING_DRIFT, ahead_every_round, clears, interval, point
 from servopt.optimize.targets import Target
@@ -61,6 +61,24 @@ def prior(name: str, group: str, cpu: CpuFeatures) -> float:
     return base
 
 
+# An INT8 recipe the CPU computes wrongly or slowly (``CpuFeatures.int8_trouble``: full-range U8S8 without VNNI, S8S8
+# without fast signed kernels) is expected below the baseline: after every other INT8 recipe, among what a budget drops
+# first. Every INT8 variant had one prior, so the catalogue's order put full-range U8S8 first: on an AVX2 Zen 3 a
+# 5-minute demo tried U8S8 QDQ and QOperator and S8S8 QDQ (5.43, 5.43 and 2.45 points lost, the last at half ORT fp32's
+# speed) and ran out before the 7-bit recipe that lost 0.54 at 1.41x fp32's throughput (issue 40).
+TROUBLED_PRIOR = -0.4
+
+
+def int8_kernel(variant) -> Int8Kernel | None:
+    """The INT8 product a variant runs: what its chain's last quantizer holds (``Pass.int8_kernel``), as its runtime
+    runs it (``Runtime.int8_kernel``); None for a float variant or kernels nobody can tell."""
+    quantized = None
+    for name, params in variant.chain:
+        step = get_pass(name)
+        quantized = step.int8_kernel(step.read_params(params)) or quantized
+    return get_runtime(variant.runtime).int8_kernel(quantized, variant.options) if quantized else None
+
+
 def _setting(runtime: str, cpu: CpuFeatures) -> dict[str, str]:
     """What a history row was measured under besides the CPU's features: the runtime's library versions
     (``variants.measured_with``), and the machine (``variants.machine_signature``) when ``cpu`` is this machine's."""
@@ -92,25 +110,35 @@ def learned(family: str, cpu: CpuFeatures) -> dict[str, float]:
     return {name: sum(v) / len(v) for name, v in sums.items()}
 
 
-def _ranked(units: list, family: str, cpu: CpuFeatures) -> list[tuple[object, float]]:
+def expected(variant, history: dict[str, float], cpu: CpuFeatures, int8_cpu: CpuFeatures | None = None) -> float:
+    """A variant's expected log throughput ratio to the baseline: what earlier runs on this CPU measured, else its
+    prior — below the baseline for an INT8 recipe ``int8_cpu`` (the CPU its INT8 must run right on: this one or a
+    target's, ``CatalogueContext.int8_cpu``) computes wrongly or slowly."""
+    if variant.is_baseline:
+        return math.inf
+    if variant.name in history:
+        return history[variant.name]
+    value = prior(variant.name, variant.group, cpu)
+    return min(value, TROUBLED_PRIOR) if (int8_cpu or cpu).int8_trouble(int8_kernel(variant)) else value
+
+
+def _ranked(units: list, family: str, cpu: CpuFeatures, int8_cpu: CpuFeatures | None = None) -> list[tuple[object, float]]:
     """(unit, expected value) in the race's order: the baseline first, then highest value first; ties keep the order."""
     history = learned(family, cpu)
-    valued = [(u, math.inf if u.variant.is_baseline else history.get(u.variant.name, prior(u.variant.name, u.variant.group, cpu)))
-              for u in units]
-    return sorted(valued, key=lambda uv: -uv[1])
+    return sorted(((u, expected(u.variant, history, cpu, int8_cpu)) for u in units), key=lambda uv: -uv[1])
 
 
-def order(units: list, family: str, cpu: CpuFeatures) -> list:
+def order(units: list, family: str, cpu: CpuFeatures, int8_cpu: CpuFeatures | None = None) -> list:
     """Units (anything with a ``variant``) in the order to measure them: the baseline first (every ratio needs it),
     then by expected value, highest first; ties keep the catalogue's order."""
-    return [u for u, _ in _ranked(units, family, cpu)]
+    return [u for u, _ in _ranked(units, family, cpu, int8_cpu)]
 
 
-def likely_first(units: list, family: str, cpu: CpuFeatures) -> tuple[list, list]:
+def likely_first(units: list, family: str, cpu: CpuFeatures, int8_cpu: CpuFeatures | None = None) -> tuple[list, list]:
     """``units`` in the race's order, split into those expected to be at least as fast as the baseline (the baseline
     with them) and the rest. A racing sweep refines the likely ones' quality before it measures the rest, so a time
     budget that runs out drops a PyTorch or fp16-without-fp16 variant, not the recovery of the likely winner."""
-    ranked = _ranked(units, family, cpu)
+    ranked = _ranked(units, family, cpu, int8_cpu)
     return [u for u, v in ranked if v >= 0.0], [u for u, v in ranked if v < 0.0]
 
 
@@ -146,15 +174,19 @@ def expected_seconds(variant, learned: dict[str, float], average: float, scale: 
     return average + slow + get_runtime(variant.runtime).extra_seconds(variant.options)
 
 
-def refinement_groups(units: list, family: str, cpu: CpuFeatures) -> list[tuple[tuple[str | None, str | None], list]]:
+def refinement_groups(units: list, family: str, cpu: CpuFeatures,
+                      int8_cpu: CpuFeatures | None = None) -> list[tuple[tuple[str | None, str | None], list]]:
     """Refinement units (``variant.refines``) grouped by the variant they refine and their kind of node, the groups
     in the race's order (a group goes where its most promising unit would), each group in the catalogue's order
-    (cheapest first). Measuring the likely winner's recovery first lets it show a slower base hopeless."""
+    (cheapest first), a recipe ``int8_cpu`` computes wrongly or slowly last in it. Measuring the likely winner's
+    recovery first lets it show a slower base hopeless."""
     groups: dict[tuple[str | None, str | None], list] = {}
     for u in units:
         groups.setdefault((u.variant.refines, u.kind), []).append(u)
-    rank = {id(u): i for i, u in enumerate(order(units, family, cpu))}
-    return sorted(groups.items(), key=lambda kv: min(rank[id(u)] for u in kv[1]))
+    rank = {id(u): i for i, u in enumerate(order(units, family, cpu, int8_cpu))}
+    troubled = {id(u) for u in units if (int8_cpu or cpu).int8_trouble(int8_kernel(u.variant))}
+    return [(key, sorted(group, key=lambda u: id(u) in troubled))
+            for key, group in sorted(groups.items(), key=lambda kv: min(rank[id(u)] for u in kv[1]))]
 
 
 def remember(family: str, cpu: CpuFeatures, records: list[Record], baseline: str, seconds: dict[str, float] | None = None) -> None:

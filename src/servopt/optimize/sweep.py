@@ -191,6 +191,8 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
         # a CPU target naming an ISA without 8-bit dot products (cpu-server: AVX2) gets dynamic INT8 weights it computes
         # right (7 bits), even where this machine has VNNI (decide also fails a model that would overflow there)
         poorer = any(t.device is Device.CPU and t.isa is not None and t.isa < Isa.AVX512_VNNI for t in self.targets)
+        # the CPU the INT8 variants must compute right on (the race puts last what it computes wrongly or slowly)
+        self.int8_cpu = cpu_features().without_dot_products() if poorer else cpu_features()
         self.all_variants = catalogue(self.model, linear_heavy=_linear_heavy(self.model), accuracy_drop=drop, cpu=cpu_features(),
                                       deploy_without_vnni=poorer)
         self.original = original_of(self.all_variants)
@@ -284,12 +286,12 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
         self._measure_originals(todo)
         first = [u for u in todo if not u.variant.is_original and not (self.racing and u.variant.refines)]
         if self.racing:  # the likely winners, their quality recovered, then the rest (what a budget drops first)
-            likely, rest = racing.likely_first(first, self.family.name, cpu_features())
+            likely, rest = racing.likely_first(first, self.family.name, cpu_features(), self.int8_cpu)
             self._screen(likely)
             self._refine([u for u in todo if u.variant.refines and not u.variant.is_original])
             self._screen(rest)
         else:
-            self._screen(racing.order(first, self.family.name, cpu_features()))
+            self._screen(racing.order(first, self.family.name, cpu_features(), self.int8_cpu))
         self._race_and_cold_start()
 
     def _prepare(self) -> None:
