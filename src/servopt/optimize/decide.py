@@ -541,7 +541,9 @@ def interleave_candidates(targets: list[Target], records: list[Record], ref: Rec
     """Per target computing on a CPU (a server CPU's, and an edge device's whose figures rank its candidates here):
     the leader on the sweep's figures (passing first, else meeting the quality bounds), then the simplest of those
     within this machine's drift between two moments of it (``SELECTION_DRIFT``) — the pick if the side-by-side run
-    finds them equal —, then the next fastest; re-measured side by side."""
+    finds them equal —, then the next fastest that the leader is not ahead of beyond the noise on every speed figure
+    the target uses; re-measured side by side. (On an AVX2 Zen 3 a 5-minute demo that had measured five variants
+    re-measured PyTorch eager, 7x slower than the leader, as the "next": 80 s of its budget, and 41 s more scaling it.)"""
     chosen: list[str] = []
     for t in targets:
         if t.device.computes_on is not Device.CPU:  # a GPU target's figures are not taken here
@@ -558,7 +560,8 @@ def interleave_candidates(targets: list[Target], records: list[Record], ref: Rec
         near = [v for v in peers if v is lead or not any(
             surely_ahead(d, lead, v, by_name, None, SELECTION_DRIFT) for d in speed_dims(t))]
         simplest = sorted(near, key=lambda v: simplicity(by_name[v.variant]))
-        ordered = list(dict.fromkeys(v.variant for v in [lead, *simplest, *ranked]))
+        within = [v for v in ranked if not all(surely_ahead(d, lead, v, by_name, None) for d in speed_dims(t))]
+        ordered = list(dict.fromkeys(v.variant for v in [lead, *simplest, *within]))
         for name in ordered[:per_target]:
             if name not in chosen:
                 chosen.append(name)
