@@ -233,6 +233,38 @@ def test_a_duel_settles_what_the_rounds_could_not():
     assert "block by block (15 pairs)" in d.reason and "within this machine's noise" in d.reason
 
 
+def test_where_a_duel_and_the_rounds_disagree_one_decides_and_the_report_says_which():
+    """Issue 40 (AVX2 Zen 3): the duel put the INT8 pick at 0.67x fp32's p50 where the rounds said 0.81x and separate
+    processes 0.76-0.82x. A duel whose interval excludes the rounds' ratio does not decide a pair that does not run
+    alike (INT8 against fp32): the rounds do — here a tie, so the simpler fp32 is picked — and the reason and the
+    report's duel table say so. Two alike models (one precision, one size) keep the duel's verdict."""
+    from servopt.optimize.decide import duel_decides
+    from servopt.optimize.remeasure_report import duel_rows
+
+    ref = rec("ort-fp32", 5.0, 200)
+    int8 = _int8("ort-int8-static-qop-u8u8-rr", 205, ["ort-quantize-static"], p50=4.8)
+    edge = Target(name="edge", hardware="a76", device="edge", objective="latency", max_p50_ms=15)
+    il = Interleaved(reference="ort-fp32", rounds=3, order=[], variants={
+        "ort-fp32": _rounds([200, 198, 202], [5.0, 5.1, 4.9]),
+        "ort-int8-static-qop-u8u8-rr": _rounds([205, 204, 206], [4.8, 4.9, 4.75])})
+    duel = Duel(a="ort-int8-static-qop-u8u8-rr", b="ort-fp32", what="p50_ms", pairs=40, time_ratio=0.80,
+                time_ratio_interval=[0.78, 0.82], verdict="a")
+    settled = il.model_copy(update={"duels": [duel]})
+    assert abs(settled.duel_disagrees(duel) - 0.96) < 0.01 and not duel_decides(settled, duel, {r.name: r for r in (ref, int8)})
+    d = decide(edge, [ref, int8], ref, IMAGES, settled)
+    assert d.recommended == "ort-fp32" and set(d.tied) == {"ort-fp32", int8.name}, d.reason
+    assert "the rounds decided" in d.reason and "0.800" in d.reason, d.reason
+    (row,) = duel_rows(settled, [ref, int8])
+    assert row.rounds == "0.961" and row.decided.startswith("the rounds"), row  # 4.8/5.0, 4.9/5.1, 4.75/4.9: 0.961 the median
+    # the same duel between two alike INT8 models decides, though the rounds disagree
+    twin = _int8("ort-int8-static-qop-u8s8-rr", 205, ["ort-quantize-static"], p50=5.0)
+    alike = Interleaved(reference="ort-fp32", rounds=3, order=[], variants={
+        "ort-fp32": il.variants["ort-fp32"], int8.name: il.variants[int8.name], twin.name: _rounds([200, 198, 202], [5.0, 5.1, 4.9])})
+    duel2 = duel.model_copy(update={"b": twin.name})
+    assert duel_decides(alike, duel2, {r.name: r for r in (ref, int8, twin)})
+    assert decide(edge, [ref, int8, twin], ref, IMAGES, alike.model_copy(update={"duels": [duel2]})).recommended != twin.name
+
+
 def test_a_close_call_between_two_runtimes_is_not_dueled():
     """Two runtimes' thread pools taking turns every 0.1 s in one process time each other's idle workers: a real
     EfficientNet-Lite0's ONNX Runtime fp32 and OpenVINO fp32 dueled 13-19 % apart on p50 in two runs, tied by the

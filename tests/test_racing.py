@@ -8,7 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servopt.contracts import Accuracy, ClassificationQuality, Environment, Interleaved, Latency, Record, SideBySide, Throughput
+from servopt.contracts import (
+    Accuracy,
+    ClassificationQuality,
+    Environment,
+    Interleaved,
+    Latency,
+    Record,
+    SessionInfo,
+    SideBySide,
+    Throughput,
+)
 from servopt.families import FAMILIES
 from servopt.machine import CpuFeatures
 from servopt.optimize import decide as decide_module
@@ -400,11 +410,15 @@ def test_each_variant_is_charged_its_own_measurement_for_the_next_budget():
 
 
 # ---------------------------------------------------------------------------------------------------- ties
+INT8_RAN = HERE.model_copy(update={"session": SessionInfo(runtime="onnxruntime", provider_requested="CPUExecutionProvider",
+                                                         provider_actual="CPUExecutionProvider", precision_actual="int8")})
+
+
 def _int8(name: str, tp: float, passes: list[str], refines: str | None = None, p50: float = 3.0) -> Record:
     from servopt.contracts import ChainStep
 
     return rec(name, p50, tp, size=2.4, top1=0.945).model_copy(update={
-        "chain": [ChainStep(pass_name=p) for p in ["export-onnx", *passes]], "refines": refines})
+        "chain": [ChainStep(pass_name=p) for p in ["export-onnx", *passes]], "refines": refines, "environment": INT8_RAN})
 
 
 def _tied_image_int8() -> list[Record]:

@@ -481,6 +481,25 @@ class Interleaved(Contract):
         """The duel of ``a`` and ``b`` on ``what``, either way round."""
         return next((d for d in self.duels if d.what == what and {d.a, d.b} == {a, b}), None)
 
+    def rounds_ratio(self, what: str, a: str, b: str) -> float | None:
+        """The rounds' median of ``a``'s time per call over ``b``'s on ``what`` (a duel's ``time_ratio``), round by round."""
+        va, vb = self.variants.get(a), self.variants.get(b)
+        if va is None or vb is None:
+            return None
+        pairs = (list(zip(va.p50_ms_rounds, vb.p50_ms_rounds, strict=False)) if what == "p50_ms"
+                 else [(y, x) for x, y in zip(va.throughput_rounds, vb.throughput_rounds, strict=False)])
+        ratios = sorted(x / y for x, y in pairs if x and y)
+        if not ratios:
+            return None
+        mid = len(ratios) // 2
+        return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+
+    def duel_disagrees(self, duel: Duel) -> float | None:
+        """The rounds' median ratio of the duel's pair where the duel's interval excludes it, else None."""
+        ratio = self.rounds_ratio(duel.what, duel.a, duel.b)
+        lo, hi = sorted(duel.time_ratio_interval)
+        return ratio if ratio is not None and not lo <= ratio <= hi else None
+
     def covers(self, names: list[str], figures: list[str]) -> bool:
         """Whether every pair of ``names`` has had its duel on every one of ``figures``."""
         return all(self.duel(f, a, b) for f in figures for i, a in enumerate(names) for b in names[i + 1:])

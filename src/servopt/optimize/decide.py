@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from servopt.contracts import Capacity, Contract, Interleaved, Projection, Record, Scaling
+from servopt.contracts import Capacity, Contract, Duel, Interleaved, Projection, Record, Scaling
 from servopt.errors import UserError
 from servopt.families.base import Family
 from servopt.machine import CpuFeatures, Device, Isa, machine_label, richer
@@ -318,13 +318,43 @@ def speed_dims(target: Target) -> list[str]:
     return sorted(dims)
 
 
+def duel_decides(interleaved: Interleaved, duel: Duel, by_name: dict[str, Record]) -> bool:
+    """Whether ``duel`` settles its pair, or the rounds do: the duel or the rounds, never both where they disagree.
+
+    Where the duel's interval holds the rounds' median ratio they agree, and the duel, the finer instrument, decides.
+    Where it excludes it, the rounds decide unless the two models run alike (one precision, sizes within 10 %): a
+    duel alternates two models in one process every tenth of a second, each starting in the other's caches, which put
+    an INT8 pick 9 % (AVX2 Zen 2) and 18-25 % (AVX2 Zen 3: 0.67x fp32's p50 against 0.76-0.82x) further ahead of fp32
+    than separate processes found, where the rounds agreed with them (issue 40); two alike models pay that alike, and
+    there the duel found a tie (0.6 % apart) that three rounds seconds apart had put 23 % apart (two 7-bit INT8 models,
+    the same kernels on every conv)."""
+    if interleaved.duel_disagrees(duel) is None:
+        return True
+    a, b = by_name.get(duel.a), by_name.get(duel.b)
+    if a is None or b is None:
+        return False
+
+    def precision(r: Record) -> str | None:
+        session = r.environment.session if r.environment else None
+        return session.precision_actual if session else None
+
+    sizes = sorted(x for x in (a.size_mb, b.size_mb) if x)
+    return precision(a) == precision(b) is not None and len(sizes) == 2 and sizes[1] <= 1.1 * sizes[0]
+
+
+def deciding_duel(interleaved: Interleaved | None, dim: str, a: str, b: str, by_name: dict[str, Record]) -> Duel | None:
+    """The duel of ``a`` and ``b`` on ``dim`` where it settles the pair (``duel_decides``), else None."""
+    duel = interleaved.duel(dim, a, b) if interleaved else None
+    return duel if duel is not None and duel_decides(interleaved, duel, by_name) else None
+
+
 def surely_ahead(dim: str, a: Verdict, b: Verdict, by_name: dict[str, Record], interleaved: Interleaved | None,
                  drift: float = DRIFT) -> bool:
     """Whether ``a`` is ahead of ``b`` on ``dim`` beyond this machine's noise: side by side when both were re-measured
     there (``noise.surely_ahead_side_by_side``), else beyond both 95 % intervals widened by ``drift``."""
     if interleaved and a.figures.source == b.figures.source == "interleaved":
-        duel = interleaved.duel(dim, a.variant, b.variant)
-        if duel is not None:  # block by block: a finer instrument than the rounds (``Sweep.settle_ties``)
+        duel = deciding_duel(interleaved, dim, a.variant, b.variant, by_name)
+        if duel is not None:  # block by block, agreeing with the rounds: a finer instrument (``Sweep.settle_ties``)
             return duel_ahead(duel, a.variant)
         return surely_ahead_side_by_side(dim, interleaved.variants[a.variant], interleaved.variants[b.variant])
     ia, ib = interval(by_name[a.variant], dim, drift), interval(by_name[b.variant], dim, drift)
@@ -383,11 +413,23 @@ def simplicity(rec: Record) -> tuple[bool, float, float, int, str]:
     return rec.refines is not None, slow, index, len(rec.chain), rec.name
 
 
-def _why_tied(dim: str, pick: Verdict, lead: Verdict, interleaved: Interleaved | None) -> str:
+def _overruled_duel(interleaved: Interleaved, dim: str, a: str, b: str, by_name: dict[str, Record]) -> str:
+    """Words for a duel of ``a`` and ``b`` the rounds overruled (``duel_decides``), else ''."""
+    duel = interleaved.duel(dim, a, b)
+    rounds = interleaved.duel_disagrees(duel) if duel is not None else None
+    if rounds is None or duel_decides(interleaved, duel, by_name):
+        return ""
+    lo, hi = sorted(duel.time_ratio_interval)
+    return (f"; their duel block by block ({duel.a} / {duel.b}: {duel.time_ratio:.3f}, interval {lo:.3f}-{hi:.3f}) "
+            f"excludes the rounds' {rounds:.3f}: the rounds decided (the two do not run alike, and a duel in one process "
+            "overstated an INT8 pick against fp32 on AVX2 CPUs where the rounds agreed with separate processes)")
+
+
+def _why_tied(dim: str, pick: Verdict, lead: Verdict, interleaved: Interleaved | None, by_name: dict[str, Record]) -> str:
     fp, fl = (pick.figures.p50_ms, lead.figures.p50_ms) if dim == "p50_ms" else (pick.figures.throughput_ips, lead.figures.throughput_ips)
     ahead = f"{gap(dim, fl, fp):.1%}" if fp and fl else "?"
     unit = "p50" if dim == "p50_ms" else "batch throughput"
-    duel = interleaved.duel(dim, lead.variant, pick.variant) if interleaved else None
+    duel = deciding_duel(interleaved, dim, lead.variant, pick.variant, by_name)
     if duel is not None and pick.figures.source == lead.figures.source == "interleaved":
         lo, hi = sorted(1 / x - 1 if duel.a == lead.variant else x - 1 for x in duel.time_ratio_interval)
         return (f"{lead.variant} and {pick.variant} took turns block by block ({duel.pairs} pairs): {lead.variant} "
@@ -397,7 +439,7 @@ def _why_tied(dim: str, pick: Verdict, lead: Verdict, interleaved: Interleaved |
         won, n = rounds_won(dim, interleaved.variants[lead.variant], interleaved.variants[pick.variant])
         return (f"{lead.variant} is {ahead} ahead on {unit} side by side, in {won} of {n} rounds: not beyond this "
                 f"machine's noise ({SIDE_NOISE:.0%} on the medians; from {SIGN_ROUNDS} rounds, every round and "
-                f"{TIE_GAP:.0%})")
+                f"{TIE_GAP:.0%})" + _overruled_duel(interleaved, dim, lead.variant, pick.variant, by_name))
     return f"{lead.variant} is {ahead} ahead on {unit}, within the two measurements' 95 % intervals and the drift between them"
 
 
@@ -474,14 +516,14 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
                 reason += f" (next: {rest[0]})"
         elif not others:  # the rounds' medians put another first, but a duel found this one ahead beyond noise
             dim = _objective_dim(target)
-            duel = interleaved.duel(dim, best.variant, fastest.variant) if interleaved else None
+            duel = deciding_duel(interleaved, dim, best.variant, fastest.variant, by_name)
             how = (f"block by block ({duel.pairs} pairs): {best.variant} {duel_lead(duel, best.variant):.1%} ahead"
                    if duel is not None else "beyond this machine's noise")
             reason = (f"{best.variant}: meets every bound here with the {objective}: ahead of {fastest.variant} {how}, "
                       f"though {fastest.variant} had the better median over the rounds")
         else:
             reason = (f"{best.variant}: meets every bound here, tied on the {objective} "
-                      f"({_why_tied(_objective_dim(target), best, fastest, interleaved)}); "
+                      f"({_why_tied(_objective_dim(target), best, fastest, interleaved, by_name)}); "
                       f"the simplest recipe of the {len(equal)} tied ({', '.join(others)})")
         projected = projected_words(best)
         if pending:

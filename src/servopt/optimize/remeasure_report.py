@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servopt.contracts import Interleaved
+from servopt.contracts import Interleaved, Record
+from servopt.optimize.decide import duel_decides
 from servopt.optimize.report_format import figure, machine_of
 from servopt.optimize.rundir import Summary
 
@@ -41,16 +42,28 @@ class DuelRow:
     ratio: str
     interval: str
     verdict: str
+    rounds: str  # the rounds' median ratio of the pair
+    decided: str  # which instrument decided the pair, and why
 
 
-def duel_rows(il: Interleaved | None) -> list[DuelRow]:
-    """The close calls the rounds left, settled block by block (``Sweep.settle_ties``): a's time per call over b's."""
+def duel_rows(il: Interleaved | None, records: list[Record]) -> list[DuelRow]:
+    """The close calls the rounds left, settled block by block (``Sweep.settle_ties``): a's time per call over b's,
+    beside the rounds' ratio of the pair and which of the two decided (``decide.duel_decides``)."""
     if il is None:
         return []
+    by_name = {r.name: r for r in records}
     said = {"a": "first ahead", "b": "second ahead", "tie": "tie", "undecided": "cannot tell (a tie)"}
-    return [DuelRow(figure="p50" if d.what == "p50_ms" else "batch throughput", pair=f"{d.a} / {d.b}", pairs=d.pairs,
-                    ratio=f"{d.time_ratio:.3f}", interval=f"{d.time_ratio_interval[0]:.3f}–{d.time_ratio_interval[1]:.3f}",
-                    verdict=said[d.verdict]) for d in il.duels]
+    rows = []
+    for d in il.duels:
+        rounds = il.rounds_ratio(d.what, d.a, d.b)
+        disagree = il.duel_disagrees(d) is not None
+        decider = ("the duel" if not disagree else "the duel: they disagree, but the two run alike (one precision, sizes "
+                   "within 10 %)" if duel_decides(il, d, by_name) else "the rounds: they disagree, and the two do not run alike")
+        rows.append(DuelRow(figure="p50" if d.what == "p50_ms" else "batch throughput", pair=f"{d.a} / {d.b}", pairs=d.pairs,
+                            ratio=f"{d.time_ratio:.3f}", interval=f"{d.time_ratio_interval[0]:.3f}–{d.time_ratio_interval[1]:.3f}",
+                            verdict=said[d.verdict], rounds=f"{rounds:.3f}" if rounds is not None else "–",
+                            decided=decider))
+    return rows
 
 
 @dataclass

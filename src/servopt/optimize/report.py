@@ -71,7 +71,7 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
         "model": Path(config.model).name if config else "?", "run_dir": str(out), "created": summary.created,
         "machine": machine_line(summary), "verdicts": verdict_rows(summary),
         "interleaved": interleave_rows(summary.interleaved), "rounds": summary.interleaved.rounds if summary.interleaved else None,
-        "duels": duel_rows(summary.interleaved),
+        "duels": duel_rows(summary.interleaved, records),
         "capped": capped_tables(summary), "kinds": kind_sections(summary),
         "rows": rows, "int8": int8_rows(rows, records), "pareto": summary.pareto_front,
         "profiles": profiles, "search": accuracy_search(records), "left_out": config.left_out if config else [],
