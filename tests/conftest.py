@@ -254,3 +254,14 @@ def run_v1(tmp_path) -> Path:
     out = tmp_path / "run"
     shutil.copytree(Path(__file__).parent / "fixtures" / "run-v1", out)
     return out
+
+
+def no_budget(seconds: float | None = None, targets: list | None = None, elapsed: float = 0.0):
+    """A sweep's ``Budget`` for tests that build a sweep by hand: ``seconds`` (None: none), ``elapsed`` already spent."""
+    import time
+
+    from servopt.bench.protocol import Protocol
+    from servopt.optimize.budget import Budget
+
+    return Budget(seconds, f"{seconds:g}s" if seconds else None, targets or [], "image-classification", Protocol.quick(), 2,
+                  axes=False, capacity_probe=False, started=time.monotonic() - elapsed)

@@ -309,25 +309,23 @@ def test_under_a_time_budget_a_duel_takes_only_what_is_left():
     """The finish reserves nothing for a duel (a 3-minute image race then measured no INT8 variant): a duel gets what
     the budget leaves after loading it, the picks' profiles and the report, split between its figures, and none below
     ``racing.DUEL_MIN_SECONDS`` a figure (the tie then goes to the simplest recipe, and the run says so)."""
-    from types import SimpleNamespace
-
+    from conftest import no_budget
     from servopt.optimize import racing
-    from servopt.optimize.sweep import Sweep
+    from servopt.optimize.budget import Budget
 
-    def sweep(budget: float | None, elapsed: float, instance: float = 0.0) -> SimpleNamespace:
-        ns = SimpleNamespace(settings=SimpleNamespace(quick=False, budget_seconds=budget), elapsed=lambda: elapsed,
-                             targets=["cpu-server", "gpu-server", "edge"], instance_reserve=lambda _n: instance)
-        ns.left = lambda closing=True: Sweep.left(ns, closing)
-        return ns
+    def budget(seconds: float | None, elapsed: float, instance: float = 0.0) -> Budget:
+        b = no_budget(seconds, ["cpu-server", "gpu-server", "edge"], elapsed)
+        b.instance_reserve = lambda _n, capacity=True: instance  # the scaling and capacity search to come
+        return b
 
-    assert Sweep.duel_seconds(sweep(None, 500), 2) == racing.DUEL_SECONDS_PER_FIGURE
-    assert Sweep.duel_seconds(sweep(300, 200), 2) == racing.DUEL_SECONDS_PER_FIGURE
+    assert budget(None, 500).duel_seconds(2) == racing.DUEL_SECONDS_PER_FIGURE
+    assert budget(300, 200).duel_seconds(2) == racing.DUEL_SECONDS_PER_FIGURE
     left = 300 - 268 - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(3)
-    assert Sweep.duel_seconds(sweep(300, 268), 2) == pytest.approx(left / 2) and left / 2 >= racing.DUEL_MIN_SECONDS
-    assert Sweep.duel_seconds(sweep(300, 285), 2) is None
+    assert budget(300, 268).duel_seconds(2) == pytest.approx(left / 2, abs=0.01) and left / 2 >= racing.DUEL_MIN_SECONDS
+    assert budget(300, 285).duel_seconds(2) is None
     # the instance's answer (scaling, the capacity search) comes after the duel: its time is kept for it
     kept = (300 - 210 - racing.DUEL_LOAD_SECONDS - racing.closing_seconds(3) - 60) / 2
-    assert kept < racing.DUEL_SECONDS_PER_FIGURE and Sweep.duel_seconds(sweep(300, 210, instance=60.0), 2) == pytest.approx(kept)
+    assert kept < racing.DUEL_SECONDS_PER_FIGURE and budget(300, 210, instance=60.0).duel_seconds(2) == pytest.approx(kept, abs=0.01)
 
 
 def test_a_duel_job_takes_its_variants_environment_and_a_new_duel_replaces_the_old_one():
@@ -379,7 +377,7 @@ def test_a_resumed_run_duels_no_more_than_the_first_did(tmp_path, monkeypatch):
 
     fake = SimpleNamespace(dir=SimpleNamespace(interleave=lambda kind: path, eval_data=tmp_path / "d.npz", work_root=tmp_path,
                                                work=lambda name, kind=None: tmp_path / name),
-                           duel_seconds=lambda n: 1.0, settings=SimpleNamespace(quick=True), problems=[],
+                           budget=SimpleNamespace(duel_seconds=lambda n: 1.0), settings=SimpleNamespace(quick=True), problems=[],
                            interleave_protocol=SimpleNamespace(batch_size=8), family=None,
                            progress=SimpleNamespace(step=lambda s: None))
     fake._result_or_problem = lambda *a: result(fake, *a)

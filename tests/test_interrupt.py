@@ -360,8 +360,10 @@ def test_a_ray_executor_stopped_cancels_its_tasks_and_submits_nothing_more():
 def test_a_hopeless_refinement_ladder_tries_its_cheap_rungs_and_skips_its_searches(monkeypatch):
     """Plain INT8 loses 10 points, and two cheap rungs still 5 (5× the 1 tolerated): the calibration search and the
     accuracy-aware search (minutes each) are listed as not built, with why; every cheap rung is still tried."""
+    from conftest import no_budget
     from servopt.contracts import Accuracy, ClassificationQuality, Latency, Record, Throughput
     from servopt.families import FAMILIES
+    from servopt.machine import CpuFeatures
     from servopt.optimize.sweep import Sweep, Unit
     from servopt.optimize.targets import Target
     from servopt.optimize.variants import Variant
@@ -387,6 +389,10 @@ def test_a_hopeless_refinement_ladder_tries_its_cheap_rungs_and_skips_its_search
     ref = rec("ort-fp32", 0.90, 2.0)
     sweep.references = {None: ref}
     sweep.records = {("ort-fp32", None): ref, (base, None): rec(base, 0.80, 1.0)}
+    sweep.budget = no_budget()
+    sweep.budget.observe_baseline(ref)
+    # a VNNI CPU: every rung's U8S8 computes right, so the ladder keeps the catalogue's order (test_racing covers the other)
+    sweep.int8_cpu = CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni"}))
     screened: list[str] = []
 
     def screen(units: list[Unit]) -> None:
@@ -423,10 +429,10 @@ def test_the_finish_binds_the_budget_too(tmp_path, small, monkeypatch):
     model whose calls outgrow the plan (MPNet's re-measure took 2 of a 10-minute budget's minutes) must not run past
     it. Here the finish's deadline comes just after it starts: the run still answers, on the screening figures, says
     what the budget stopped, stores no re-measure a resume would trust, and a rerun with time re-measures."""
-    from servopt.optimize.sweep import Sweep
+    from servopt.optimize.budget import Budget
 
-    real = Sweep.finish_deadline
-    monkeypatch.setattr(Sweep, "finish_deadline", lambda self, closing=True: time.time() + 0.3)
+    real = Budget.finish_deadline
+    monkeypatch.setattr(Budget, "finish_deadline", lambda self, stage="re-measure": time.time() + 0.3)
     out = tmp_path / "run"
     cmd = _cmd(small, out, "--quiet", "--budget", "1h", "--no-capacity")
     cmd = cmd[:cmd.index("--variants")] + [a for v in ["ort-fp32", "ort-offline-all"] for a in ("--variants", v)]
@@ -436,7 +442,7 @@ def test_the_finish_binds_the_budget_too(tmp_path, small, monkeypatch):
     assert summary["targets"][0]["recommended"] or summary["targets"][0]["nearest"]
     assert summary["interleaved"] is None and not list(out.glob("interleave*.json")), "nothing stored a resume would trust"
     assert any("side-by-side re-measure" in p and ("time budget" in p) for p in summary["problems"]), summary["problems"]
-    monkeypatch.setattr(Sweep, "finish_deadline", real)
+    monkeypatch.setattr(Budget, "finish_deadline", real)
     result = runner.invoke(app, cmd)
     assert result.exit_code == 0, result.output
     assert json.loads((out / "summary.json").read_text())["interleaved"] is not None

@@ -15,6 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from conftest import no_budget
 from servopt.cli import app
 from servopt.contracts import Accuracy, ClassificationQuality, Environment, Latency, Record, Throughput
 from servopt.data.dataset import Dataset, load_image_folder
@@ -341,7 +342,7 @@ def test_a_refinement_in_doubt_is_settled_side_by_side(quick_run):
     by = {r.name: r for r in records}
     sweep = SimpleNamespace(records={(n, None): by[n] for n in ("ort-fp32", "ort-offline-all")}, dir=RunDir(quick_run),
                             protocol=Protocol.quick(), interleave_rounds=2, executor=LocalExecutor(), kinds={None: None},
-                            progress=Progress(), _for=Sweep._for, finish_deadline=lambda closing=True: None)
+                            progress=Progress(), _for=Sweep._for, budget=no_budget())
     sweep._interleave_job = lambda *args: Sweep._interleave_job(sweep, *args)
     side = Sweep._side_by_side(sweep, by["ort-offline-all"], ["ort-fp32", "not-measured"], None)
     assert set(side) == {"ort-offline-all", "ort-fp32"}

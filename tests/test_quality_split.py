@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import no_budget
 from servopt.contracts import Accuracy, ClassificationQuality, Gate, Latency, Record, Throughput
 from servopt.data.dataset import holdout_split
 from servopt.families import FAMILIES
 from servopt.families.metrics import paired_drop_interval, samples_to_settle, split_agreement
+from servopt.machine import CpuFeatures
 from servopt.optimize import racing
 from servopt.optimize.targets import Target
 from servopt.spec import ModelSpec, TensorSpec
@@ -270,7 +272,7 @@ def test_the_ladders_give_up_rule_reads_the_tuning_drops_too(tmp_path, monkeypat
     rungs = [SimpleNamespace(kind=None, variant=Variant(f"int8-r{i}", "int8", "onnxruntime", refines="int8")) for i in range(3)]
     fake = SimpleNamespace(records={("orig", None): ref, ("int8", None): probe}, references={None: ref}, not_tried=[],
                            targets_of=lambda kind: [target], targets=[target], family=IMAGES, racing=True,
-                           batch_call_seconds=lambda: 0.0)
+                           budget=no_budget(), int8_cpu=CpuFeatures(frozenset({"avx2", "avx512f", "avx512_vnni"})))
     fake._misses_quality = lambda rec, kind: Sweep._misses_quality(fake, rec, kind)
     fake.settings = SimpleNamespace(verify_max_drop=5.0, verify_min_agreement=0.9, verify_min_cosine=None)
     fake._gate = lambda quality: Sweep._gate(fake, quality)

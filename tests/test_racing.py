@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import no_budget
 from servopt.contracts import (
     Accuracy,
     ClassificationQuality,
@@ -23,6 +24,7 @@ from servopt.families import FAMILIES
 from servopt.machine import CpuFeatures
 from servopt.optimize import decide as decide_module
 from servopt.optimize import pricing, racing
+from servopt.optimize.budget import Budget
 from servopt.optimize.decide import Decision, decide
 from servopt.optimize.noise import DRIFT, SELECTION_DRIFT
 from servopt.optimize.targets import PRESETS, Target
@@ -343,6 +345,7 @@ def test_a_racing_sweep_refines_the_likely_winners_before_it_measures_the_rest(t
             self.progress = Progress()
             self.units = [Unit(v, None, v.name) for v in vs]
             self.int8_cpu = CpuFeatures(frozenset(HERE.cpu_flags))
+            self.budget = no_budget()
 
         def _prepare(self): pass
         def _todo(self): return self.units
@@ -370,16 +373,17 @@ def test_a_budget_skips_what_does_not_fit_and_goes_on_with_what_does():
 
     measured: list[str] = []
 
+    class Tight(Budget):
+        def fits(self, units, contenders, original):  # 30 s left: the compile does not fit, the others do
+            return 0 if units[0].variant.name == "torch-compile" else len(units)
+
     class Budgeted(Sweep):
         def __init__(self) -> None:
             self.settings = SimpleNamespace(budget="5m", full=False)
-            self.progress, self.not_tried, self.distributed, self.started = Progress(), [], False, 0.0
-
-        def elapsed(self) -> float:
-            return 250.0
-
-        def _budget_fits(self, units):  # 30 s left: the compile does not fit, the others do
-            return 0 if units[0].variant.name == "torch-compile" else len(units)
+            self.progress, self.not_tried, self.distributed = Progress(), [], False
+            self.budget = no_budget(300, elapsed=250.0)
+            self.budget.__class__ = Tight
+            self.original, self.records = SimpleNamespace(name="torch-eager"), {}
 
         def _measure(self, units):
             measured.extend(u.variant.name for u in units)
@@ -389,6 +393,7 @@ def test_a_budget_skips_what_does_not_fit_and_goes_on_with_what_does():
     sweep._screen(units)
     assert measured == ["ort-fp16", "ort-fp32-1thread"]
     assert [(x.name, "time budget (5m) ran out after 250 s" in x.why) for x in sweep.not_tried] == [("torch-compile", True)]
+    assert sweep.budget.skipped == {"screening": ["torch-compile"]}, "the report's plan lists it"
 
 
 def test_each_variant_is_charged_its_own_measurement_for_the_next_budget():
@@ -398,7 +403,7 @@ def test_each_variant_is_charged_its_own_measurement_for_the_next_budget():
 
     class Charged(Sweep):
         def __init__(self) -> None:
-            self.spent = {}
+            self.budget = no_budget()
 
         def _build_and_measure(self, units, own):
             own["torch-compile"] = 50.0  # as timed around its measurement
@@ -406,7 +411,7 @@ def test_each_variant_is_charged_its_own_measurement_for_the_next_budget():
     units = [Unit(Variant(n, "pytorch", "torch"), None, n) for n in ("torch-compile", "ort-fp16")]
     sweep = Charged()
     sweep._measure(units)
-    assert sweep.spent["torch-compile"] >= 50.0 and sweep.spent["ort-fp16"] < 1.0
+    assert sweep.budget.spent["torch-compile"] >= 50.0 and sweep.budget.spent["ort-fp16"] < 1.0
 
 
 # ---------------------------------------------------------------------------------------------------- ties

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import no_budget
 from servopt.contracts import ScalingCurve, ScalingPoint
 from servopt.optimize.scaling import Amdahl, Usl, band, fit_amdahl, fit_usl, project_latency, project_throughput, why_not
 
@@ -319,7 +320,7 @@ def test_a_capacity_search_that_ran_out_of_time_is_kept_for_reading_and_searched
         return SimpleNamespace(result=lambda: Capacity(variant="a", slo="p99 <= 50 ms", capacity_rps=0.0, steps=[step],
                                                        timed_out=True))
 
-    sweep = SimpleNamespace(problems=[], settings=SimpleNamespace(quick=False, budget="5m"), left=lambda: 60.0,
+    sweep = SimpleNamespace(problems=[], settings=SimpleNamespace(quick=False, budget="5m"), budget=no_budget(60 + 14, elapsed=0),
                             dir=SimpleNamespace(capacity=lambda t, v: tmp_path / f"{t}-{v}.json"), out=tmp_path,
                             progress=SimpleNamespace(step=lambda m: None), executor=SimpleNamespace(submit=submit),
                             kinds={}, _for=lambda kind: "", capacity_probe=object())

@@ -510,6 +510,26 @@ class Interleaved(Contract):
         return self.model_copy(update={"duels": [*kept, *new]})
 
 
+class BudgetStage(Contract):
+    """One stage of a sweep under a time budget: what the plan gave it, what it used, what it left out for the time."""
+
+    stage: str
+    planned_s: float
+    used_s: float | None = None  # None: it did not run
+    skipped: list[str] = Field(default_factory=list)
+
+
+class BudgetPlan(Contract):
+    """How a sweep planned its ``--budget`` from this run's own costs (the baseline's batch call, a side-by-side turn),
+    stage by stage, and what each stage used (``optimize.budget.Budget``)."""
+
+    seconds: float
+    label: str = ""
+    batch_call_s: float  # one batch call of the baseline on all cores: what the finish's reserves are sized from
+    remeasure_turn_s: float  # one candidate's turn in a side-by-side round
+    stages: list[BudgetStage]
+
+
 class OpTime(Contract):
     op: str
     ms_per_run: float

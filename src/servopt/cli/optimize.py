@@ -143,7 +143,7 @@ def result_line(record, family) -> str:
 class _BudgetRemaining(TimeRemainingColumn):
     """rich's estimate of the time left, never past the time budget's end: the sweep stops there (what it did not try
     is listed), so an estimate from the pace of the first variants (a 1-minute budget said 8 minutes) misleads.
-    ``left``: the sweep's own reading of its budget (``Sweep.left``; None: no budget), set once the sweep exists."""
+    ``left``: the sweep's own reading of its budget (``Budget.left``; None: no budget), set once the sweep exists."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -275,7 +275,7 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
         if bar:
             for column in bar.columns:  # the bar's time left reads the sweep's own budget clock
                 if isinstance(column, _BudgetRemaining):
-                    column.left = lambda: run.left(closing=False)
+                    column.left = lambda: run.budget.left(closing=False)
             with bar:
                 summary = run.run()
         else:

@@ -88,7 +88,7 @@ class SweepBuilds:
                                source=self.model.ref(), calibration=self.ctx.calibration_path, tuning=self.ctx.tuning_path,
                                env=v.env)
                 alone = get_pass(prefix[-1][0]).times_itself
-                futures[key] = self.executor.submit(launch, job, folder, None, self.deadline(v), what=what, exclusive=alone)
+                futures[key] = self.executor.submit(launch, job, folder, None, self.budget.deadline(v), what=what, exclusive=alone)
             for key, future in futures.items():
                 try:
                     built = future.result()
@@ -134,7 +134,7 @@ class SweepBuilds:
         return MeasureJob(session=OpenSpec(name=v.name, artifact=artifact, runtime=v.runtime, options=v.options),
                           data=str(self.dir.eval_data), family=self.model.spec.family_name,
                           reference=None if reference is None else str(ref_outputs),
-                          save_outputs=str(ref_outputs) if reference is None else None, protocol=self.protocol, gate=gate, env=v.env,
+                          save_outputs=str(ref_outputs) if reference is None else None, protocol=self.protocol_of(v), gate=gate, env=v.env,
                           tuning_data=tuned, tuning_reference=str(ref_tuning) if tuned and reference is not None else None,
                           save_tuning_outputs=str(ref_tuning) if tuned and reference is None else None)
 
@@ -160,7 +160,7 @@ class SweepBuilds:
             rest = max(0.0, time.monotonic() - began - sum(own.values()))  # builds, and measurements not timed one by one
             for u in units:
                 name = u.variant.name
-                self.spent[name] = self.spent.get(name, 0.0) + own.get(name, 0.0) + rest / len(units)
+                self.budget.charge(name, own.get(name, 0.0) + rest / len(units))
 
     def _build_and_measure(self, units: list[Unit], own: dict[str, float]) -> None:
         available = {u.variant.name: runtime_available(u.variant.runtime) for u in units}
@@ -184,7 +184,7 @@ class SweepBuilds:
             self.progress.step(f"measuring {u.variant.name}{self._for(u.kind)}")
             started = time.monotonic()
             future = self.executor.submit(measure_variant, job, self.model.spec, self.dir.work(u.variant.name, u.kind),
-                                          self.deadline(u.variant), resources=self.kinds[u.kind], what=f"measure {u.variant.name}{self._for(u.kind)}")
+                                          self.budget.deadline(u.variant), resources=self.kinds[u.kind], what=f"measure {u.variant.name}{self._for(u.kind)}")
             if future.done():  # measured here: recorded at once, so a kill loses at most the measurement under way
                 self._collect(u, future, built[u.variant.name][1])
                 own[u.variant.name] = own.get(u.variant.name, 0.0) + time.monotonic() - started
@@ -202,6 +202,13 @@ class SweepBuilds:
             self._not_finished(u, str(e))
             return
         self._record(u, rec)
+
+    def _not_finished(self, u: Unit, why: str) -> None:
+        """A job the time budget's end stopped: listed as not tried, no record (a rerun with more time tries it)."""
+        self.not_tried.append(LeftOut(name=u.variant.name, why=f"not finished: {why} (--budget {self.settings.budget}): rerun "
+                                      "with a larger --budget (finished variants are kept)"))
+        self.budget.skip("screening", f"{u.variant.name} (not finished)")
+        self.progress.note(f"{u.variant.name}{self._for(u.kind)}: not finished, {why}")
 
     def _measure_originals(self, todo: list[Unit]) -> None:
         """The original first, on every kind that measures it: the others are verified against its outputs there."""
@@ -222,12 +229,13 @@ class SweepBuilds:
         size = max(1, len(units)) if self.distributed else BUILD_ROUND
         i = 0
         while i < len(units):
-            fit = self._budget_fits(units[i:i + size])
+            fit = self.budget.fits(units[i:i + size], self.contenders(), self.original.name)
             if fit == 0 and units[i].variant.is_baseline:
                 fit = 1  # the baseline alone, whatever the budget: every ratio, the race and the report compare with it
             if fit == 0:  # this one does not fit what is left; a cheaper one further down the order may
                 self.not_tried.append(LeftOut(name=units[i].variant.name, why=f"the time budget ({self.settings.budget}) ran "
                                               f"out after {self.elapsed():.0f} s: rerun with a larger --budget (finished variants are kept)"))
+                self.budget.skip("screening", units[i].variant.name)
                 i += 1
                 continue
             self._measure(units[i:i + fit])
@@ -282,7 +290,7 @@ class SweepBuilds:
                 gaps = [self.family.gate_shortfall(r.tuning_quality, gate) if gate and r is not None and r.tuning_quality
                         else None for r in measured]
                 search = sum(get_pass(name).slow_seconds for name, _ in u.variant.chain)  # a search: minutes, not seconds
-                search *= racing.search_scale(self.batch_call_seconds())
+                search *= racing.search_scale(self.budget.batch_call_seconds())
                 if search and (hopeless := racing.refinement_hopeless(drops, tolerance, len(tried), gaps)):
                     self.not_tried.append(LeftOut(name=u.variant.name, why=f"not built (a search of about {search:.0f} s): {hopeless}"))
                     continue

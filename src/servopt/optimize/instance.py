@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from servopt.bench.launcher import Interrupted, stopping
 from servopt.bench.scaling import ScalingJob
 from servopt.contracts import Capacity, Interleaved, Record, Scaling
-from servopt.machine import Device
 from servopt.optimize import racing
 from servopt.optimize.decide import Decision, interleave_candidates
 from servopt.optimize.executor import Lost
@@ -37,7 +36,7 @@ class SweepInstance:
 
     def instance_targets(self, targets: list[Target]) -> list[Target]:
         """The targets naming an instance whose figures this machine (or this kind's nodes) can take: a CPU's."""
-        return [t for t in targets if t.instance_vcpus is not None and t.device is Device.CPU]
+        return [t for t in targets if t.names_instance]
 
     def run_scaling(self, targets: list[Target], records: list[Record], reference: Record | None,
                     interleaved: Interleaved | None, capped: dict[str, Interleaved], kind: str | None) -> Scaling | None:
@@ -88,7 +87,7 @@ class SweepInstance:
         out: dict[str, list[Capacity]] = {}
         by_name = {r.name: r for r in records if r.status == "ok" and r.artifact is not None}
         for t in self.instance_targets(targets):
-            if t.price_per_hour is None or t.max_p99_ms is None or self.capacity_probe is None:
+            if not t.served or self.capacity_probe is None:
                 continue
             found: list[Capacity] = []
             for _ in range(racing.CAPACITY_PICKS):
@@ -130,10 +129,11 @@ class SweepInstance:
             return previous
         seconds = racing.CAPACITY_SECONDS if not quick else 15.0
         budget_bound = False
-        if (left := self.left()) is not None:
+        if (left := self.budget.left()) is not None:
             budget_bound = left < seconds
             seconds = min(seconds, left)
             if seconds < racing.CAPACITY_MIN_SECONDS and not quick:
+                self.budget.skip("capacity", f"serving {pick}")
                 self.problems.append(f"{t.name}: the time budget ({self.settings.budget}) left no time to serve {pick} and "
                                      "search its capacity within the SLO: priced on the offline figures")
                 return None

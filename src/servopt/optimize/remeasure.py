@@ -99,6 +99,10 @@ def cold_start(job: ColdStartJob, workdir: Path, deadline: float | None = None) 
 class SweepRemeasures:
     """Re-measures, duels, cold starts and profiles (a mixin of ``Sweep``)."""
 
+    def _out_of_time(self, what: str, e: Exception) -> None:
+        self.problems.append(f"{what}: stopped at the time budget's end (--budget {self.settings.budget}; {e}); rerun with a "
+                             "larger --budget to finish it (finished work is kept)")
+
     def _side_by_side(self, probe: Record, rivals: list[str], kind: str | None) -> dict[str, SideBySide]:
         """``probe`` and the variants ahead of it on their screening figures, alternated in one process (the screening
         protocol, ``interleave_rounds`` rounds): a few seconds that settle whether a long refinement of ``probe`` (NNCF's
@@ -111,7 +115,7 @@ class SweepRemeasures:
         label = f"side-by-side-{probe.name}"
         self.progress.step(f"{probe.name} side by side with {', '.join(names[1:])}{self._for(kind)}")
         try:
-            launched = self.executor.submit(launch, job, self.dir.work_root / label, None, self.finish_deadline(),
+            launched = self.executor.submit(launch, job, self.dir.work_root / label, None, self.budget.finish_deadline(),
                                             resources=self.kinds.get(kind), what=label).result()
         except Lost:
             return {}
@@ -129,7 +133,9 @@ class SweepRemeasures:
             reference = self.references.get(kind) or next(iter(self.references.values()))
             keep = {self.original.name, self.baseline.name}
             # The original and the baseline are never marked screened out (every figure is compared with them: their cold
-            # starts too), but an original beaten beyond noise is no contender: it gets no side-by-side re-measure.
+            # starts too), but an original beaten beyond noise is no contender: it gets no side-by-side re-measure, and
+            # under a time budget no cold start either (PyTorch's import and load: seconds a slow machine's budget lacks)
+            cold_too = {self.baseline.name} | ({self.original.name} if self.budget.seconds is None else set())
             beaten = racing.screened_out(self.targets_of(kind) or self.targets, records, reference, self.family, set()) \
                 if self.racing else {}
             self.beaten[kind] = set(beaten) - {self.baseline.name}
@@ -139,11 +145,13 @@ class SweepRemeasures:
                     continue
                 if rec.name in beaten and rec.name not in keep and rec.screened_out is None and rec.cold_start is None:
                     self._update(u, rec.model_copy(update={"screened_out": beaten[rec.name]}))
-                elif (rec.name not in beaten or rec.name in keep) and rec.cold_start is None and rec.artifact is not None:
+                elif rec.name in beaten and rec.name not in cold_too and rec.cold_start is None:
+                    self.budget.skip("re-measure", f"the cold start of {rec.name} (beaten beyond noise)")
+                elif (rec.name not in beaten or rec.name in cold_too) and rec.cold_start is None and rec.artifact is not None:
                     job = ColdStartJob(session=OpenSpec(name=rec.name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
                                        spec=self.model.spec, env=rec.env)
                     self.progress.step(f"cold start of {rec.name}{self._for(kind)}")
-                    future = self.executor.submit(cold_start, job, self.dir.work(rec.name, kind) / "coldstart", self.finish_deadline(),
+                    future = self.executor.submit(cold_start, job, self.dir.work(rec.name, kind) / "coldstart", self.budget.finish_deadline(),
                                                   resources=self.kinds[kind], what=f"cold start {rec.name}{self._for(kind)}")
                     pending[future] = (u, rec)
         for future in as_completed(pending):
@@ -182,7 +190,7 @@ class SweepRemeasures:
     def _result_or_problem(self, job, folder: Path, kind: str | None, what: str, problem: str):
         """A job's result, or None with ``problem`` and why noted for the report (the run goes on without it)."""
         try:
-            launched = self.executor.submit(launch, job, folder, None, self.finish_deadline(), resources=self.kinds.get(kind),
+            launched = self.executor.submit(launch, job, folder, None, self.budget.finish_deadline(), resources=self.kinds.get(kind),
                                             what=what).result()
         except Lost as e:
             self.problems.append(f"{problem}: {e}")
@@ -215,10 +223,12 @@ class SweepRemeasures:
             self.reused.append(f"side-by-side re-measure {label}" + (f" and its {len(previous.duels)} duel(s)" if previous.duels else ""))
             return previous
         rounds = self.interleave_rounds
-        if (deadline := self.finish_deadline()) is not None:  # rounds that fit what the budget leaves, sized by the calls
+        if (deadline := self.budget.finish_deadline()) is not None:  # rounds that fit what the budget leaves, sized by the calls
             per_round = sum(racing.remeasure_seconds(by_name[n], self.interleave_protocol) + 2.0 for n in names)
-            fit = int((deadline - time.time() - self.instance_reserve(len(names), capacity=False)) // per_round)
+            # the scaling's reserve kept too (the capacity search's and the closing's are outside the deadline already)
+            fit = int((deadline - time.time() - self.budget.scaling_reserve(len(names))) // per_round)
             if fit < 2:
+                self.budget.skip("re-measure", f"the side-by-side re-measure {label}")
                 self.problems.append(f"the side-by-side re-measure {label} was not run: a round of {len(names)} variants takes "
                                      f"about {per_round:.0f} s and the time budget ({self.settings.budget}) leaves less than "
                                      "two; decided on the screening figures (rerun with a larger --budget)")
@@ -227,7 +237,7 @@ class SweepRemeasures:
         cache_key = key(rounds)
         job = self._interleave_job(names, by_name, baseline, self.interleave_protocol, rounds, caps)
         try:
-            launched = self.executor.submit(launch, job, self.dir.work_root / label, None, self.finish_deadline(),
+            launched = self.executor.submit(launch, job, self.dir.work_root / label, None, self.budget.finish_deadline(),
                                             resources=self.kinds.get(kind), what=label).result()
         except Lost as e:
             raise UserError(f"interleaved re-measure {label}: {e}", fix="check the cluster, then rerun") from e
@@ -270,7 +280,7 @@ class SweepRemeasures:
             self.progress.step(f"re-measuring {', '.join(own)} process by process with the baseline")
             try:
                 future = self.executor.submit(alternate, jobs, self.interleave_rounds, self.dir.work("alternating", kind),
-                                              self.finish_deadline(),
+                                              self.budget.finish_deadline(),
                                               resources=self.kinds.get(kind), what="alternating re-measure")
                 alternated = ratios(future.result(), self.baseline.name, anchor)
             except (AlternationFailed, Lost) as e:
@@ -297,8 +307,9 @@ class SweepRemeasures:
             names, asked = unsettled(targets, records, reference, self.family, interleaved, racing.DUEL_RIVALS)
             if interleaved.covers(names, asked):
                 break
-            seconds = self.duel_seconds(len(asked))
+            seconds = self.budget.duel_seconds(len(asked))
             if seconds is None:
+                self.budget.skip("re-measure", f"the duel of {', '.join(names)}")
                 self.problems.append(f"the close call of {', '.join(names)} was not settled block by block: the time budget "
                                      f"({self.settings.budget}) ran out; the simplest recipe of them is picked")
                 break
@@ -360,7 +371,7 @@ class SweepRemeasures:
                              data=str(self.dir.eval_data), env=rec.env)
             try:
                 launched = self.executor.submit(launch, job, self.dir.work(name, kind) / "profile", None,
-                                                self.finish_deadline(closing=False), resources=self.kinds.get(kind),
+                                                self.budget.finish_deadline("closing"), resources=self.kinds.get(kind),
                                                 what=f"profile {name}").result()
                 prof = launched.result or OpProfile(variant=name, profiler="none", total_ms_per_run=0.0, error=launched.error)
             except Lost as e:

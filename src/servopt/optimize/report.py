@@ -25,6 +25,7 @@ from markupsafe import Markup
 
 from servopt.contracts import Record
 from servopt.families.base import Family, family_of
+from servopt.optimize.budget_report import budget_section
 from servopt.optimize.charts import instance_charts, variant_charts
 from servopt.optimize.compare_report import with_html, with_markdown
 from servopt.optimize.data_report import data_lines, grid_table
@@ -77,7 +78,7 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
         "profiles": profiles, "search": accuracy_search(records), "left_out": config.left_out if config else [],
         "environment": env_json, "note": config.note if config else "",
         "data": data_lines(config.data) if config else [], "grid": grid_table(records),
-        "prices": price_section(summary), "problems": summary.problems, "race": race_section(summary, records),
+        "prices": price_section(summary), "problems": summary.problems, "race": race_section(summary, records), "budget": budget_section(summary),
         "interrupted": interrupted_banner(summary), "reused": reused_line(summary), "instance": instance_section(summary),
         "batch": (config.protocol.get("batch_size") if config else None) or next((r.batch_size for r in records if r.batch_size), "?"),
     }

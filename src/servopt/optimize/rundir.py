@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from pydantic import Field
 
-from servopt.contracts import SUMMARY_SCHEMA, Contract, Environment, Interleaved, OpProfile, Record, Scaling
+from servopt.contracts import SUMMARY_SCHEMA, BudgetPlan, Contract, Environment, Interleaved, OpProfile, Record, Scaling
 from servopt.errors import UserError
 from servopt.optimize.decide import Decision
 from servopt.optimize.targets import Target, kind_slug
@@ -177,6 +177,7 @@ class Summary(Contract):
     racing: bool = False  # variants beaten beyond noise were screened out (their records say by what); False: --full
     not_tried: list[LeftOut] = Field(default_factory=list)  # chosen but not measured: the time budget, or not needed
     budget_s: float | None = None
+    budget: BudgetPlan | None = None  # the time budget's plan, stage by stage, and what each stage used and skipped
     wall_s: float | None = None
     # Figures this run took from an earlier run into the same folder instead of measuring them (records, side-by-side
     # re-measures and their duels): their keys say the same variant, data, protocol, machine and library versions.

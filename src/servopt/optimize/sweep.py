@@ -40,7 +40,7 @@ from servopt.families.base import Family, family_of
 from servopt.machine import Device, Isa, cpu_features, environment
 from servopt.models.sources import LoadedModel
 from servopt.optimize import pricing, racing
-from servopt.optimize.budget import SweepBudget
+from servopt.optimize.budget import Budget
 from servopt.optimize.builds import BUILD_ROUND, SweepBuilds, Unit, measure_variant, runtime_available  # noqa: F401 (re-exported)
 from servopt.optimize.decide import Decision, decide, interleave_candidates, pareto_front
 from servopt.optimize.executor import LOST, Executor, LocalExecutor
@@ -86,6 +86,18 @@ def sweep_protocol(racing: bool = True) -> Protocol:
     if racing:
         return Protocol(min_runs=30, min_seconds=0.5, batch_min_runs=5, batch_min_seconds=0.5, warmup=5, cold_start=False)
     return Protocol(min_runs=50, min_seconds=1.0, batch_min_runs=8, batch_min_seconds=1.0, warmup=10, cold_start=False)
+
+
+def reference_protocol(racing: bool = True) -> Protocol:
+    """The original's timed phases in a race: its figures serve only the ratios of "before" and "after" (PyTorch eager
+    is 5-10x the picks), so a few calls after its verification (which warms it) give them; the side-by-side rounds
+    re-measure whatever is close. Its verification on the evaluation and tuning samples is the rest of its time. On an
+    AVX2 Zen 3 twice as slow as a Zen 2, eager's 10 batch calls of the sweep's protocol took 58 s of a 5-minute demo."""
+    base = sweep_protocol(racing)
+    if not racing:
+        return base
+    return base.model_copy(update={"warmup": 1, "min_runs": 10, "min_seconds": 0.2, "batch_min_runs": 3,
+                                   "batch_min_seconds": 0.0})
 
 
 def interleave_protocol() -> Protocol:
@@ -155,7 +167,7 @@ class KindOutcome:
 
 
 @dataclass
-class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
+class Sweep(SweepBuilds, SweepRemeasures, SweepInstance):
     """One run of ``servopt optimize``: the model, its data, the settings and targets, where jobs run, and the run
     directory. ``run()`` is the whole algorithm."""
 
@@ -177,10 +189,8 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
     problems: list[str] = field(default_factory=list)
     not_tried: list[LeftOut] = field(default_factory=list)
     beaten: dict[str | None, set[str]] = field(default_factory=dict)  # per kind: beaten beyond noise (no contenders)
-    spent: dict[str, float] = field(default_factory=dict)  # wall seconds each variant took to build and screen here
     reused: list[str] = field(default_factory=list)  # figures an earlier run into this --out took (``Summary.reused``)
     late: dict[str, str] = field(default_factory=dict)  # variants whose build the time budget's end stopped, and why
-    started: float = field(default_factory=time.monotonic)
 
     # ------------------------------------------------------------------------------------------------ context
     def __post_init__(self) -> None:
@@ -207,6 +217,10 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
                 chosen.insert(0, must)
         self.chosen = sorted(chosen, key=lambda v: (not v.is_original, not v.is_baseline))
         self.kinds = self._measurement_kinds()
+        self.budget = Budget(self.settings.budget_seconds, self.settings.budget, self.targets, self.family.name,
+                             self.interleave_protocol, self.interleave_rounds,
+                             axes=self.racing and bool(self.axes["grid"] or self.axes["length_batching"]),
+                             capacity_probe=self.capacity_probe is not None, quick=self.settings.quick)
 
     @property
     def out(self) -> Path:
@@ -224,6 +238,13 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
         if self.racing:  # screening leaves the family's axes (a text encoder's grid: most of its time) to the picks
             return base
         return base.model_copy(update=self.axes)
+
+    def protocol_of(self, v: Variant) -> Protocol:
+        """The protocol ``v`` is screened with: the original's is shorter in a race (``reference_protocol``), unless it
+        is the baseline too (an ONNX source), whose figures every screening ratio is taken against."""
+        if v.is_original and not v.is_baseline and self.racing and not self.settings.quick:
+            return reference_protocol(self.racing)
+        return self.protocol
 
     @property
     def axes(self) -> dict:
@@ -262,7 +283,12 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
         return [t for t in self.targets if (t.kind if self.distributed else None) == kind]
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return self.budget.elapsed()
+
+    def contenders(self) -> int:
+        """Variants measured so far that the finish could re-measure (the original and the baseline aside)."""
+        return sum(r.status == "ok" and bool(r.phases) and r.name not in (self.original.name, self.baseline.name)
+                   for r in self.records.values())
 
     # ------------------------------------------------------------------------------------------------ the run
     def run(self) -> Summary:
@@ -283,16 +309,19 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
 
     def _stages(self) -> None:
         todo = self._todo()
-        self._measure_originals(todo)
+        with self.budget.stage("original"):
+            self._measure_originals(todo)
         first = [u for u in todo if not u.variant.is_original and not (self.racing and u.variant.refines)]
-        if self.racing:  # the likely winners, their quality recovered, then the rest (what a budget drops first)
-            likely, rest = racing.likely_first(first, self.family.name, cpu_features(), self.int8_cpu)
-            self._screen(likely)
-            self._refine([u for u in todo if u.variant.refines and not u.variant.is_original])
-            self._screen(rest)
-        else:
-            self._screen(racing.order(first, self.family.name, cpu_features(), self.int8_cpu))
-        self._race_and_cold_start()
+        with self.budget.stage("screening"):
+            if self.racing:  # the likely winners, their quality recovered, then the rest (what a budget drops first)
+                likely, rest = racing.likely_first(first, self.family.name, cpu_features(), self.int8_cpu)
+                self._screen(likely)
+                self._refine([u for u in todo if u.variant.refines and not u.variant.is_original])
+                self._screen(rest)
+            else:
+                self._screen(racing.order(first, self.family.name, cpu_features(), self.int8_cpu))
+        with self.budget.stage("re-measure"):
+            self._race_and_cold_start()
 
     def _prepare(self) -> None:
         self.dir.data.mkdir(parents=True, exist_ok=True)
@@ -306,7 +335,8 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
                 saved[name] = str(self.dir.saved_data(name))
         self.start = source_artifact(self.model, build_data_key(saved["calib"], saved["tune"]))
         proto = self.protocol.model_dump()
-        self.units = [Unit(v, k, unit_key(variant_key(v, str(self.start.hash), proto, data_hash, chain_data_key(self.start, v.chain),
+        self.units = [Unit(v, k, unit_key(variant_key(v, str(self.start.hash), self.protocol_of(v).model_dump(), data_hash,
+                                                  chain_data_key(self.start, v.chain),
                                                   measured_on(v, k)), k))
                       for v in self.chosen for k in self.kinds_of(v)]
         write_json_atomic(self.dir.config, RunConfig(
@@ -328,6 +358,8 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
             if u.key in done and not lost(done[u.key]):
                 rec = parse_record(done[u.key], self.out)
                 self.records[(u.variant.name, u.kind)] = rec
+                if u.variant.is_baseline:
+                    self.budget.observe_baseline(rec)
                 self.reused.append(f"{u.variant.name}{self._for(u.kind)}")
                 self.progress.note(f"{u.variant.name}{self._for(u.kind)}: cached ({rec.status})")
                 self.progress.advance()
@@ -354,6 +386,8 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
     def _record(self, u: Unit, rec: Record) -> Record:
         append_jsonl(self.dir.results, rec)
         self.records[(u.variant.name, u.kind)] = rec
+        if u.variant.is_baseline:  # the first cost of this machine the finish is planned from
+            self.budget.observe_baseline(rec)
         self.progress.advance()
         self.progress.result(rec)
         return rec
@@ -374,21 +408,24 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
         self.progress.step(f"re-measuring the top candidates side by side with the reference{self._for(kind)}")
         names = interleave_candidates(targets, contenders, reference, self.family)
         interleaved = None
-        if names:
-            try:
-                interleaved = self.run_interleave(names, records, kind=kind)
-            except UserError as e:
-                self.problems.append(f"{e.problem} — decided on the sweep's figures")
-        if interleaved is not None:
-            interleaved = self.run_alternating(names, records, interleaved, kind)
-            interleaved = self.settle_ties(targets, records, reference, interleaved, kind)
-        capped = self.run_capped(contenders, reference, kind, targets)
-        scaling = self.run_scaling(targets, records, reference, interleaved, capped, kind)
+        with self.budget.stage("re-measure"):
+            if names:
+                try:
+                    interleaved = self.run_interleave(names, records, kind=kind)
+                except UserError as e:
+                    self.problems.append(f"{e.problem} — decided on the sweep's figures")
+            if interleaved is not None:
+                interleaved = self.run_alternating(names, records, interleaved, kind)
+                interleaved = self.settle_ties(targets, records, reference, interleaved, kind)
+            capped = self.run_capped(contenders, reference, kind, targets)
+        with self.budget.stage("scaling"):
+            scaling = self.run_scaling(targets, records, reference, interleaved, capped, kind)
 
         def decided(t: Target, capacities: list[Capacity] | None = None) -> Decision:
             return decide(t, records, reference, self.family, capped.get(t.isa or "") or interleaved, scaling, capacities)
 
-        capacities = self.run_capacity(targets, decided, records, kind)
+        with self.budget.stage("capacity"):
+            capacities = self.run_capacity(targets, decided, records, kind)
         decisions = {t.name: pricing.priced(decided(t, capacities.get(t.name)), records, self.settings.load_ips) for t in targets}
         return KindOutcome(decisions, interleaved, capped, pareto_front(records, reference, self.family), scaling)
 
@@ -433,7 +470,8 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
         if interrupted:
             self._interrupted()
         else:
-            self._axes_of_picks(decisions)
+            with self.budget.stage("re-measure"):
+                self._axes_of_picks(decisions)
         records = [self.records[(r.name, r.measured_for)] for r in records]  # with the picks' axes
         of_kind = {k: [r for r in records if r.measured_for == k] for k in self.kinds}
         decisions = {name: d if d.result is None else d.model_copy(update={"result": self.records[(d.result.name, d.result.measured_for)]})
@@ -455,6 +493,7 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
             counts={s: sum(r.status == s for r in records) for s in ("ok", "failed", "skipped")},
             environment=environment(libraries=all_libraries()), kinds=by_kind, problems=self.problems,
             not_tried=self.not_tried, racing=self.racing, budget_s=self.settings.budget_seconds, wall_s=round(self.elapsed(), 1),
+            budget=self.budget.plan(self.contenders()),
             reused=self.reused, load_ips=self.settings.load_ips, interrupted=interrupted)
         write_json_atomic(self.dir.summary, summary)
         if interrupted:  # no profile, no history: a stopped run measures nothing more and teaches nothing
@@ -467,10 +506,13 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance, SweepBudget):
             picks = [d.recommended or d.nearest for d in (decisions[t.name] for t in self.targets_of(kind))]
             self.profile_variants([p for p in picks if p], of_kind[kind], kind)
 
-        self._per_kind(profile, self.kinds)
-        racing.remember(self.family.name, cpu_features(), records, self.baseline.name, self.spent)
-        from servopt.optimize.report import write_reports
+        with self.budget.stage("closing"):
+            self._per_kind(profile, self.kinds)
+            racing.remember(self.family.name, cpu_features(), records, self.baseline.name, self.budget.spent)
+            from servopt.optimize.report import write_reports
 
-        self.progress.step("writing the report")
-        write_reports(self.out, summary, records)
+            self.progress.step("writing the report")
+            summary = summary.model_copy(update={"budget": self.budget.plan(self.contenders())})  # with the profiles' time
+            write_json_atomic(self.dir.summary, summary)
+            write_reports(self.out, summary, records)
         return summary

@@ -55,6 +55,16 @@ class Target(BaseModel):
         """The kind of node this target is measured on in a distributed sweep (``measurement_kind``)."""
         return measurement_kind(self.ray_resources)
 
+    @property
+    def names_instance(self) -> bool:
+        """A CPU target naming its instance: its figures are projected from this machine's cores to the instance's."""
+        return self.instance_vcpus is not None and self.device is Device.CPU
+
+    @property
+    def served(self) -> bool:
+        """An instance target with a price and a serving SLO: its pick is served and its capacity searched."""
+        return self.names_instance and self.price_per_hour is not None and self.max_p99_ms is not None
+
 
 def measurement_kind(resources: dict[str, float] | None) -> str | None:
     """A stable label of a set of Ray resources: ``{"epyc-7763": 1}`` → ``epyc-7763``, ``{"GPU": 1, "a100": 1}`` →
