@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     summary, records = load_run(args.run)
     cpu = summary.decision("cpu-server")
-    chosen = cpu.recommended or cpu.nearest
+    chosen = cpu.pick
     by = {r.name: r for r in records}
     plain = "ort-int8-static-qop-u8s8"
     extra = [plain] if plain in by and by[plain].artifact is not None else []

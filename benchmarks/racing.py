@@ -43,7 +43,7 @@ def run_demo(out: Path, text: bool, extra: list[str]) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     summary, records = load_run(out)
-    picks = {d.target.name: d.recommended or d.nearest for d in summary.targets}
+    picks = {d.target.name: d.pick for d in summary.targets}
     return {"out": str(out), "wall_s": round(wall, 1), "picks": picks, "screened_out": sum(bool(r.screened_out) for r in records),
             "not_tried": [v.name for v in summary.not_tried], "measured": sum(r.status == "ok" for r in records)}
 

@@ -65,7 +65,7 @@ def main() -> None:
             interleaved = settle(run, [t.target for t in summary.targets], records, ref, family, interleaved)
         for stored in summary.targets:
             d = decide(stored.target, records, ref, family, interleaved)
-            now, then = d.recommended or d.nearest, stored.recommended or stored.nearest
+            now, then = d.pick, stored.pick
             print(f"{run} {stored.target.name}: {now} (stored: {then}{'' if now == then else ', CHANGED'}); tied: {', '.join(d.tied) or '-'}")
 
 

@@ -134,6 +134,11 @@ class Decision(Contract):
     projected: str | None = None  # "projected from 2 cores to 8 vCPUs": the instance-level bounds were judged so
     capacity: Capacity | None = None  # the pick's served capacity within the target's SLO, on this machine's cores
 
+    @property
+    def pick(self) -> str | None:
+        """The variant the target gets: the recommended one, else the nearest miss (served deliberately, priced, shown)."""
+        return self.recommended if self.recommended is not None else self.nearest
+
 
 def figures(rec: Record, interleaved: Interleaved | None) -> Figures:
     """p50 and batch throughput, from the interleaved run where it re-measured this variant."""
@@ -641,7 +646,7 @@ def unsettled(targets: list[Target], records: list[Record], ref: Record | None, 
         if t.device.computes_on is not Device.CPU:
             continue
         d = decide(t, records, ref, family, interleaved)
-        pick = d.recommended or d.nearest
+        pick = d.pick
         if not joined(pick) or d.verdict is None:
             continue
         dims = speed_dims(t)

@@ -92,7 +92,7 @@ class SweepInstance:
             found: list[Capacity] = []
             for _ in range(racing.CAPACITY_PICKS):
                 d = decided(t, found)
-                pick = d.recommended or d.nearest
+                pick = d.pick
                 if pick not in by_name or any(c.variant == pick for c in found):
                     break
                 capacity = self._capacity_of(t, by_name[pick], kind)
@@ -105,7 +105,7 @@ class SweepInstance:
                 found.append(capacity)
             else:  # the served figures moved the pick every time: the last pick is judged on offline figures, say so
                 last = decided(t, found)
-                pick = last.recommended or last.nearest
+                pick = last.pick
                 if found and pick not in {c.variant for c in found}:
                     self.problems.append(
                         f"{t.name}: {pick} became the pick after {', '.join(c.variant for c in found)} were served and their "

@@ -49,7 +49,7 @@ def price_section(summary: Summary, limit: int = 6) -> PriceSection | None:
         priced = [v for v in d.verdicts if v.price is not None]
         if not priced:
             continue
-        pick = d.recommended or d.nearest
+        pick = d.pick
         ordered = sorted(priced, key=lambda v: (v.variant != pick, not v.passes, v.price.per_million_usd))[:limit]
         for v in ordered:
             p = v.price

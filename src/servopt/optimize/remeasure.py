@@ -169,7 +169,7 @@ class SweepRemeasures:
         if not self.racing or not (axes["grid"] or axes["length_batching"]):
             return
         by_unit = {(u.variant.name, u.kind): u for u in self.units}
-        wanted = [(d.recommended or d.nearest, d.result.measured_for if d.result else None) for d in decisions.values()]
+        wanted = [(d.pick, d.result.measured_for if d.result else None) for d in decisions.values()]
         wanted += [(self.baseline.name, k) for k in self.kinds]
         for name, kind in dict.fromkeys(w for w in wanted if w[0]):
             rec, u = self.records.get((name, kind)), by_unit.get((name, kind))

@@ -57,8 +57,8 @@ def write_reports(out: Path, summary: Summary, records: list[Record]) -> None:
     reference = next((r for r in records if r.name == summary.reference), None)
     references = references_by_kind(records, summary.reference)
     family = family_of(config.spec) if config else _default_family()
-    picked = list(dict.fromkeys((str(d.recommended or d.nearest), d.result.measured_for if d.result else None)
-                                for d in summary.targets if d.recommended or d.nearest))
+    picked = list(dict.fromkeys((str(d.pick), d.result.measured_for if d.result else None)
+                                for d in summary.targets if d.pick))
     picks = [n for n, _ in picked]
     profiles = []
     for name, kind in picked:

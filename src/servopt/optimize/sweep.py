@@ -503,7 +503,7 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance):
             return summary
 
         def profile(kind: str | None) -> None:
-            picks = [d.recommended or d.nearest for d in (decisions[t.name] for t in self.targets_of(kind))]
+            picks = [d.pick for d in (decisions[t.name] for t in self.targets_of(kind))]
             self.profile_variants([p for p in picks if p], of_kind[kind], kind)
 
         with self.budget.stage("closing"):

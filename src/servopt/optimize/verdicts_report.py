@@ -37,7 +37,7 @@ def verdict_rows(summary: Summary) -> list[VerdictRow]:
     rows = []
     for d in summary.targets:
         target = d.target
-        recommended = d.recommended or (f"none (nearest: {d.nearest})" if d.nearest else "none")
+        recommended = d.recommended if d.recommended else f"none (nearest: {d.nearest})" if d.nearest else "none"
         rows.append(VerdictRow(
             name=target.name, hardware=target.hardware + (f" ({target.isa})" if target.isa else ""), device=target.device,
             status=d.status + (f" ({d.projected})" if d.projected else ""), recommended=recommended, reason=d.reason,

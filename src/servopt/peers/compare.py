@@ -57,7 +57,7 @@ def pick_for(config: RunConfig, summary, records: list[Record], target: str | No
         if d is None:
             raise UserError("no target of this run has a pick or a nearest variant to compare with",
                             fix="optimize again: the run has no measured candidate")
-    name = d.recommended or d.nearest
+    name = d.pick
     if name is None:
         raise UserError(f"target {d.target.name!r} has no pick nor nearest variant in this run ({d.status}: {d.reason})",
                         fix="compare on another target (--target)")
