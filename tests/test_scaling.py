@@ -290,7 +290,7 @@ def test_a_pick_moved_past_the_served_ones_is_said_to_be_judged_offline():
     records = [Record(name=n, runtime="onnxruntime", status="ok", artifact={"format": "onnx", "path": f"/{n}.onnx"}) for n in names]
 
     def decided(t, found):  # every served pick misses: the next one passes on its offline figures
-        return SimpleNamespace(recommended=names[len(found)], nearest=None)
+        return SimpleNamespace(recommended=names[len(found)], nearest=None, pick=names[len(found)])
 
     sweep = SimpleNamespace(problems=[], capacity_probe=object(), instance_targets=lambda ts: ts,
                             _capacity_of=lambda t, rec, kind: Capacity(variant=rec.name, slo="p99 <= 50 ms", capacity_rps=10.0))
