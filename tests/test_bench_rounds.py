@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from servopt.bench import alternate as alternate_module
-from servopt.bench.alternate import AlternationFailed, alternate, ratios
+from servopt.bench.alternate import AlternationFailed, alternate
 from servopt.bench.launcher import OutOfTime
-from servopt.bench.rounds import per_round_ratios, ratio_interval, round_order, take_turns
+from servopt.bench.rounds import per_round_ratios, ratio_interval, round_order, side_by_side, take_turns
 from servopt.contracts import Latency, Measured, Throughput
 
 
@@ -41,7 +41,7 @@ def test_the_sweeps_alternating_remeasure_flips_its_order_every_round(monkeypatc
     assert [n for n, _ in calls] == ["ref", "a", "b", "b", "a", "ref", "ref", "a", "b"]
     assert {d for _, d in calls} == {123.0}  # the budget's end reaches every launch
     assert [m.latency_ms.p50 for m in out["b"]] == [3.0, 6.0, 3.0]  # each list in round order, not run order
-    got = ratios(out, "ref")
+    got = side_by_side(out, "ref", method="alternating")
     assert got["a"].p50_ratio_vs_reference == 0.5 and got["b"].throughput_ratio_vs_reference == 0.8  # drift cancels
 
 
@@ -76,3 +76,45 @@ def test_ratios_come_back_as_a_median_with_its_interval():
     assert per_round == [2.0, 2.0, 1.0, 1.1]  # round 3 has no figure, round 4 no usable reference
     median, lo, hi, coverage = ratio_interval(per_round)
     assert (median, lo, hi) == (1.55, 1.0, 2.0) and coverage == pytest.approx(14 / 16)  # 4 rounds: the range
+
+
+def test_the_side_by_side_re_measure_takes_turns_and_gives_its_ratios_intervals(monkeypatch):
+    """The sweep's in-process re-measure (``bench.jobs.run_interleave``) runs its rounds through the one round loop: the
+    reference first in even rounds, last in odd ones (it never flipped: the same variant ran first every round), and
+    each ratio carries its median's interval, which the report shows."""
+    from servopt.bench import jobs
+    from servopt.bench.protocol import Protocol
+    from servopt.bench.stats import Z95, median_interval
+    from servopt.contracts import Artifact, Interference, Latency, Phase
+    from servopt.data.dataset import Dataset
+    from servopt.optimize.remeasure_report import interleave_rows
+
+    order: list[str] = []
+    speed = {"ref": 10.0, "a": 5.0, "b": 20.0}
+    calls = iter(range(10_000))
+
+    def latency(session, data, protocol, name):
+        order.append(name.split(":")[0])
+        drift = 1 + (next(calls) % 3) * 0.05  # the shared machine, moving between phases
+        p = speed[name.split(":")[0]] * drift
+        return SimpleNamespace(latency=Latency(p50=p), interference=Interference(), phase=Phase(name=name, start=0, stop=1))
+
+    def batch(session, data, protocol, size, name):
+        return SimpleNamespace(throughput=1000 / speed[name.split(":")[0]], interference=Interference(),
+                               phase=Phase(name=name, start=0, stop=1))
+
+    monkeypatch.setattr(jobs, "measure_latency", latency)
+    monkeypatch.setattr(jobs, "measure_batch", batch)
+    monkeypatch.setattr(jobs.OpenSpec, "open", lambda self: SimpleNamespace(warm_up=lambda feed: None))
+    monkeypatch.setattr(jobs, "_environment", lambda session: None)
+    monkeypatch.setattr(Dataset, "load", staticmethod(lambda path: SimpleNamespace(slice=lambda a, b: {})))
+    specs = [jobs.OpenSpec(name=n, artifact=Artifact(format="onnx", path=f"/{n}.onnx"), runtime="onnxruntime")
+             for n in ("a", "b", "ref")]
+    job = jobs.InterleaveJob(sessions=specs, data="d.npz", reference="ref", protocol=Protocol.quick(), rounds=4)
+    il = jobs.run_interleave(job)
+    assert order == ["ref", "a", "b", "b", "a", "ref", "ref", "a", "b", "b", "a", "ref"], "the order flips every round"
+    a = il.variants["a"]
+    ratios = sorted(x / y for x, y in zip(a.p50_ms_rounds, il.variants["ref"].p50_ms_rounds, strict=True))
+    assert a.p50_ratio_interval == list(median_interval(ratios, Z95)) and a.ratio_coverage is not None
+    row = next(r for r in interleave_rows(il) if r.name == "a")
+    assert "[" in row.p50_ratio and row.tp_ratio == "2.00×", row  # throughput steady: no interval worth showing

@@ -86,7 +86,7 @@ def test_the_openvino_execution_provider_runs_in_its_own_environment(model_and_d
 
 
 def test_alternating_ratios_are_medians_of_per_round_ratios_scaled_to_the_anchor():
-    from servopt.bench.alternate import ratios
+    from servopt.bench.rounds import side_by_side
     from servopt.contracts import Latency, Measured, SideBySide, Throughput
 
     def m(p50: float, tp: float) -> Measured:
@@ -95,7 +95,7 @@ def test_alternating_ratios_are_medians_of_per_round_ratios_scaled_to_the_anchor
     results = {"ref": [m(10, 100), m(20, 50), m(10, 100)], "ep": [m(5, 300), m(10, 100), m(10, 120)]}
     anchor = SideBySide(p50_ms=8, throughput_ips=125, p50_ms_rounds=[8], throughput_rounds=[125], p50_ratio_vs_reference=1,
                         throughput_ratio_vs_reference=1, flagged_rounds=0)
-    out = ratios(results, "ref", anchor)
+    out = side_by_side(results, "ref", anchor, method="alternating")
     assert out["ep"].p50_ratio_vs_reference == 0.5 and out["ep"].throughput_ratio_vs_reference == 2.0  # medians of (.5,.5,1), (3,2,1.2)
     assert out["ep"].p50_ms == 4.0 and out["ep"].throughput_ips == 250.0 and out["ep"].method == "alternating"
 

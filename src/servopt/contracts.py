@@ -430,6 +430,11 @@ class SideBySide(Contract):
     throughput_rounds: list[float]
     p50_ratio_vs_reference: float
     throughput_ratio_vs_reference: float
+    # the per-round ratios' median's interval (``bench.stats.median_interval``; with few rounds, their range) and its
+    # exact coverage; empty in a re-measure stored before they were
+    p50_ratio_interval: list[float] = Field(default_factory=list)
+    throughput_ratio_interval: list[float] = Field(default_factory=list)
+    ratio_coverage: float | None = None
     flagged_rounds: int
     isa_cap: str | None = None  # the instruction set this variant's runtime was held to in this run (None: not capped)
     # interleaved: in one process with the reference; alternating: a fresh process per round, taking turns with the

@@ -4,19 +4,18 @@ A runtime living in a Python environment of its own (ONNX Runtime's OpenVINO exe
 cannot join the interleaved re-measure, which runs every candidate in one process. Here each variant and the
 reference are measured in turns, each time in a fresh process (its runtime's environment), the order flipped every round
 (``bench.rounds``: ref A B, B A ref, …), and every ratio is the median of per-round ratios to the reference of the same
-round: what the interleaved re-measure gives, at process granularity. ``benchmarks/alternating.py`` uses it for its comparisons; the sweep for its candidates in an
+round (``bench.rounds.side_by_side``): what the interleaved re-measure gives, at process granularity. ``benchmarks/alternating.py`` uses it for its comparisons; the sweep for its candidates in an
 environment of their own, so such a variant can win a CPU target.
 """
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from servopt.bench.jobs import MeasureJob
 from servopt.bench.launcher import launch
-from servopt.bench.rounds import per_round_ratios, take_turns
-from servopt.contracts import Measured, SideBySide
+from servopt.bench.rounds import take_turns
+from servopt.contracts import Measured
 
 
 class AlternationFailed(Exception):
@@ -37,22 +36,3 @@ def alternate(jobs: dict[str, MeasureJob], rounds: int, workdir: Path, deadline:
 
     measured = take_turns(list(jobs), rounds, measure).measured
     return {name: [m for m in ms if m is not None] for name, ms in measured.items()}
-
-
-def ratios(results: dict[str, list[Measured]], reference: str, anchor: SideBySide | None = None) -> dict[str, SideBySide]:
-    """Each variant's medians and medians of per-round ratios to ``reference``. With ``anchor`` (the reference's figures in
-    another same-run re-measure), a variant's p50 and throughput are its ratios applied to the anchor's, so figures from
-    both re-measures rank on one scale."""
-    base = results[reference]
-    out = {}
-    for name, ms in results.items():
-        p50_r = statistics.median(per_round_ratios([m.latency_ms.p50 for m in ms], [b.latency_ms.p50 for b in base]))
-        tp_r = statistics.median(per_round_ratios([m.throughput_ips.batch for m in ms], [b.throughput_ips.batch for b in base]))
-        p50 = anchor.p50_ms * p50_r if anchor else statistics.median(m.latency_ms.p50 for m in ms)
-        tp = anchor.throughput_ips * tp_r if anchor else statistics.median(m.throughput_ips.batch for m in ms)
-        out[name] = SideBySide(p50_ms=p50, throughput_ips=tp, p50_ms_rounds=[m.latency_ms.p50 for m in ms],
-                               throughput_rounds=[m.throughput_ips.batch for m in ms], p50_ratio_vs_reference=p50_r,
-                               throughput_ratio_vs_reference=tp_r,
-                               flagged_rounds=sum(bool(m.interference and m.interference.flagged) for m in ms),
-                               method="alternating")
-    return out

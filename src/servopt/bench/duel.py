@@ -31,6 +31,7 @@ import time
 from itertools import combinations
 from typing import TYPE_CHECKING, Literal
 
+from servopt.bench.stats import median_interval
 from servopt.contracts import Duel, Phase
 from servopt.machine import node_name
 
@@ -46,19 +47,6 @@ BLOCK_SECONDS = {"p50_ms": 0.1, "throughput_ips": 0.3}
 WARM_SECONDS = {"p50_ms": 0.03, "throughput_ips": 0.0}
 WARM_CALLS = {"p50_ms": 3, "throughput_ips": 1}
 LOOK_EVERY = 5  # cycles between two looks at the intervals
-
-
-def median_ranks(n: int, z: float) -> tuple[int, int]:
-    """The 0-based ranks, of ``n`` sorted draws, that bound the median's binomial order-statistics interval at ``z``."""
-    half = z * math.sqrt(n) / 2
-    return max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
-
-
-def median_interval(sorted_logs: list[float], z: float) -> tuple[float, float]:
-    """The median's interval from binomial order statistics at ``z`` (distribution-free: one slow block, an
-    interruption on the shared machine, moves it by one rank, not by its size)."""
-    lo, hi = median_ranks(len(sorted_logs), z)
-    return sorted_logs[lo], sorted_logs[hi]
 
 
 def verdict(log_ratios: list[float], tie_gap: float, z: float, min_pairs: int) -> tuple[Verdict, float, float, float]:

@@ -8,7 +8,6 @@ result it returns; ``launcher.launch`` starts any of them the same way.
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -17,19 +16,21 @@ import numpy as np
 from pydantic import Field
 
 from servopt.bench.protocol import Protocol, measure_batch, measure_latency, measure_session, predict_all
+from servopt.bench.rounds import side_by_side, take_turns
 from servopt.contracts import (
     Artifact,
     ColdStart,
     Contract,
     Duels,
     Gate,
+    Interference,
     Interleaved,
     Measured,
     OpProfile,
     Phase,
     Quality,
     Record,
-    SideBySide,
+    Throughput,
 )
 from servopt.spec import ModelSpec
 
@@ -295,27 +296,21 @@ def run_interleave(job: InterleaveJob) -> Interleaved:
             failed[spec.name] = e.problem  # e.g. a bf16 model under an AVX2 cap: it cannot run there at all
             continue
         sessions[spec.name] = s
-    rounds: list[dict[str, dict]] = []
     phases: list[Phase] = []
-    for _ in range(job.rounds):
-        this = {}
-        for name, s in sessions.items():
-            single = measure_latency(s, data, job.protocol, name=f"{name}:single")
-            batch = measure_batch(s, data, job.protocol, job.protocol.batch_size, name=f"{name}:batch")
-            phases += [single.phase, batch.phase]
-            this[name] = {"p50": single.latency.p50, "tp": batch.throughput,
-                          "flagged": single.interference.flagged or batch.interference.flagged}
-        rounds.append(this)
-    ref = job.reference
-    summary = {}
-    for name in sessions:
-        p50s, tps = [r[name]["p50"] for r in rounds], [r[name]["tp"] for r in rounds]
-        summary[name] = SideBySide(
-            p50_ms=statistics.median(p50s), throughput_ips=statistics.median(tps), p50_ms_rounds=p50s, throughput_rounds=tps,
-            p50_ratio_vs_reference=statistics.median(r[name]["p50"] / r[ref]["p50"] for r in rounds),
-            throughput_ratio_vs_reference=statistics.median(r[name]["tp"] / r[ref]["tp"] for r in rounds),
-            flagged_rounds=sum(r[name]["flagged"] for r in rounds))
-    return Interleaved(reference=ref, rounds=len(rounds), order=list(sessions), variants=summary, failed=failed,
+
+    def measure(name: str, _round: int) -> Measured:
+        single = measure_latency(sessions[name], data, job.protocol, name=f"{name}:single")
+        batch = measure_batch(sessions[name], data, job.protocol, job.protocol.batch_size, name=f"{name}:batch")
+        phases.extend([single.phase, batch.phase])
+        return Measured(latency_ms=single.latency, throughput_ips=Throughput(batch=batch.throughput),
+                        interference=Interference(flagged=single.interference.flagged or batch.interference.flagged))
+
+    # the reference first, then the candidates; the order flipped every round (``bench.rounds``): a fixed order ran the
+    # same variant first in every round, and whichever way the machine drifted within a round favoured it each time
+    names = [job.reference, *[n for n in sessions if n != job.reference]]
+    taken = take_turns(names, job.rounds, measure)
+    summary = side_by_side({n: [m for m in ms if m is not None] for n, ms in taken.measured.items()}, job.reference)
+    return Interleaved(reference=job.reference, rounds=len(taken.order), order=names, variants=summary, failed=failed,
                        environment=_environment(None), phases=phases)
 
 

@@ -1,8 +1,9 @@
 """Rounds that take turns: every contender measured once per round, the order flipped every round, and per-round ratios
 summarized as their median with the median's distribution-free interval.
 
-The library's one round loop. ``bench.alternate`` (the sweep's process-by-process re-measures) and ``peers.runner``
-(``servopt compare``) both run theirs here, and the benchmarks import it: a loop that never flips always runs the same
+The library's one round loop. The sweep's side-by-side re-measure (``bench.jobs.run_interleave``, one process), its
+process-by-process one (``bench.alternate``) and ``peers.runner`` (``servopt compare``) all run theirs here, and the
+benchmarks import it: a loop that never flips always runs the same
 contender first, so whichever way the shared machine drifts within a round favours it every round.
 """
 
@@ -13,10 +14,8 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from servopt.bench.duel import median_ranks
-from servopt.contracts import Measured
-
-Z95 = 1.959964
+from servopt.bench.stats import Z95, median_ranks
+from servopt.contracts import Measured, SideBySide
 
 
 def round_order(names: list[str], i: int) -> list[str]:
@@ -85,3 +84,23 @@ def per_round_ratios(a: Iterable[float | None], b: Iterable[float | None]) -> li
     """``a ÷ b`` round by round, over the rounds where both have a figure and ``b``'s is positive: each ratio pairs a
     figure with its own round's reference, so the drift between rounds cancels."""
     return [x / y for x, y in zip(a, b, strict=False) if x is not None and y is not None and y > 0]
+
+
+def side_by_side(results: dict[str, list[Measured]], reference: str, anchor: SideBySide | None = None,
+                 method: str = "interleaved") -> dict[str, SideBySide]:
+    """Each contender's medians over rounds and its per-round ratios to ``reference`` as their median with the median's
+    interval (``ratio_interval``). With ``anchor`` (the reference's figures in another same-run re-measure), a
+    contender's p50 and throughput are its ratios applied to the anchor's, so figures from both rank on one scale."""
+    base = results[reference]
+    out = {}
+    for name, ms in results.items():
+        p50s, tps = [m.latency_ms.p50 for m in ms], [m.throughput_ips.batch for m in ms]
+        p50_r = ratio_interval(per_round_ratios(p50s, [b.latency_ms.p50 for b in base]))
+        tp_r = ratio_interval(per_round_ratios(tps, [b.throughput_ips.batch for b in base]))
+        out[name] = SideBySide(p50_ms=anchor.p50_ms * p50_r[0] if anchor else statistics.median(p50s),
+                               throughput_ips=anchor.throughput_ips * tp_r[0] if anchor else statistics.median(tps),
+                               p50_ms_rounds=p50s, throughput_rounds=tps, p50_ratio_vs_reference=p50_r[0],
+                               throughput_ratio_vs_reference=tp_r[0], p50_ratio_interval=[p50_r[1], p50_r[2]],
+                               throughput_ratio_interval=[tp_r[1], tp_r[2]], ratio_coverage=round(tp_r[3], 3),
+                               flagged_rounds=sum(bool(m.interference and m.interference.flagged) for m in ms), method=method)
+    return out

@@ -57,15 +57,27 @@ def timed_loop(
     return LoopResult(times, (clock() - start) / 1e9, stopped)
 
 
-def median_ci95(sorted_values: np.ndarray) -> tuple[float, float]:
-    """Distribution-free 95 % confidence interval of the median (binomial order statistics)."""
-    n = len(sorted_values)
-    if n < 6:
-        return float(sorted_values[0]), float(sorted_values[-1])
-    half = 1.96 * math.sqrt(n) / 2
-    lo = max(0, int(math.floor(n / 2 - half)))
-    hi = min(n - 1, int(math.ceil(n / 2 + half)) - 1)
+Z95 = 1.959964
+
+
+def median_ranks(n: int, z: float = Z95) -> tuple[int, int]:
+    """The 0-based ranks, of ``n`` sorted draws, that bound the median's binomial order-statistics interval at ``z``
+    (with few draws, the widest: the range). The one rule for a median's interval: of a phase's calls, of a duel's
+    pairs, of rounds' ratios."""
+    half = z * math.sqrt(n) / 2
+    return max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
+
+
+def median_interval(sorted_values, z: float = Z95) -> tuple[float, float]:
+    """The median's distribution-free interval (binomial order statistics at ``z``): one slow call, block or round on
+    the shared machine moves it by one rank, not by its size."""
+    lo, hi = median_ranks(len(sorted_values), z)
     return float(sorted_values[lo]), float(sorted_values[hi])
+
+
+def median_ci95(sorted_values: np.ndarray) -> tuple[float, float]:
+    """Distribution-free 95 % confidence interval of the median (``median_interval`` at 95 %)."""
+    return median_interval(sorted_values, Z95)
 
 
 def latency_summary(times_ns: Sequence[int]) -> dict:

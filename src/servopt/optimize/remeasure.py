@@ -11,10 +11,11 @@ from concurrent.futures import Future, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from servopt.bench.alternate import AlternationFailed, alternate, ratios
+from servopt.bench.alternate import AlternationFailed, alternate
 from servopt.bench.jobs import ColdStartJob, DuelJob, InterleaveJob, MeasureJob, OpenSpec, ProfileJob
 from servopt.bench.launcher import OutOfTime, launch
 from servopt.bench.protocol import Protocol
+from servopt.bench.rounds import side_by_side
 from servopt.contracts import ColdStart, Interleaved, OpProfile, Record, SideBySide
 from servopt.errors import UserError
 from servopt.machine import CpuFeatures, Device, cpu_features, richer
@@ -282,7 +283,7 @@ class SweepRemeasures:
                 future = self.executor.submit(alternate, jobs, self.interleave_rounds, self.dir.work("alternating", kind),
                                               self.budget.finish_deadline(),
                                               resources=self.kinds.get(kind), what="alternating re-measure")
-                alternated = ratios(future.result(), self.baseline.name, anchor)
+                alternated = side_by_side(future.result(), self.baseline.name, anchor, method="alternating")
             except (AlternationFailed, Lost) as e:
                 self.problems.append(f"alternating re-measure of {', '.join(own)} failed: {e} — their sweep figures are not compared")
                 return interleaved

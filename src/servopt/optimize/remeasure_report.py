@@ -23,13 +23,23 @@ class RatioRow:
     capped: str = ""
 
 
+def ratio_text(median: float | None, interval: list[float]) -> str:
+    """A same-run ratio with its median's interval: ``0.81× [0.76–0.85]`` (the interval omitted where a record has none,
+    or where it is the median itself: the reference's own)."""
+    shown = figure(median, "{:.2f}×")
+    if len(interval) == 2 and interval[0] != interval[1]:
+        shown += f" [{interval[0]:.2f}–{interval[1]:.2f}]"
+    return shown
+
+
 def interleave_rows(il: Interleaved | None) -> list[RatioRow]:
-    """One row per re-measured variant: its medians and its medians of per-round ratios to the reference."""
+    """One row per re-measured variant: its medians and its medians of per-round ratios to the reference, each with the
+    median's interval (with few rounds, their range)."""
     if il is None:
         return []
     return [RatioRow(name=n + (" (process by process)" if v.method == "alternating" else ""), p50=figure(v.p50_ms),
-                     tp=figure(v.throughput_ips, "{:.0f}"), p50_ratio=figure(v.p50_ratio_vs_reference, "{:.2f}×"),
-                     tp_ratio=figure(v.throughput_ratio_vs_reference, "{:.2f}×"), flagged=v.flagged_rounds,
+                     tp=figure(v.throughput_ips, "{:.0f}"), p50_ratio=ratio_text(v.p50_ratio_vs_reference, v.p50_ratio_interval),
+                     tp_ratio=ratio_text(v.throughput_ratio_vs_reference, v.throughput_ratio_interval), flagged=v.flagged_rounds,
                      capped=v.isa_cap or ("not cappable" if il.environment and il.environment.isa_cap else ""))
             for n, v in il.variants.items()]
 
