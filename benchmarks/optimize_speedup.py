@@ -42,7 +42,7 @@ def main() -> None:
     names = [n for n in dict.fromkeys([chosen, *extra, *args.variants]) if n != REFERENCE_ORT] + [REFERENCE_ORT]
     proto = Protocol(min_runs=100, min_seconds=args.seconds, batch_size=32, batch_min_runs=10, batch_min_seconds=args.seconds)
     env = {k: v for n in names for k, v in by[n].env.items()}
-    job = InterleaveJob(sessions=[OpenSpec(name=n, artifact=by[n].artifact, runtime=by[n].runtime, options=by[n].options) for n in names],
+    job = InterleaveJob(sessions=[OpenSpec.of(by[n]) for n in names],
                         reference=REFERENCE_ORT, data=str(args.run / "data" / "eval.npz"), protocol=proto, rounds=args.rounds, env=env)
     launched = launch(job, args.run / "work" / "speedup")
     if launched.result is None:

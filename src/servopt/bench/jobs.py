@@ -49,6 +49,15 @@ class OpenSpec(Contract):
     runtime: str
     options: dict[str, Any] = Field(default_factory=dict)
 
+    @classmethod
+    def of(cls, rec: Record, artifact: Artifact | None = None) -> OpenSpec:
+        """A measured variant opened as it ran: its name, its artifact (or ``artifact``: a build's, before the record
+        holds it), runtime and options."""
+        artifact = artifact or rec.artifact
+        if artifact is None:
+            raise ValueError(f"{rec.name} has no artifact to open")
+        return cls(name=rec.name, artifact=artifact, runtime=rec.runtime, options=rec.options)
+
     def open(self):
         from servopt.runtimes import open_session
 
@@ -108,9 +117,7 @@ class MeasureJob(JobBase):
                   env: dict[str, str] | None = None) -> MeasureJob:
         """A measured variant timed again as it ran (its artifact, runtime, options and environment), ``env`` over its
         own (an ISA cap): what a re-measure or a benchmark alternates."""
-        if rec.artifact is None:
-            raise ValueError(f"{rec.name} has no artifact to measure")
-        return cls(session=OpenSpec(name=rec.name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+        return cls(session=OpenSpec.of(rec),
                    data=str(data), family=family, protocol=protocol, env={**rec.env, **(env or {})})
 
     def run(self, started: float) -> Measured:

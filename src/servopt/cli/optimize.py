@@ -388,7 +388,7 @@ def profile(
             raise UserError(f"no variant {variant!r} in {run_dir}", fix=f"one of: {', '.join(r.name for r in records)}")
         if rec.status != "ok" or rec.artifact is None:
             raise UserError(f"variant {variant} did not run ({rec.error})", fix="profile a variant that ran")
-        job = ProfileJob(session=OpenSpec(name=variant, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+        job = ProfileJob(session=OpenSpec.of(rec),
                          data=str(Path(run_dir).resolve() / "data" / "eval.npz"), runs=runs, top=top, env=rec.env)
         launched = launch(job, Path(run_dir).resolve() / "work" / variant / "profile-cli")
         if launched.result is None:

@@ -44,7 +44,7 @@ def _one_process(names: list[str], by_name: dict[str, Record], caps: dict[str, d
     for n in names:  # torch variants want their allocator settings (the others do not mind them), and the ISA caps
         env.update(by_name[n].env)
         env.update((caps or {}).get(n) or {})
-    sessions = [OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime, options=by_name[n].options)
+    sessions = [OpenSpec.of(by_name[n])
                 for n in names if by_name[n].artifact is not None]
     return sessions, env
 
@@ -149,7 +149,7 @@ class SweepRemeasures:
                 elif rec.name in beaten and rec.name not in cold_too and rec.cold_start is None:
                     self.budget.skip("re-measure", f"the cold start of {rec.name} (beaten beyond noise)")
                 elif (rec.name not in beaten or rec.name in cold_too) and rec.cold_start is None and rec.artifact is not None:
-                    job = ColdStartJob(session=OpenSpec(name=rec.name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+                    job = ColdStartJob(session=OpenSpec.of(rec),
                                        spec=self.model.spec, env=rec.env)
                     self.progress.step(f"cold start of {rec.name}{self._for(kind)}")
                     future = self.executor.submit(cold_start, job, self.dir.work(rec.name, kind) / "coldstart", self.budget.finish_deadline(),
@@ -177,7 +177,7 @@ class SweepRemeasures:
             if rec is None or u is None or rec.status != "ok" or rec.artifact is None or rec.grid or rec.length_batching:
                 continue
             proto = self.protocol.model_copy(update={**axes, "axes_only": True})
-            job = MeasureJob(session=OpenSpec(name=name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+            job = MeasureJob(session=OpenSpec.of(rec),
                              data=str(self.dir.eval_data), family=self.model.spec.family_name, protocol=proto, env=rec.env)
             self.progress.step(f"measuring {name}'s batch × length grid{self._for(kind)}")
             m = self._result_or_problem(job, self.dir.work(name, kind) / "axes", kind, f"axes {name}",
@@ -273,8 +273,7 @@ class SweepRemeasures:
             alternated = cached
             self.reused.append(f"alternating re-measure of {', '.join(own)}{self._for(kind)}")
         else:
-            jobs = {n: MeasureJob(session=OpenSpec(name=n, artifact=by_name[n].artifact, runtime=by_name[n].runtime,
-                                                   options=by_name[n].options), data=str(self.dir.eval_data),
+            jobs = {n: MeasureJob(session=OpenSpec.of(by_name[n]), data=str(self.dir.eval_data),
                                   family=self.model.spec.family_name, protocol=self.interleave_protocol.model_copy(
                                       update={"cold_start": False, "grid": [], "length_batching": False}), env=by_name[n].env)
                     for n in [self.baseline.name, *own]}
@@ -368,7 +367,7 @@ class SweepRemeasures:
             if rec is None or rec.artifact is None or load_profile(self.out, name, kind) is not None:
                 continue
             self.progress.step(f"profiling {name}{self._for(kind)}")
-            job = ProfileJob(session=OpenSpec(name=name, artifact=rec.artifact, runtime=rec.runtime, options=rec.options),
+            job = ProfileJob(session=OpenSpec.of(rec),
                              data=str(self.dir.eval_data), env=rec.env)
             try:
                 launched = self.executor.submit(launch, job, self.dir.work(name, kind) / "profile", None,

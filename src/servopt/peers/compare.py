@@ -236,8 +236,7 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
     common = {"data": str(run.eval_data), "family": config.spec.family_name, "protocol": proto,
               "reference": str(run.reference_outputs()) if run.reference_outputs().exists() else None}
     pick_key = f"servopt:{pick.name}"
-    jobs = {pick_key: MeasureJob(session=OpenSpec(name=pick.name, artifact=pick.artifact.opened(), runtime=pick.runtime,
-                                                  options=pick.options), env=pick.env, **common)}
+    jobs = {pick_key: MeasureJob(session=OpenSpec.of(pick, pick.artifact.opened()), env=pick.env, **common)}
     for name, answer in answers.items():
         if not answer.offline:
             continue  # served only: its tool's server is its answer
@@ -329,7 +328,7 @@ def texts_rounds(run: RunDir, config: RunConfig, pick: Record, pick_key: str, en
     common = {"texts": str(workdir / "texts.json"), "batch_size": max(1, proto.batch_size), "protocol": proto,
               "save_embeddings": ""}
     jobs: dict[str, JobBase] = {pick_key: texts_scenarios.TextsJob(
-        session=OpenSpec(name=pick.name, artifact=pick.artifact.opened(), runtime=pick.runtime, options=pick.options),  # type: ignore[union-attr]
+        session=OpenSpec.of(pick, pick.artifact.opened()),  # type: ignore[union-attr]
         spec=config.spec, env=pick.env, **common)}
     for name in encoding:
         spec = PEERS.get(name).environment()
