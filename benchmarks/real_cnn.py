@@ -6,10 +6,12 @@ architecture); the photos from two wheels that ship them (scikit-image's ``skima
 rocket, a motorcycle, a cameraman; matplotlib's Grace Hopper). Each crop is a random resized crop of one photo,
 labelled with that photo's ImageNet class; ``--area`` sets the crops' share of the photo: small crops are what the
 model hesitates over (0.008-0.08: median top-1 p 0.21, where INT8 agrees with it on under 90 % of crops), large ones
-what it is sure of (0.15-1.0: median 0.58). One folder per class index (000-999, empty ones too) so the sorted folder
-names are the model's output indices.
+what it is sure of (0.15-1.0: median 0.58). One folder per photo's class, named by its ImageNet synset id, and
+``--labels imagenet``: servopt maps each folder to the model's output index by the list it ships (issue 41; this
+script made 1,000 folders, empty ones too, so that sorted folder names would be the indices).
 
-    python benchmarks/real_cnn.py [--cache ~/.cache/servopt-real-cnn] [--area 0.008,0.08] [--out runs/real-cnn] [--dry]
+    python benchmarks/real_cnn.py [--cache ~/.cache/servopt-real-cnn] [--area 0.008,0.08] [--out runs/real-cnn]
+                                  [--budget 30m] [--dry]
 """
 
 from __future__ import annotations
@@ -60,13 +62,16 @@ def export(site: Path, onnx_path: Path) -> Path:
 
 
 def crops(site: Path, folder: Path, area: tuple[float, float], seed: int = 7) -> Path:
-    """``CROPS`` random resized 224×224 crops of the photos, labelled with their photo's class."""
+    """``CROPS`` random resized 224×224 crops of the photos, in a folder named by their photo's synset id."""
     import matplotlib
     from PIL import Image
 
+    from servopt.data.labels import imagenet
+
     sample = Path(matplotlib.get_data_path()) / "sample_data"
-    for i in range(1000):
-        (folder / f"{i:03d}").mkdir(parents=True, exist_ok=True)
+    synsets = imagenet().synsets
+    for label in PHOTOS.values():
+        (folder / synsets[label]).mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     per = [CROPS // len(PHOTOS) + (k < CROPS % len(PHOTOS)) for k in range(len(PHOTOS))]
     for count, (name, label) in zip(per, PHOTOS.items(), strict=True):
@@ -79,7 +84,7 @@ def crops(site: Path, folder: Path, area: tuple[float, float], seed: int = 7) ->
             crop = photo.crop((x, y, x + w, y + h)).resize((224, 224), Image.BILINEAR)
             if rng.random() < 0.5:
                 crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
-            crop.save(folder / f"{label:03d}" / f"{Path(name).stem}_{j:02d}.jpg", quality=92)
+            crop.save(folder / synsets[label] / f"{Path(name).stem}_{j:02d}.jpg", quality=92)
     return folder
 
 
@@ -89,20 +94,22 @@ def main() -> None:
     ap.add_argument("--area", default="0.008,0.08", help="the crops' share of their photo: low,high")
     ap.add_argument("--out", type=Path, default=Path("runs/real-cnn"))
     ap.add_argument("--targets", default="cpu-server,edge")
+    ap.add_argument("--budget", help="servopt optimize's --budget (default: its own, 30 minutes)")
     ap.add_argument("--dry", action="store_true", help="make the model and the crops, print the command, run nothing")
     args = ap.parse_args()
     low, high = (float(v) for v in args.area.split(","))
     site = fetch(args.cache)
     model = export(site, args.cache / "efficientnet_lite0.onnx")
-    data = crops(site, args.cache / f"crops-{low:g}-{high:g}", (low, high))
-    command = ["servopt", "optimize", str(model), "--data", str(data), "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5",
-               "--resize", "224", "--crop", "224", "--targets", args.targets, "--out", str(args.out)]
+    data = crops(site, args.cache / f"synset-crops-{low:g}-{high:g}", (low, high))
+    command = ["servopt", "optimize", str(model), "--data", str(data), "--labels", "imagenet", "--mean", "0.5,0.5,0.5",
+               "--std", "0.5,0.5,0.5", "--resize", "224", "--crop", "224", "--targets", args.targets, "--out", str(args.out),
+               *(["--budget", args.budget] if args.budget else [])]
     print(" ".join(command), flush=True)
     if args.dry:
         return
     start = time.monotonic()
     rc = subprocess.run([sys.executable, "-m", "servopt", *command[1:]]).returncode
-    print(f"exit {rc} after {time.monotonic() - start:.0f} s (default budget)")
+    print(f"exit {rc} after {time.monotonic() - start:.0f} s (budget {args.budget or 'default'})")
     raise SystemExit(rc)
 
 

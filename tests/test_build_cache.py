@@ -151,3 +151,22 @@ def test_a_record_of_another_machine_or_library_version_is_measured_again(model,
         moved = prepared()
         assert {u.variant.name for u in moved._todo()} == names and moved.reused == [], "another machine"
     assert {u.key for u in prepared().units} == {u.key for u in first.units}, "back on this machine: the first run's keys"
+
+
+def test_a_record_judged_on_other_outputs_is_measured_again(model, tmp_path):
+    """A Softmax model's confident split depends on its outputs being read as probabilities (issue 41): a record judged
+    when they were read as logits (before servopt read the graph, or under another --outputs) is not reused."""
+    from servopt.optimize.sweep import Sweep
+    from servopt.optimize.targets import PRESETS
+    from servopt.settings import OptimizeSettings
+
+    def keys(outputs: str) -> set[str]:
+        data = _data(0)
+        data.outputs = outputs  # type: ignore[assignment]
+        sweep = Sweep(model, data, None, None, OptimizeSettings(out=tmp_path / "run", variants=["ort-fp32"], budget="none"),
+                      [PRESETS["cpu-server"]])
+        sweep._prepare()
+        return {u.key for u in sweep.units}
+
+    logits = keys("logits")
+    assert keys("probabilities").isdisjoint(logits) and keys("logits") == logits

@@ -29,7 +29,7 @@ def r18_state(tmp_path_factory):
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_export_verifies_and_has_dynamic_batch(tmp_path, r18_state, exporter):
     model = load_model(r18_state, arch="resnet18", input_shape={"input": [1, 3, 64, 64]})
-    model.spec.class_names = ["a", "b", "c", "d"]
+    model.spec.class_names, model.spec.output_kind = ["a", "b", "c", "d"], "log-probabilities"  # as --outputs says
     out = tmp_path / "r18.onnx"
     report = export_onnx(model, out, exporter=exporter, opset=17)
     assert report["exporter"] == exporter and report["checker"] == "passed" and report["weights_inline"]
@@ -40,7 +40,8 @@ def test_export_verifies_and_has_dynamic_batch(tmp_path, r18_state, exporter):
         assert sess.run(None, {"input": np.zeros((batch, 3, 64, 64), np.float32)})[0].shape == (batch, 4)
     meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
     assert json.loads(meta["servopt.spec"])["class_names"] == ["a", "b", "c", "d"]
-    assert load_model(out).spec.class_names == ["a", "b", "c", "d"]
+    reloaded = load_model(out).spec  # no LogSoftmax in the graph: the kind the user gave travels in the metadata
+    assert (reloaded.class_names, reloaded.output_kind) == (["a", "b", "c", "d"], "log-probabilities")
 
 
 def test_verification_fails_loudly_on_mismatch(tmp_path, r18_state):

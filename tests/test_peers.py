@@ -87,7 +87,7 @@ def tiny_run(tmp_path_factory) -> Path:
     from servopt.cli import app
 
     root = tmp_path_factory.mktemp("peers-run")
-    model = tiny_classifier_onnx(root / "tiny.onnx", ["red", "green", "blue"])
+    model = tiny_classifier_onnx(root / "tiny.onnx", ["0_red", "1_green", "2_blue"])  # its classes are the folders
     colors = write_color_folder(root / "colors")
     res = CliRunner().invoke(app, ["optimize", str(model), "--data", str(colors), "--targets", "cpu-server", "--quick",
                                    "--no-capacity", "--variants", "ort-fp32", "--variants", "ort-int8-static-qop-u8s8",

@@ -127,7 +127,8 @@ class Agreement(Contract):
     batch_consistency: float | None = None
     batch_consistency_min: float | None = None
     cosine_mean_alone: float | None = None
-    # Classifiers: top-1 agreement split by the original's confidence (softmax top-1 p > 0.5: "confident"), with counts.
+    # Classifiers: top-1 agreement split by the original's confidence (top-1 p > 0.5: "confident"; the softmax of logits,
+    # probabilities as they are: ModelSpec.output_kind), with counts.
     # Where the original hesitates its argmax is nearly a coin toss; the verification gate reads the confident part.
     confident_total: int | None = None
     confident_agree: int | None = None
@@ -182,7 +183,8 @@ class ClassificationQuality(Quality):
                                                         "null without labels")
     agreement: Agreement | None = Field(None, description="against the original on the same inputs: max_abs_diff, "
                                                           "mean_abs_diff, cosine_*, top1_agreement, agree; split by the "
-                                                          "original's softmax top-1 p > 0.5: confident_total, "
+                                                          "original's top-1 p > 0.5 (logits through a softmax, "
+                                                          "probabilities as they are): confident_total, "
                                                           "confident_agree, top1_agreement_confident (what the gate reads), "
                                                           "unsure_total, unsure_agree, top1_agreement_unsure")
 

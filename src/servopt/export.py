@@ -81,6 +81,7 @@ def example_token_inputs(spec: ModelSpec, batch: int, length: int, *, seed: int 
 
 def _spec_meta(spec: ModelSpec) -> dict[str, Any]:
     meta: dict[str, Any] = {"task": spec.task, "family": spec.family, "class_names": spec.class_names,
+                            "class_names_from": spec.class_names_from, "output_kind": spec.output_kind,
                             "preprocessing": spec.preprocessing}
     if spec.extra.get("model_type") is not None:  # a sentence encoder: what a reloaded ONNX file needs to serve it
         meta["text"] = {k: spec.extra.get(k) for k in ("model_type", "max_seq_length", "pooling", "normalize", "do_lower_case",

@@ -5,7 +5,7 @@ serving layers never look inside a framework. ``family`` names the plug-in
 (``servopt.families``) that reads the model's data, prepares and batches its
 inputs, judges a variant against the original and gives the server its
 convenience endpoint; ``task`` says what the output means (``classification``:
-logits, ``embedding``: vectors compared by cosine similarity).
+class scores, logits or probabilities as ``output_kind`` says; ``embedding``: vectors compared by cosine similarity).
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Dim = int | str | None  # int = fixed, str = named dynamic axis, None = unknown
 Task = Literal["classification", "embedding"]
+# What a classifier's output values are: read as they are for confidence and served probabilities (a softmax over
+# probabilities flattens them), or through a softmax when they are logits.
+OutputKind = Literal["logits", "probabilities", "log-probabilities"]
 FAMILY_OF_TASK = {"classification": "image-classification", "embedding": "embedding"}
 
 
@@ -58,7 +61,9 @@ class ModelSpec(BaseModel):
     outputs: list[TensorSpec]
     task: Task = "classification"
     family: str = ""  # filled from ``task`` when empty (see ``family_name``)
-    class_names: list[str] | None = None
+    class_names: list[str] | None = None  # in output order: index k's name
+    class_names_from: str | None = None  # where they came from (the model's metadata, --labels, the data's folders)
+    output_kind: OutputKind = "logits"  # a classifier's: from a final Softmax/LogSoftmax in its graph, or --outputs
     # The family's input preparation (image resize/crop/normalize; a text encoder's tokenizer), validated by the
     # family's own ``Preprocessing`` model: the spec layer does not know any family's fields.
     preprocessing: dict[str, Any] | None = None

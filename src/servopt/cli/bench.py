@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from servopt.cli.app import ArchOpt, ClassesOpt, ModelArg, ShapeOpt, TrustOpt, app, console, run_cli
 from servopt.cli.common import with_data_flags
@@ -52,6 +53,9 @@ def bench(
         dataset, note = open_data(loaded, **data)
         if note:
             console.print(f"[yellow]{note}[/yellow]")
+        for line, key in (("classes", "labels"), ("outputs", "outputs")):  # how folders became indices, what scores are
+            if dataset.meta.get(key):
+                console.print(f"[dim]{line}: {escape(dataset.meta[key])}[/dim]")
         runtimes = runtime or (["torch", "onnxruntime"] if loaded.is_torch else ["onnxruntime"])
         from servopt.families import family_of
 

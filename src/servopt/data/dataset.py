@@ -17,9 +17,10 @@ from typing import Literal
 
 import numpy as np
 
+from servopt.data.labels import ModelClasses, folder_indices
 from servopt.data.preprocess import Preprocess, decode_image
 from servopt.errors import UserError
-from servopt.spec import ModelSpec
+from servopt.spec import ModelSpec, OutputKind
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,8 @@ class Dataset:
     Variable-length inputs (token ids) are stored padded to the longest sample, with each sample's real ``lengths``:
     ``slice``, ``batch`` and ``rows`` then cut the padded axis 1 to the longest sample they take, so every batch is
     padded to its own longest, as a real batcher does. ``extras`` carries family data beside the inputs (the pairs
-    and scores a text encoder is judged on); ``meta`` what the data taught (token length distribution …)."""
+    and scores a text encoder is judged on); ``meta`` what the data taught (token length distribution …);
+    ``outputs`` what a classifier's outputs on it are (the judge reads confidence from them as they are)."""
 
     inputs: dict[str, np.ndarray]
     labels: np.ndarray | None = None
@@ -44,6 +46,7 @@ class Dataset:
     lengths: np.ndarray | None = None
     extras: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    outputs: OutputKind = "logits"
 
     def __len__(self) -> int:
         return len(next(iter(self.inputs.values())))
@@ -69,6 +72,7 @@ class Dataset:
             self.class_names,
             self.source,
             lengths=None if self.lengths is None else self.lengths[indices],
+            outputs=self.outputs,
         )
 
     def save(self, path: Path) -> None:
@@ -78,7 +82,8 @@ class Dataset:
             arrays["labels"] = self.labels
         if self.lengths is not None:
             arrays["lengths"] = self.lengths
-        meta = {"class_names": self.class_names, "source": self.source, "skipped": self.skipped, "meta": self.meta}
+        meta = {"class_names": self.class_names, "source": self.source, "skipped": self.skipped, "meta": self.meta,
+                "outputs": self.outputs}
         tmp = path.with_suffix(".tmp.npz")
         np.savez(tmp, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
         os.replace(tmp, path)
@@ -91,7 +96,8 @@ class Dataset:
             extras = {k.removeprefix("extra:"): z[k] for k in z.files if k.startswith("extra:")}
             labels = z["labels"] if "labels" in z.files else None
             lengths = z["lengths"] if "lengths" in z.files else None
-        return cls(inputs, labels, meta["class_names"], meta["source"], meta.get("skipped", {}), lengths, extras, meta.get("meta", {}))
+        return cls(inputs, labels, meta["class_names"], meta["source"], meta.get("skipped", {}), lengths, extras, meta.get("meta", {}),
+                   meta.get("outputs", "logits"))
 
 
 HOLDOUT_SEED = 20240613  # fixed: the same folder always splits the same way (records' keys depend on the data)
@@ -149,27 +155,36 @@ def resolve_split(root: Path, split: str | None) -> Path:
     return root
 
 
-def scan_image_folder(folder: Path) -> tuple[list[tuple[Path, int]], list[str], dict[str, int]]:
-    """(file, class index) pairs with class index = sorted folder name, like torchvision's ImageFolder."""
+def class_folders(folder: Path) -> list[str]:
+    """The class sub-folders of ``folder``, sorted by name."""
     classes = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not classes:
         raise UserError(
             f"{folder} has no class sub-folders",
             fix="lay the data out as <data>/<class>/<image> or <data>/<split>/<class>/<image> (Food-11 layout)",
         )
+    return classes
+
+
+def scan_image_folder(folder: Path, model: ModelClasses | None = None) -> tuple[list[tuple[Path, int]], list[str], dict[str, int]]:
+    """(file, class index) pairs and the class names by index: with ``model`` (the classes a model knows), each
+    folder's index is its class's in the model's output, by name (``data.labels``), and the names are the model's;
+    without, the index is the folder's place in sorted order, like torchvision's ImageFolder."""
+    folders = class_folders(folder)
+    index = folder_indices(folders, model) if model is not None else {name: i for i, name in enumerate(folders)}
     items: list[tuple[Path, int]] = []
     skipped: dict[str, int] = {}
-    for idx, name in enumerate(classes):
+    for name in folders:
         for f in sorted((folder / name).rglob("*")):
             if f.is_dir() or f.name.startswith("."):
                 continue
             if f.suffix.lower() in IMAGE_EXTENSIONS:
-                items.append((f, idx))
+                items.append((f, index[name]))
             else:
                 skipped["not an image file"] = skipped.get("not an image file", 0) + 1
     if not items:
-        raise UserError(f"{folder} has class folders ({', '.join(classes[:5])}…) but no images in them", fix="check the folder")
-    return items, classes, skipped
+        raise UserError(f"{folder} has class folders ({', '.join(folders[:5])}…) but no images in them", fix="check the folder")
+    return items, list(model.names) if model is not None else folders, skipped
 
 
 def load_image_folder(
@@ -181,12 +196,14 @@ def load_image_folder(
     input_name: str = "input",
     workers: int | None = None,
     part: HoldOut | None = None,
+    model: ModelClasses | None = None,
 ) -> Dataset:
     """Decode and preprocess a labelled image folder in parallel threads (Pillow releases the GIL). ``part``: only one
-    side of the folder's seeded, class-stratified split (``holdout_split``), taken before ``limit``."""
+    side of the folder's seeded, class-stratified split (``holdout_split``), taken before ``limit``; ``model``: the
+    classes the model knows, which folders are matched to by name (``scan_image_folder``)."""
     preprocess = preprocess or Preprocess()
     folder = resolve_split(Path(root), split)
-    items, classes, skipped = scan_image_folder(folder)
+    items, classes, skipped = scan_image_folder(folder, model)
     if part is not None:
         tune, held = holdout_split(np.array([c for _, c in items]), part.tuning_share, part.tuning_max, part.seed)
         items = [items[i] for i in (tune if part.side == "tuning" else held)]
@@ -242,4 +259,4 @@ def synthetic_inputs(spec: ModelSpec, count: int = 64, seed: int = 0, shape_over
             inputs[t.name] = rng.integers(0, 2, shape).astype(bool)
         else:
             inputs[t.name] = rng.integers(0, 1000, shape).astype(t.dtype)
-    return Dataset(inputs, None, spec.class_names, "synthetic")
+    return Dataset(inputs, None, spec.class_names, "synthetic", outputs=spec.output_kind)

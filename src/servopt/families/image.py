@@ -1,10 +1,13 @@
-"""Image classifiers: a folder of class sub-folders (or the Food-11 layout) in, logits out, judged by top-k.
+"""Image classifiers: a folder of class sub-folders (or the Food-11 layout) in, class scores out, judged by top-k.
 
 Data: the evaluation split for the figures, the validation split for
 calibration and tuning; a single folder (no validation/ beside it) is split,
 seeded and per class, into tuning images and held-out evaluation images that no
 choice sees (``data.dataset.holdout_split``). Preprocessed as the model expects
-(torchvision's resize → center crop → normalize, in Pillow + NumPy).
+(torchvision's resize → center crop → normalize, in Pillow + NumPy). Each folder is the model's class of that name
+(names the model carries, or ``--labels``: ``data.labels``), or without names its place in sorted order; the outputs
+are logits, probabilities or log-probabilities (``ModelSpec.output_kind``: the graph's final Softmax, or
+``--outputs``), and confidence and served probabilities come from them as they are.
 Server: ``POST /v2/models/{name}/classify`` takes JPEG/PNG bytes and answers
 the top-k labels with probabilities.
 """
@@ -18,12 +21,29 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from servopt.contracts import Accuracy, ClassificationQuality, Gate, Quality, Record
-from servopt.data.dataset import Dataset, HoldOut, holdout_split, load_image_folder, resolve_split, scan_image_folder
+from servopt.data.dataset import (
+    Dataset,
+    HoldOut,
+    class_folders,
+    holdout_split,
+    load_image_folder,
+    resolve_split,
+    scan_image_folder,
+)
+from servopt.data.labels import IMAGENET, ModelClasses, imagenet, mapping_note, read_labels_file
 from servopt.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, decode_image
 from servopt.errors import UserError
 from servopt.families.base import DataOptions, Family, register_family
-from servopt.families.metrics import LEVEL, agreement, drop_note, paired_drop_interval, samples_to_settle, split_agreement
-from servopt.spec import ModelSpec
+from servopt.families.metrics import (
+    LEVEL,
+    agreement,
+    drop_note,
+    paired_drop_interval,
+    probabilities,
+    samples_to_settle,
+    split_agreement,
+)
+from servopt.spec import ModelSpec, OutputKind
 
 TUNING_LIMIT = 500  # calibration/tuning images read from the validation split, spread over it
 TUNING_SHARE = 0.5  # a single folder: the share of each class that tunes (at most TUNING_LIMIT in all); the rest judges
@@ -37,6 +57,11 @@ class ImageDataOptions(DataOptions):
     crop: int | None = Field(None, gt=0, description="center-crop size (default 224)")
     mean: tuple[float, float, float] | None = Field(None, description="normalization mean, e.g. 0.485,0.456,0.406")
     std: tuple[float, float, float] | None = Field(None, description="normalization std, e.g. 0.229,0.224,0.225")
+    labels: str | None = Field(None, description="the model's class names: a file, one name a line in its output order, "
+                               "or 'imagenet' (folders may then be synset ids, indices or names); default: the names "
+                               "the model carries, else sorted folder names")
+    outputs: OutputKind | None = Field(None, description="what the model outputs: logits, probabilities or "
+                                       "log-probabilities (default: read from its graph's final Softmax/LogSoftmax)")
 
     @field_validator("mean", "std", mode="before")
     @classmethod
@@ -113,10 +138,35 @@ class ImageClassification(Family):
         return Preprocess(resize=options.resize or (base.resize if options.crop is None and not fixed else size), crop=size,
                           mean=options.mean or base.mean or IMAGENET_MEAN, std=options.std or base.std or IMAGENET_STD)
 
-    def _read(self, spec: ModelSpec, options: ImageDataOptions, split: str | None, limit: int | None) -> Dataset:
+    def _classes(self, spec: ModelSpec, options: ImageDataOptions) -> ModelClasses | None:
+        """The classes the data's folders are matched to by name: ``--labels`` (a file, or ImageNet's), else the
+        names the model carries (``ModelSpec.class_names``); None: the model names none (sorted folder names then)."""
+        if options.labels == IMAGENET:
+            classes = imagenet()
+        elif options.labels:
+            classes = ModelClasses(tuple(read_labels_file(Path(options.labels))), f"--labels {options.labels}")
+        elif spec.class_names:
+            classes = ModelClasses(tuple(spec.class_names), spec.class_names_from or "the model")
+        else:
+            return None
+        width = self._width(spec)
+        if width is not None and (len(classes.names) > width or (options.labels and len(classes.names) != width)):
+            raise UserError(f"{len(classes.names)} class names ({classes.source}) for the model's {width} outputs",
+                            fix="give one name per output, in the model's output order, with --labels FILE")
+        return classes
+
+    @staticmethod
+    def _width(spec: ModelSpec) -> int | None:
+        width = spec.outputs[0].shape[-1] if spec.outputs else None
+        return width if isinstance(width, int) else None
+
+    def _read(self, spec: ModelSpec, options: ImageDataOptions, split: str | None, limit: int | None = None,
+              part: HoldOut | None = None) -> Dataset:
         assert options.data is not None
-        return load_image_folder(options.data, split, self._preprocess(spec, options), limit=limit, strict=options.strict,
-                                 input_name=spec.inputs[0].name)
+        data = load_image_folder(options.data, split, self._preprocess(spec, options), limit=limit, strict=options.strict,
+                                 input_name=spec.inputs[0].name, part=part, model=self._classes(spec, options))
+        data.outputs = spec.output_kind
+        return data
 
     def _eval_split(self, options: ImageDataOptions) -> str | None:
         assert options.data is not None
@@ -128,14 +178,14 @@ class ImageClassification(Family):
         validation = options.data / "validation"
         return validation.is_dir() and resolve_split(options.data, self._eval_split(options)) != validation
 
-    def _holdout(self, options: ImageDataOptions) -> bool:
+    def _holdout(self, spec: ModelSpec, options: ImageDataOptions) -> bool:
         """Whether the evaluation folder must be split (no validation/ split of its own to tune on) — and can be: a
         folder too small to give any class two images keeps every image for evaluation (read_tuning says so)."""
         assert options.data is not None
         split = self._eval_split(options)
         if self._own_tuning_split(options):
             return False
-        items, _, _ = scan_image_folder(resolve_split(options.data, split))
+        items, _, _ = scan_image_folder(resolve_split(options.data, split), self._classes(spec, options))
         tune, _ = holdout_split(np.array([c for _, c in items]), TUNING_SHARE, TUNING_LIMIT)
         return len(tune) > 0
 
@@ -145,36 +195,48 @@ class ImageClassification(Family):
     def read_whole(self, spec: ModelSpec, options: ImageDataOptions) -> tuple[Dataset, ModelSpec]:
         return self._read_eval(spec, options, holdout=False)
 
+    def _model_view(self, spec: ModelSpec, options: ImageDataOptions) -> ModelSpec:
+        """The spec with what the user said of the model: ``--outputs``, and ``--labels``' names."""
+        update: dict[str, Any] = {"output_kind": options.outputs} if options.outputs else {}
+        if options.labels:
+            classes = self._classes(spec, options)
+            assert classes is not None
+            update |= {"class_names": list(classes.names), "class_names_from": classes.source}
+        return spec.model_copy(update=update)
+
     def _read_eval(self, spec: ModelSpec, options: ImageDataOptions, holdout: bool) -> tuple[Dataset, ModelSpec]:
+        spec = self._model_view(spec, options)
         if options.data is None:
             return self.synthetic(spec), spec
         split = self._eval_split(options)
-        part = HoldOut("evaluation", TUNING_SHARE, TUNING_LIMIT) if holdout and self._holdout(options) else None
-        dataset = load_image_folder(options.data, split, self._preprocess(spec, options), limit=options.limit,
-                                    strict=options.strict, input_name=spec.inputs[0].name, part=part)
+        part = HoldOut("evaluation", TUNING_SHARE, TUNING_LIMIT) if holdout and self._holdout(spec, options) else None
+        dataset = self._read(spec, options, split, options.limit, part)
+        folder = resolve_split(options.data, split)
         if part is not None:  # the run's config and report say what the figures were judged on
-            dataset.meta["split"] = (f"held-out side of a seeded, per-class split of {resolve_split(options.data, split)}: "
-                                     "the other side tuned every choice")
-        out_dim = spec.outputs[0].shape[-1] if spec.outputs else None
-        if isinstance(out_dim, int) and dataset.labels is not None and len(dataset.class_names or []) > out_dim:
-            raise UserError(f"the data has {len(dataset.class_names or [])} classes but the model outputs {out_dim}",
+            dataset.meta["split"] = f"held-out side of a seeded, per-class split of {folder}: the other side tuned every choice"
+        classes, width = self._classes(spec, options), self._width(spec)
+        if classes is None and width is not None and dataset.labels is not None and len(dataset.class_names or []) > width:
+            raise UserError(f"the data has {len(dataset.class_names or [])} classes but the model outputs {width}",
                             fix="check --data points at the data the model was trained for (or --num-classes)")
+        dataset.meta["labels"] = mapping_note(class_folders(folder), classes, width)
+        dataset.meta["outputs"] = outputs_note(spec.output_kind, given=options.outputs is not None)
         learned = spec.model_copy(update={"preprocessing": self._preprocess(spec, options).to_dict(),
-                                          "class_names": dataset.class_names})
+                                          "class_names": dataset.class_names,
+                                          "class_names_from": classes.source if classes else f"the sorted folder names of {folder}"})
         return dataset, learned
 
     def read_tuning(self, spec: ModelSpec, options: ImageDataOptions) -> tuple[Dataset, list[str]]:
+        spec = self._model_view(spec, options)
         if options.data is None:
             return self.synthetic(spec, count=128, seed=7), ["no --data: calibration uses inputs made from the model's signature"]
         split = self._eval_split(options)
         if self._own_tuning_split(options):
             return self._read(spec, options, "validation", TUNING_LIMIT), []
-        if not self._holdout(options):
+        if not self._holdout(spec, options):
             return self._read(spec, options, split, TUNING_LIMIT), [
                 "too few images to hold any out (no class has two): calibration and tuning use the evaluation images, "
                 "so the quality verdict is optimistic; add images or a validation/ split"]
-        data = load_image_folder(options.data, split, self._preprocess(spec, options), strict=options.strict,
-                                 input_name=spec.inputs[0].name, part=HoldOut("tuning", TUNING_SHARE, TUNING_LIMIT))
+        data = self._read(spec, options, split, part=HoldOut("tuning", TUNING_SHARE, TUNING_LIMIT))
         return data, [f"no validation/ split: {resolve_split(options.data, split)} was split (seeded, per class) into "
                       f"{len(data)} tuning images (calibration, refinements, searches) and held-out evaluation images "
                       "that no choice saw (the quality verdict's)"]
@@ -184,7 +246,7 @@ class ImageClassification(Family):
         agr = agreement(outputs, reference, "classification") if reference is not None else None
         if agr is not None and agr.error is None:
             assert reference is not None
-            agr = split_agreement(agr, outputs, reference)
+            agr = split_agreement(agr, outputs, reference, data.outputs)
             if acc is not None and data.labels is not None:
                 acc = paired_accuracy(acc, outputs, reference, data.labels)
         return ClassificationQuality(accuracy=acc, agreement=agr)
@@ -277,10 +339,19 @@ class ImageClassification(Family):
         return {"top_k": top_k}
 
     def convenience_output(self, spec: ModelSpec, output: np.ndarray, params: dict[str, Any]) -> dict[str, Any]:
-        logits = output[0].astype(np.float64)
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
+        probs = probabilities(output[:1], spec.output_kind)[0]  # a Softmax model's probabilities as they are
         order = np.argsort(-probs, kind="stable")[:params["top_k"]]
         labels = spec.class_names or [str(i) for i in range(len(probs))]
         return {"predictions": [{"label": labels[i] if i < len(labels) else str(i), "index": int(i),
                                  "probability": float(probs[i])} for i in order]}
+
+
+def outputs_note(kind: OutputKind, given: bool) -> str:
+    """What the outputs are and where that was read, for the report: confidence is read from them accordingly."""
+    why = "--outputs" if given else {"probabilities": "the graph ends in Softmax",
+                                     "log-probabilities": "the graph ends in LogSoftmax",
+                                     "logits": "no final Softmax or LogSoftmax in an ONNX graph; "
+                                               "--outputs probabilities says otherwise"}[kind]
+    read = {"probabilities": "the top probability as it is", "log-probabilities": "the exp of the top log-probability",
+            "logits": "the top probability of their softmax"}[kind]
+    return f"{kind} ({why}): confidence is {read}"

@@ -9,6 +9,7 @@ from functools import lru_cache
 import numpy as np
 
 from servopt.contracts import Agreement
+from servopt.spec import OutputKind
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -32,23 +33,33 @@ def agreement(outputs: np.ndarray, reference: np.ndarray, task: str = "classific
     return out
 
 
-CONFIDENT = 0.5  # the original's softmax top-1 probability above which it is "sure" of a sample
+CONFIDENT = 0.5  # the original's top-1 probability above which it is "sure" of a sample
 LEVEL = 0.95  # the confidence of every quality interval servopt reports
 
 
-def confident_mask(reference: np.ndarray, threshold: float = CONFIDENT) -> np.ndarray:
-    """Samples whose softmax top-1 probability under the original's outputs exceeds ``threshold``."""
-    logits = reference.reshape(len(reference), -1).astype(np.float64)
-    logits = logits - logits.max(axis=1, keepdims=True)
-    probs = np.exp(logits)
-    return probs.max(axis=1) / probs.sum(axis=1) > threshold
+def probabilities(scores: np.ndarray, kind: OutputKind = "logits") -> np.ndarray:
+    """Class probabilities (float64) from a classifier's outputs: a softmax of logits, the exp of log-probabilities,
+    probabilities as they are (a softmax over probabilities would flatten them: a sure 0.99 read as 0.42 of 3)."""
+    values = scores.reshape(len(scores), -1).astype(np.float64)
+    if kind == "probabilities":
+        return values
+    if kind == "log-probabilities":
+        return np.exp(values)
+    values = np.exp(values - values.max(axis=1, keepdims=True))
+    return values / values.sum(axis=1, keepdims=True)
 
 
-def split_agreement(agr: Agreement, outputs: np.ndarray, reference: np.ndarray) -> Agreement:
-    """Top-1 agreement where the original is sure (softmax top-1 p > 0.5) and where it is not, with the counts: on
-    samples the original itself hesitates over, a changed argmax says little about the variant (see docs/targets.md)."""
+def confident_mask(reference: np.ndarray, threshold: float = CONFIDENT, kind: OutputKind = "logits") -> np.ndarray:
+    """Samples whose top-1 probability under the original's outputs (read as ``kind``) exceeds ``threshold``."""
+    return probabilities(reference, kind).max(axis=1) > threshold
+
+
+def split_agreement(agr: Agreement, outputs: np.ndarray, reference: np.ndarray, kind: OutputKind = "logits") -> Agreement:
+    """Top-1 agreement where the original is sure (top-1 p > 0.5, its outputs read as ``kind``) and where it is not,
+    with the counts: on samples the original itself hesitates over, a changed argmax says little about the variant
+    (see docs/targets.md)."""
     same = outputs.argmax(1) == reference.argmax(1)
-    sure = confident_mask(reference)
+    sure = confident_mask(reference, kind=kind)
     agr.confident_total, agr.confident_agree = int(sure.sum()), int(same[sure].sum())
     agr.unsure_total, agr.unsure_agree = int((~sure).sum()), int(same[~sure].sum())
     agr.top1_agreement_confident = agr.confident_agree / agr.confident_total if agr.confident_total else None

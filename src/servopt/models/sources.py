@@ -217,10 +217,22 @@ def _load_onnx(path: Path) -> LoadedModel:
         spec.task = stored.get("task", spec.task)
         spec.family = stored.get("family", "")
         spec.class_names = stored.get("class_names")
+        spec.class_names_from = stored.get("class_names_from") or (spec.class_names and f"{path.name}'s servopt metadata")
         spec.preprocessing = stored.get("preprocessing")
         spec.extra.update(stored.get("text") or {})
     elif outputs and len(outputs[0].shape) != 2:
         spec.task, spec.family = "embedding", "embedding"
+    if spec.task == "classification":  # the names and the kind of scores it carries (models/classes.py)
+        from servopt.models.classes import final_activation, model_class_names
+
+        width = outputs[0].shape[-1] if outputs else None
+        found = None if spec.class_names else model_class_names(meta, path, width if isinstance(width, int) else None)
+        if found:
+            spec.class_names, spec.class_names_from = found
+        opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
+        spec.output_kind = final_activation(proto.graph, opset)
+        if spec.output_kind == "logits" and ONNX_META_SPEC in meta:  # what --outputs said when servopt exported it
+            spec.output_kind = json.loads(meta[ONNX_META_SPEC]).get("output_kind") or "logits"
     return LoadedModel("onnx", path, spec)
 
 

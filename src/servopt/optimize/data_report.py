@@ -45,4 +45,8 @@ def data_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"{data['pairs']} scored pairs judged (Spearman of cosine with the scores)")
     if data.get("split"):  # what no choice saw: the quality verdict's samples (issue 34)
         lines.append(f"split: {data['split']}")
+    if data.get("labels"):  # how folders became the model's indices (issue 41)
+        lines.append(f"classes: {data['labels']}")
+    if data.get("outputs"):  # what the confident/unsure split read (issue 41)
+        lines.append(f"outputs: {data['outputs']}")
     return lines

@@ -327,6 +327,8 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance):
         self.dir.data.mkdir(parents=True, exist_ok=True)
         self.eval_data.save(self.dir.eval_data)
         data_hash = dataset_digest(self.dir.eval_data)
+        if self.eval_data.outputs != "logits":  # how the judge reads the outputs (a Softmax model's confidence) is measured
+            data_hash += f":{self.eval_data.outputs}"
         saved: dict[str, str | None] = {}
         for name, data in (("calib", self.calibration), ("tune", self.tuning)):  # for the build processes
             saved[name] = None
