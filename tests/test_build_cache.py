@@ -155,7 +155,7 @@ def test_a_record_of_another_machine_or_library_version_is_measured_again(model,
 
 def test_a_record_judged_on_other_outputs_is_measured_again(model, tmp_path):
     """A Softmax model's confident split depends on its outputs being read as probabilities (issue 41): a record judged
-    when they were read as logits (before servopt read the graph, or under another --outputs) is not reused."""
+    when they were read as logits (before servopt read the graph, or under another --output-kind) is not reused."""
     from servopt.optimize.sweep import Sweep
     from servopt.optimize.targets import PRESETS
     from servopt.settings import OptimizeSettings

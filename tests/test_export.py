@@ -29,7 +29,7 @@ def r18_state(tmp_path_factory):
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_export_verifies_and_has_dynamic_batch(tmp_path, r18_state, exporter):
     model = load_model(r18_state, arch="resnet18", input_shape={"input": [1, 3, 64, 64]})
-    model.spec.class_names, model.spec.output_kind = ["a", "b", "c", "d"], "log-probabilities"  # as --outputs says
+    model.spec.class_names, model.spec.output_kind = ["a", "b", "c", "d"], "log-probabilities"  # as --output-kind says
     out = tmp_path / "r18.onnx"
     report = export_onnx(model, out, exporter=exporter, opset=17)
     assert report["exporter"] == exporter and report["checker"] == "passed" and report["weights_inline"]

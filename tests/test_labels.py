@@ -221,7 +221,7 @@ def test_softmax_models_confident_share_is_the_share_above_the_threshold(tmp_pat
     as_logits = probs - probs.max(axis=1, keepdims=True)  # what a softmax over probabilities made of them
     flattened = (np.exp(as_logits) / np.exp(as_logits).sum(axis=1, keepdims=True)).max(axis=1)
     assert (flattened > 0.5).sum() < (top > 0.5).sum()
-    logits_view, _ = _read(model, data, outputs="logits")  # --outputs says otherwise: the values go through a softmax
+    logits_view, _ = _read(model, data, output_kind="logits")  # --output-kind says otherwise: the values go through a softmax
     assert family_of(spec).judge(probs, logits_view, probs).agreement.confident_total == int((flattened > 0.5).sum())
     assert agreement(probs, probs).top1_agreement == 1.0
 

@@ -63,7 +63,7 @@ class ModelSpec(BaseModel):
     family: str = ""  # filled from ``task`` when empty (see ``family_name``)
     class_names: list[str] | None = None  # in output order: index k's name
     class_names_from: str | None = None  # where they came from (the model's metadata, --labels, the data's folders)
-    output_kind: OutputKind = "logits"  # a classifier's: from a final Softmax/LogSoftmax in its graph, or --outputs
+    output_kind: OutputKind = "logits"  # a classifier's: from a final Softmax/LogSoftmax in its graph, or --output-kind
     # The family's input preparation (image resize/crop/normalize; a text encoder's tokenizer), validated by the
     # family's own ``Preprocessing`` model: the spec layer does not know any family's fields.
     preprocessing: dict[str, Any] | None = None

@@ -7,7 +7,7 @@ choice sees (``data.dataset.holdout_split``). Preprocessed as the model expects
 (torchvision's resize → center crop → normalize, in Pillow + NumPy). Each folder is the model's class of that name
 (names the model carries, or ``--labels``: ``data.labels``), or without names its place in sorted order; the outputs
 are logits, probabilities or log-probabilities (``ModelSpec.output_kind``: the graph's final Softmax, or
-``--outputs``), and confidence and served probabilities come from them as they are.
+``--output-kind``), and confidence and served probabilities come from them as they are.
 Server: ``POST /v2/models/{name}/classify`` takes JPEG/PNG bytes and answers
 the top-k labels with probabilities.
 """
@@ -60,7 +60,7 @@ class ImageDataOptions(DataOptions):
     labels: str | None = Field(None, description="the model's class names: a file, one name a line in its output order, "
                                "or 'imagenet' (folders may then be synset ids, indices or names); default: the names "
                                "the model carries, else sorted folder names")
-    outputs: OutputKind | None = Field(None, description="what the model outputs: logits, probabilities or "
+    output_kind: OutputKind | None = Field(None, description="what the model outputs: logits, probabilities or "
                                        "log-probabilities (default: read from its graph's final Softmax/LogSoftmax)")
 
     @field_validator("mean", "std", mode="before")
@@ -196,8 +196,8 @@ class ImageClassification(Family):
         return self._read_eval(spec, options, holdout=False)
 
     def _model_view(self, spec: ModelSpec, options: ImageDataOptions) -> ModelSpec:
-        """The spec with what the user said of the model: ``--outputs``, and ``--labels``' names."""
-        update: dict[str, Any] = {"output_kind": options.outputs} if options.outputs else {}
+        """The spec with what the user said of the model: ``--output-kind``, and ``--labels``' names."""
+        update: dict[str, Any] = {"output_kind": options.output_kind} if options.output_kind else {}
         if options.labels:
             classes = self._classes(spec, options)
             assert classes is not None
@@ -219,7 +219,7 @@ class ImageClassification(Family):
             raise UserError(f"the data has {len(dataset.class_names or [])} classes but the model outputs {width}",
                             fix="check --data points at the data the model was trained for (or --num-classes)")
         dataset.meta["labels"] = mapping_note(class_folders(folder), classes, width)
-        dataset.meta["outputs"] = outputs_note(spec.output_kind, given=options.outputs is not None)
+        dataset.meta["outputs"] = outputs_note(spec.output_kind, given=options.output_kind is not None)
         learned = spec.model_copy(update={"preprocessing": self._preprocess(spec, options).to_dict(),
                                           "class_names": dataset.class_names,
                                           "class_names_from": classes.source if classes else f"the sorted folder names of {folder}"})
@@ -348,10 +348,10 @@ class ImageClassification(Family):
 
 def outputs_note(kind: OutputKind, given: bool) -> str:
     """What the outputs are and where that was read, for the report: confidence is read from them accordingly."""
-    why = "--outputs" if given else {"probabilities": "the graph ends in Softmax",
+    why = "--output-kind" if given else {"probabilities": "the graph ends in Softmax",
                                      "log-probabilities": "the graph ends in LogSoftmax",
                                      "logits": "no final Softmax or LogSoftmax in an ONNX graph; "
-                                               "--outputs probabilities says otherwise"}[kind]
+                                               "--output-kind probabilities says otherwise"}[kind]
     read = {"probabilities": "the top probability as it is", "log-probabilities": "the exp of the top log-probability",
             "logits": "the top probability of their softmax"}[kind]
     return f"{kind} ({why}): confidence is {read}"

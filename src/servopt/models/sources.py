@@ -231,7 +231,7 @@ def _load_onnx(path: Path) -> LoadedModel:
             spec.class_names, spec.class_names_from = found
         opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
         spec.output_kind = final_activation(proto.graph, opset)
-        if spec.output_kind == "logits" and ONNX_META_SPEC in meta:  # what --outputs said when servopt exported it
+        if spec.output_kind == "logits" and ONNX_META_SPEC in meta:  # what --output-kind said when servopt exported it
             spec.output_kind = json.loads(meta[ONNX_META_SPEC]).get("output_kind") or "logits"
     return LoadedModel("onnx", path, spec)
 
