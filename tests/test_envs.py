@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from servopt import envs
-from servopt.envs import EnvCreationError, EnvSpec, ensure_env, job_env, list_envs, prune
+from servopt.envs import EnvCreationError, EnvSpec, create, ensure_env, inside, job_env, list_envs, prune, spec
 
 TINY = "servopt_tinypkg"
 
@@ -73,7 +73,7 @@ def made(tmp_path_factory):
     leftover.mkdir()
     created: list[float] = []
     lines: list[str] = []
-    real_create = envs._create
+    real_create = create._create
 
     def counting_create(*args, **kwargs):
         created.append(time.time())
@@ -88,7 +88,7 @@ def made(tmp_path_factory):
             results.append(e)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(envs, "_create", counting_create)
+        mp.setattr(create, "_create", counting_create)
         threads = [threading.Thread(target=use) for _ in range(2)]
         for t in threads:
             t.start()
@@ -114,7 +114,7 @@ def test_concurrent_first_use_creates_once_and_ignores_interrupted_leftovers(mad
 def test_second_use_creates_nothing(made, monkeypatch):
     ready = made["results"][0]
     stamp = (ready.folder / envs.ENV_FILE).stat().st_mtime_ns
-    monkeypatch.setattr(envs, "_create", lambda *a, **k: pytest.fail("an existing env was created again"))
+    monkeypatch.setattr(create, "_create", lambda *a, **k: pytest.fail("an existing env was created again"))
     again = ensure_env(made["spec"], home=made["home"])
     assert again == ready and (ready.folder / envs.ENV_FILE).stat().st_mtime_ns == stamp
     assert envs.python_for(made["spec"], home=made["home"]) == ready.python
@@ -130,7 +130,7 @@ def test_env_runs_servopt_from_source_and_its_scripts_survive_the_rename(made):
     pip = ready.folder / "bin" / "pip"
     assert pip.read_text().splitlines()[0] == f"#!{ready.folder}/bin/python3.{sys.version_info.minor}"
     assert not [f.name for f in (ready.folder / "bin").iterdir() if not f.is_symlink() and b".tmp-" in f.read_bytes()]
-    assert subprocess.run([str(pip), "--version"], capture_output=True, text=True, env=envs._clean_env()).returncode == 0
+    assert subprocess.run([str(pip), "--version"], capture_output=True, text=True, env=spec._clean_env()).returncode == 0
 
 
 @pytest.mark.slow  # creates a virtual environment with pip (5-6 s)
@@ -162,7 +162,7 @@ def test_key_is_stable_and_covers_what_changes_the_env(tmp_path):
 
 def test_core_requirements_leave_out_onnxruntime_and_extras():
     core = envs.core_requirements()
-    names = [envs._requirement_name(r) for r in core]
+    names = [inside._requirement_name(r) for r in core]
     assert "numpy" in names and "pydantic" in names
     assert not any(n.startswith("onnxruntime") for n in names) and "torch" not in names
     spec = envs.runtime_spec("ort-openvino", ["onnxruntime-openvino==1.24.1"])
@@ -174,11 +174,11 @@ def test_installed_servopt_is_copied_alone_onto_pythonpath(tmp_path):
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (tmp_path / "site-packages" / "onnxruntime").mkdir()
-    first = envs._private_copy(package, tmp_path / "envs")
+    first = inside._private_copy(package, tmp_path / "envs")
     assert sorted(p.name for p in first.iterdir()) == ["servopt"]
-    assert envs._private_copy(package, tmp_path / "envs") == first
+    assert inside._private_copy(package, tmp_path / "envs") == first
     (package / "new.py").write_text("")
-    assert envs._private_copy(package, tmp_path / "envs") != first
+    assert inside._private_copy(package, tmp_path / "envs") != first
 
 
 def test_list_and_prune(tmp_path):
@@ -200,7 +200,7 @@ def test_list_and_prune(tmp_path):
     assert infos[folder_a.name].state == "ready" and infos[folder_a.name].used_by == ["onnxruntime-openvino", "other"]
     assert infos[folder_b.name].used_by == [] and infos[folder_b.name].env.spec == b
     assert infos[broken.name].state == "incomplete" and infos[abandoned.name].state == "incomplete"
-    with envs._locked(envs._lock_path(root, f"ort-x-{'1' * 16}")):  # a creation in progress in "another process"
+    with create._locked(spec._lock_path(root, f"ort-x-{'1' * 16}")):  # a creation in progress in "another process"
         assert {i.folder: i.state for i in list_envs(home=tmp_path)}[building] == "building"
         removed = prune(keep={a.key()}, home=tmp_path)
     assert set(removed) == {folder_b, broken, abandoned, odd_old}

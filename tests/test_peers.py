@@ -318,7 +318,8 @@ def test_optimum_and_olive_on_the_tiny_run(tiny_run, name):
     """Their own environments (made once, a few minutes each), static INT8 on the tiny classifier, measured. Where the
     environment is not made yet it is made only when asked (``SERVOPT_MAKE_PEER_ENVS=1``): 1.5 GB and minutes each would
     take ``make test`` past its 15 minutes on a fresh machine; ``servopt compare RUN --peers NAME`` makes it once."""
-    from servopt.envs import _read_ready, env_dir
+    from servopt.envs import env_dir
+    from servopt.envs.create import _read_ready
     from servopt.peers.base import PEERS
     from servopt.peers.compare import compare
 
