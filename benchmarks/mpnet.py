@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from servopt.contracts import Artifact
+from servopt.cpu import CpuFeatures
 from servopt.data.text import DEMO_SENTENCES, read_texts
 from servopt.families import FAMILIES
 from servopt.families.catalogue import CatalogueContext
 from servopt.families.text import tokenizer_of
-from servopt.machine import CpuFeatures, cpu_features, cpu_model
+from servopt.machine import cpu_features, cpu_model
 from servopt.models.sources import load_model
 from servopt.passes.base import BuildContext, build_chain, source_artifact
 from servopt.passes.int8_overflow import emulate_u8s8_kernel

@@ -20,7 +20,8 @@ from pathlib import Path
 from servopt.bench.jobs import InterleaveJob, OpenSpec
 from servopt.bench.launcher import launch
 from servopt.bench.protocol import Protocol
-from servopt.machine import CpuFeatures, cpu_features
+from servopt.cpu import CpuFeatures
+from servopt.machine import cpu_features
 from servopt.optimize.rundir import load_run
 
 REFERENCE_ORT = "ort-fp32"  # the baseline variant of every catalogue

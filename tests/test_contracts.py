@@ -10,11 +10,11 @@ import pytest
 
 from conftest import channel_mean_onnx
 from servopt.contracts import QUALITY_KINDS, Artifact, Record, SessionInfo
+from servopt.cpu import CpuFeatures
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families import FAMILIES
 from servopt.families.catalogue import CatalogueContext
-from servopt.machine import CpuFeatures
 from servopt.models.sources import load_model
 from servopt.optimize.targets import PRESETS
 from servopt.passes import PASSES, BuildContext, Pass, build_chain, get_pass, source_artifact

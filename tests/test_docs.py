@@ -78,7 +78,7 @@ def _row(doc: str, name: str) -> str:
 def test_int8_doc_says_which_calibrations_the_search_tries_on_which_cpu():
     """On x86 without VNNI the search adds 7-bit weights to every point (20), and its cap of 16 keeps MinMax and the
     percentiles only: Entropy is never tried there, which docs/int8.md once did not say."""
-    from servopt.machine import CpuFeatures
+    from servopt.cpu import CpuFeatures
     from servopt.passes.calibration_search import CalibrationSearchParams, search_space
 
     def methods(flags: set[str]) -> list[str]:

@@ -11,9 +11,10 @@ import pytest
 from conftest import channel_mean_onnx
 from servopt.bench.protocol import Protocol, measure_session
 from servopt.contracts import Artifact, SessionInfo
+from servopt.cpu import CpuFeatures, Isa, richer
 from servopt.data.dataset import Dataset
 from servopt.families import FAMILIES
-from servopt.machine import CpuFeatures, Device, Isa, richer
+from servopt.machine import Device
 from servopt.models.sources import load_model
 from servopt.optimize.variants import catalogue, select
 from servopt.runtimes import Session, get_runtime, open_session
@@ -170,3 +171,12 @@ def test_a_variant_that_cannot_run_on_the_target_isa_fails_that_bound():
     verdict = judge(PRESETS["cpu-server"], rec, rec, FAMILIES.get("image-classification"), capped)
     bound = next(b for b in verdict.bounds if b.bound == "runs_on_target_isa")
     assert not verdict.passes and bound.status == "fail" and "capped at AVX2" in bound.note
+
+
+def test_a_record_names_the_rung_its_cpu_reached():
+    """``Environment.isa``: the measuring CPU's rung, from the flags the record carries (never this machine's)."""
+    from servopt.contracts import Environment
+
+    assert Environment(cpu="EPYC 7763", cpu_flags=["avx2", "fma"]).isa == "avx2"
+    assert Environment(cpu="Xeon", cpu_flags=sorted(SAPPHIRE.flags)).isa == "amx"
+    assert Environment(cpu="Graviton", cpu_flags=["asimd", "asimddp"]).isa == "arm"

@@ -92,7 +92,7 @@ def test_a_float_model_has_nothing_to_overflow(tmp_path):
 def test_what_a_runtime_runs_of_a_quantized_model_and_what_the_cpu_makes_of_it():
     """ONNX Runtime runs the model's product, U8U8 under x64 precision; OpenVINO's kernels are its own (unknown). The
     CPU says what goes wrong: full-range U8S8 without VNNI, S8S8 without fast signed kernels."""
-    from servopt.machine import CpuFeatures
+    from servopt.cpu import CpuFeatures
     from servopt.runtimes import get_runtime
 
     ort = get_runtime("onnxruntime")

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from servopt.contracts import Artifact
+from servopt.cpu import CpuFeatures
 from servopt.data.dataset import Dataset
 from servopt.families.catalogue import nncf_onnx
-from servopt.machine import CpuFeatures
 from servopt.models.sources import load_model
 from servopt.passes import BuildContext, build_chain, source_artifact
 from servopt.runtimes import open_session

@@ -362,8 +362,8 @@ def test_a_hopeless_refinement_ladder_tries_its_cheap_rungs_and_skips_its_search
     accuracy-aware search (minutes each) are listed as not built, with why; every cheap rung is still tried."""
     from conftest import no_budget
     from servopt.contracts import Accuracy, ClassificationQuality, Latency, Record, Throughput
+    from servopt.cpu import CpuFeatures
     from servopt.families import FAMILIES
-    from servopt.machine import CpuFeatures
     from servopt.optimize.sweep import Sweep, Unit
     from servopt.optimize.targets import Target
     from servopt.optimize.variants import Variant

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from servopt.contracts import Artifact
+from servopt.cpu import CpuFeatures
 from servopt.families.catalogue import CatalogueContext, Variant
-from servopt.machine import CpuFeatures
 from servopt.passes.int8_overflow import emulate_u8s8_kernel, u8s8_overflow
 
 AVX2 = CpuFeatures(frozenset({"avx2", "fma"}))  # a Zen 2: U8S8 saturates
@@ -178,8 +178,8 @@ def test_ffn_float_variant_keeps_exactly_the_gelu_fed_projections_in_float(tmp_p
 def test_a_target_without_vnni_gets_7_bit_dynamic_weights_even_on_a_vnni_machine():
     """cpu-server is an AVX2 EPYC: a model built on this VNNI machine with 8-bit weights would compute wrong sums
     there, so the catalogue builds the weights for the target (and decide fails one that could overflow)."""
+    from servopt.cpu import CpuFeatures
     from servopt.families.catalogue import CatalogueContext
-    from servopt.machine import CpuFeatures
     from servopt.spec import ModelSpec, TensorSpec
 
     vnni = CpuFeatures(frozenset({"avx2", "fma", "avx512f", "avx512_vnni"}))

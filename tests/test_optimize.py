@@ -392,12 +392,13 @@ def test_summary_and_report(quick_run):
     assert summary["interleaved"]["reference"] == "ort-fp32"
     assert summary["interleaved"]["variants"]["ort-fp32"]["p50_ratio_vs_reference"] == 1.0
     # cpu-server names an AVX2 EPYC: on a richer CPU its candidates are re-measured capped where runtimes allow
-    from servopt.machine import cpu_features, richer
+    from servopt.cpu import richer
+    from servopt.machine import cpu_features
 
     if richer(cpu_features().level, "avx2"):
         capped = summary["capped"].get("avx2")
         if capped is None:  # the model trains per machine: its cpu-server candidates may all be ONNX Runtime's
-            from servopt.machine import Isa
+            from servopt.cpu import Isa
             from servopt.runtimes import get_runtime
 
             assert "cpu-server: no candidate's runtime can be held to avx2; its figures stand uncapped" in summary["problems"]

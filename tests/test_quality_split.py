@@ -15,10 +15,10 @@ from PIL import Image
 
 from conftest import no_budget
 from servopt.contracts import Accuracy, ClassificationQuality, Gate, Latency, Record, Throughput
+from servopt.cpu import CpuFeatures
 from servopt.data.dataset import holdout_split
 from servopt.families import FAMILIES
 from servopt.families.metrics import paired_drop_interval, samples_to_settle, split_agreement
-from servopt.machine import CpuFeatures
 from servopt.optimize import racing
 from servopt.optimize.targets import Target
 from servopt.spec import ModelSpec, TensorSpec

@@ -20,8 +20,8 @@ from servopt.contracts import (
     SideBySide,
     Throughput,
 )
+from servopt.cpu import CpuFeatures
 from servopt.families import FAMILIES
-from servopt.machine import CpuFeatures
 from servopt.optimize import decide as decide_module
 from servopt.optimize import pricing, racing
 from servopt.optimize.budget import Budget

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
 
+from servopt.cpu import CpuFeatures, Isa
 from servopt.spec import ModelSpec
 
 RESULT_SCHEMA = "servopt.result/3"
@@ -85,6 +86,12 @@ class Environment(Contract):
     # servopt read the CPU as one stopping at this rung (SERVOPT_CPU_READ_AS): cpu_flags lack the richer rungs' features,
     # which the runtimes' kernels still used
     cpu_read_as: str | None = None
+
+    @property
+    def isa(self) -> Isa | str:
+        """The richest rung of the instruction-set ladder the measuring CPU reached (``CpuFeatures.level``), from its
+        recorded flags: what a figure was measured with, never this machine's."""
+        return CpuFeatures(frozenset(self.cpu_flags)).level
     runtime_env: str | None = None  # the runtime's own Python environment it ran in (servopt.envs: name-key)
     session: SessionInfo | None = None
 

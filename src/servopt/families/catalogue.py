@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from servopt.machine import MALLOC_TUNED_ENV, CpuFeatures
+from servopt.cpu import CpuFeatures
+from servopt.machine import MALLOC_TUNED_ENV
 from servopt.spec import ModelSpec
 
 Role = Literal["original", "baseline", "original+baseline"] | None

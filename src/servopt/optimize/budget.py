@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from servopt.bench.protocol import Protocol
 from servopt.contracts import BudgetPlan, BudgetStage, Record
-from servopt.machine import Device, cpu_features, gpu_present, richer
+from servopt.cpu import richer
+from servopt.machine import Device, cpu_features, gpu_present
 from servopt.optimize import racing
 from servopt.optimize.targets import Target
 from servopt.optimize.variants import Variant

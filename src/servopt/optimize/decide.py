@@ -29,9 +29,10 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from servopt.contracts import Capacity, Contract, Duel, Interleaved, Projection, Record, Scaling
+from servopt.cpu import Isa, richer
 from servopt.errors import UserError
 from servopt.families.base import Family
-from servopt.machine import CpuFeatures, Device, Isa, machine_label, richer
+from servopt.machine import Device, machine_label
 from servopt.optimize.noise import (
     DRIFT,
     SELECTION_DRIFT,
@@ -187,7 +188,7 @@ def isa_note(target: Target, rec: Record, fig: Figures) -> str | None:
     cap = fig.isa_cap or env.isa_cap
     if cap:
         return f"measured with the instruction set capped at {cap} (target: {target.isa})"
-    measured = CpuFeatures(frozenset(env.cpu_flags)).level
+    measured = env.isa
     if richer(measured, target.isa):
         why = f"; {rec.runtime} cannot be held to {target.isa}" if fig.capped_run else ""
         return f"measured with a richer instruction set ({measured}) than the target's ({target.isa}){why}"

@@ -21,10 +21,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from servopt.contracts import Record, SideBySide
+from servopt.cpu import CpuFeatures, Int8Kernel, Isa, richer
 from servopt.errors import UserError
 from servopt.families.base import Family
 from servopt.home import default_home
-from servopt.machine import CpuFeatures, Int8Kernel, Isa, cpu_features, richer
+from servopt.machine import cpu_features
 from servopt.optimize.decide import eligible, judge, speed_dims
 from servopt.optimize.noise import DRIFT, SCREENING_DRIFT, ahead_every_round, clears, interval, point
 from servopt.optimize.targets import Target
@@ -417,7 +418,7 @@ def _recovered(base: Record, ref: Record) -> Record:
 
 def _measuring_level(records: list[Record]):
     env = next((r.environment for r in records if r.environment), None)
-    return CpuFeatures(frozenset(env.cpu_flags)).level if env else cpu_features().level
+    return env.isa if env else cpu_features().level
 
 
 def cap_changes(names: list[str], records: list[Record], isa: Isa) -> bool:

@@ -17,8 +17,9 @@ from servopt.bench.launcher import OutOfTime, launch
 from servopt.bench.protocol import Protocol
 from servopt.bench.rounds import side_by_side
 from servopt.contracts import ColdStart, Interleaved, OpProfile, Record, SideBySide
+from servopt.cpu import richer
 from servopt.errors import UserError
-from servopt.machine import CpuFeatures, Device, cpu_features, richer
+from servopt.machine import Device, cpu_features
 from servopt.optimize import noise, racing
 from servopt.optimize.decide import Decision, interleave_candidates, unsettled
 from servopt.optimize.executor import Lost
@@ -335,7 +336,7 @@ class SweepRemeasures:
         capped: dict[str, Interleaved] = {}
         env = next((r.environment for r in records if r.status == "ok" and r.environment), None)
         # The measuring machine: this one, or on a cluster the nodes of this kind (their records say which CPU).
-        here = CpuFeatures(frozenset(env.cpu_flags)).level if self.distributed and env else cpu_features().level
+        here = env.isa if self.distributed and env else cpu_features().level
         for t in targets:
             if t.device is not Device.CPU or t.isa is None or t.isa in capped or not richer(here, t.isa):
                 continue

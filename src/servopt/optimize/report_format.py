@@ -4,7 +4,7 @@ the report (``report.py`` assembles them) and by its charts, so a variant is cal
 from __future__ import annotations
 
 from servopt.contracts import Environment, Record
-from servopt.machine import CpuFeatures
+from servopt.cpu import CpuFeatures
 
 
 def figure(v: float | None, fmt: str = "{:.2f}") -> str:

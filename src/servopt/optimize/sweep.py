@@ -34,10 +34,11 @@ from pathlib import Path
 from servopt.bench.launcher import Interrupted, stopping
 from servopt.bench.protocol import Protocol
 from servopt.contracts import Capacity, ChainStep, Interleaved, Record, Scaling
+from servopt.cpu import Isa
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
-from servopt.machine import Device, Isa, cpu_features, environment
+from servopt.machine import Device, cpu_features, environment
 from servopt.models.sources import LoadedModel
 from servopt.optimize import pricing, racing
 from servopt.optimize.budget import Budget

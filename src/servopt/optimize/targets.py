@@ -14,8 +14,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
+from servopt.cpu import Isa
 from servopt.errors import UserError
-from servopt.machine import Device, Isa
+from servopt.machine import Device
 
 
 class Target(BaseModel):

@@ -13,10 +13,11 @@ import json
 import os
 from dataclasses import asdict
 
+from servopt.cpu import CpuFeatures
 from servopt.errors import UserError
 from servopt.families.base import family_of
 from servopt.families.catalogue import CatalogueContext, Variant
-from servopt.machine import CpuFeatures, Device, cpu_features, cpu_model, library_versions
+from servopt.machine import Device, cpu_features, cpu_model, library_versions
 from servopt.models.sources import LoadedModel
 from servopt.runtimes.base import get_runtime
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servopt.machine import CpuFeatures, richer
+from servopt.cpu import richer
 from servopt.optimize.report_format import figure, machine_of
 from servopt.optimize.rundir import Summary
 
@@ -55,7 +55,7 @@ def isa_match(summary: Summary, target_isa: str | None, kind: str | None = None)
     capped = of_kind.capped if of_kind else summary.capped
     if target_isa is None or env is None:
         return ""
-    here = CpuFeatures(frozenset(env.cpu_flags)).level
+    here = env.isa
     if here == target_isa:
         return f"measured on the target's instruction set ({here})"
     if richer(here, target_isa):

@@ -44,9 +44,9 @@ from pydantic import Field
 from servopt.bench.protocol import batch_consistency, predict_all
 from servopt.bench.stats import timed_loop
 from servopt.contracts import Artifact
+from servopt.cpu import Int8Kernel
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
-from servopt.machine import Int8Kernel
 from servopt.passes.base import BuildContext, Pass, PassOutput, register_pass
 from servopt.passes.onnx_passes import DYNAMIC_EXTRA, QTYPES, StaticParams, preprocess_for_quantization, quantize_static_onnx
 from servopt.runtimes import open_session

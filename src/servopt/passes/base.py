@@ -27,10 +27,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servopt.contracts import Artifact, Contract
+from servopt.cpu import Int8Kernel
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
-from servopt.machine import Int8Kernel
 from servopt.models.sources import LoadedModel
 from servopt.passes.int8_overflow import u8s8_overflow
 from servopt.registry import Registry

@@ -19,8 +19,8 @@ from typing import Literal
 from pydantic import Field
 
 from servopt.contracts import Artifact
+from servopt.cpu import Int8Kernel
 from servopt.errors import UserError
-from servopt.machine import Int8Kernel
 from servopt.passes.accuracy_aware import _p50_ms, _predict, _score
 from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, register_pass
 from servopt.passes.onnx_passes import StaticParams, preprocess_for_quantization, quantize_static_onnx

@@ -18,9 +18,9 @@ from typing import Literal
 from pydantic import Field
 
 from servopt.contracts import Artifact
+from servopt.cpu import Int8Kernel
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
-from servopt.machine import Int8Kernel
 from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, register_pass
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servopt.contracts import Artifact, OpProfile, OpTime, SessionInfo
+from servopt.cpu import Int8Kernel, Isa
 from servopt.envs import EnvSpec
 from servopt.errors import UserError
-from servopt.machine import Device, Int8Kernel, Isa
+from servopt.machine import Device
 from servopt.registry import Registry
 
 

@@ -13,8 +13,9 @@ import numpy as np
 from pydantic import Field
 
 from servopt.contracts import Artifact, OpProfile, SessionInfo
+from servopt.cpu import Int8Kernel
 from servopt.errors import UserError
-from servopt.machine import Device, Int8Kernel, gpu_present
+from servopt.machine import Device, gpu_present
 from servopt.runtimes.base import Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 GRAPH_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}

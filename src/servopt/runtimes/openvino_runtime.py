@@ -16,8 +16,8 @@ from typing import Literal
 import numpy as np
 
 from servopt.contracts import Artifact, OpProfile, SessionInfo
+from servopt.cpu import Isa
 from servopt.errors import UserError
-from servopt.machine import Isa
 from servopt.runtimes.base import ONEDNN_ISA, Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 # servopt's precision names → OpenVINO's element types for INFERENCE_PRECISION_HINT.

@@ -16,8 +16,9 @@ from typing import Literal
 import numpy as np
 
 from servopt.contracts import Artifact, OpProfile, SessionInfo
+from servopt.cpu import Isa
 from servopt.errors import UserError
-from servopt.machine import Device, Isa
+from servopt.machine import Device
 from servopt.runtimes.base import ONEDNN_ISA, Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 # glibc returns large tensor buffers to the OS after every forward unless told not to; set in a process's
