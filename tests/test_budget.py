@@ -103,3 +103,18 @@ def test_the_report_shows_the_plan_beside_its_use():
     assert rows["capacity"].planned == "60 s" and rows["capacity"].used == "–"
     assert rows["re-measure"].skipped == "the cold start of torch-eager (beaten beyond noise)"
     assert budget_section(SimpleNamespace(budget=None, wall_s=1.0)) is None
+
+
+def test_a_capped_re_measure_is_reserved_only_for_a_runtime_it_applies_to(monkeypatch):
+    """cpu-server names an AVX2 EPYC: on a richer machine its candidates are re-measured held to AVX2, but ONNX
+    Runtime cannot be (its figures stand uncapped), so a race of ONNX Runtime contenders reserves no such run; one
+    OpenVINO or PyTorch contender brings it back."""
+    from servopt import machine
+
+    monkeypatch.setattr(machine, "_cpuinfo_lines", lambda: ["flags\t: avx2 fma avx512f avx512_vnni\n"])
+    monkeypatch.delenv(machine.READ_AS_ENV, raising=False)
+    b = budget(300)
+    assert b.poorer_isas() == {"avx2"} and not b.cappable("onnxruntime") and b.cappable("openvino")
+    assert b.reserves(2, cappable=False)["re-measure"] < b.reserves(2, cappable=True)["re-measure"]
+    units = [type("U", (), {"variant": Variant(f"v{i}", "int8", "onnxruntime")})() for i in range(10)]
+    assert b.fits(units, 0, "torch-eager", cappable=False) >= b.fits(units, 0, "torch-eager", cappable=True)

@@ -24,6 +24,7 @@ from servopt.machine import Device, cpu_features, gpu_present
 from servopt.optimize import racing
 from servopt.optimize.targets import Target
 from servopt.optimize.variants import Variant
+from servopt.runtimes.base import get_runtime
 
 # The stages of a sweep, in the order they run: a stage's jobs must end early enough to leave every later stage's
 # reserve (``Budget.deadline``). The original and the baseline are measured whatever the budget.
@@ -114,18 +115,28 @@ class Budget:
         cores = machine_cores()
         return racing.instance_seconds(min(contenders, 3 * len(mine)) + 1, cores, 0, self.batch_call_seconds() * cores)
 
-    def remeasure_reserve(self, contenders: int) -> float:
-        """Cold starts, the side-by-side rounds (and a poorer ISA's capped rounds), the picks' axes."""
+    def poorer_isas(self) -> set[str]:
+        """The instruction sets of the CPU targets poorer than this machine's: each gets a capped re-measure."""
+        level = cpu_features().level
+        return {t.isa for t in self.here() if t.device is Device.CPU and t.isa is not None and richer(level, t.isa)}
+
+    def cappable(self, runtime: str) -> bool:
+        """Whether a variant on ``runtime`` would be re-measured capped to a poorer target's instruction set."""
+        return any(get_runtime(runtime).isa_cap_env(isa) is not None for isa in self.poorer_isas())
+
+    def remeasure_reserve(self, contenders: int, cappable: bool = True) -> float:
+        """Cold starts, the side-by-side rounds (and a poorer ISA's capped rounds, when a contender's runtime can be held
+        to it: ``cappable``; ONNX Runtime's cannot, and its candidates' figures stand uncapped), the picks' axes."""
         here = self.here()
         remeasured = sum(t.device.computes_on is Device.CPU for t in here)  # interleave_candidates: CPU and edge targets
-        level = cpu_features().level  # a CPU target naming a poorer ISA gets a capped re-measure of its own
-        capped = len({t.isa for t in here if t.device is Device.CPU and t.isa is not None and richer(level, t.isa)})
+        capped = len(self.poorer_isas()) if cappable else 0  # a poorer ISA's target gets a capped re-measure of its own
         return racing.finish_estimate(self.rounds, len(here), contenders, self.axes, remeasured, self.remeasure_turn(),
                                       capped) - self.closing()
 
-    def reserves(self, contenders: int) -> dict[str, float]:
-        """What each stage after screening is planned to take, for ``contenders`` variants that could be re-measured."""
-        return {"re-measure": self.remeasure_reserve(contenders), "scaling": self.scaling_reserve(contenders),
+    def reserves(self, contenders: int, cappable: bool = True) -> dict[str, float]:
+        """What each stage after screening is planned to take, for ``contenders`` variants that could be re-measured
+        (``cappable``: one of them runs on a runtime a poorer target's ISA can be imposed on)."""
+        return {"re-measure": self.remeasure_reserve(contenders, cappable), "scaling": self.scaling_reserve(contenders),
                 "capacity": self.capacity_reserve(), "closing": self.closing()}
 
     def instance_reserve(self, contenders: int, capacity: bool = True) -> float:
@@ -166,11 +177,11 @@ class Budget:
         left = {"capacity": self.left_before("closing"), "closing": self.seconds - self.elapsed()}.get(stage)
         return time.time() + (left if left is not None else self.left_before("capacity"))
 
-    def fits(self, units: list, contenders: int, original: str) -> int:
+    def fits(self, units: list, contenders: int, original: str, cappable: bool = True) -> int:
         """How many of ``units`` (in order) fit the budget with every later stage's reserve kept: each costs what it
         took in an earlier run on this CPU, else this run's average so far (plus a compile for torch.compile); a round
         that does not fit whole is cut short rather than skipped. ``contenders``: variants measured so far that could be
-        re-measured."""
+        re-measured; ``cappable``: one of them, or of ``units``, runs on a runtime an ISA cap applies to."""
         if self.seconds is None:
             return len(units)
         learned = racing.learned_seconds(self.family, cpu_features())
@@ -178,7 +189,8 @@ class Budget:
         total = 0.0
         for count, u in enumerate(units, 1):
             total += racing.expected_seconds(u.variant, learned, average, scale)
-            if self.elapsed() + total + sum(self.reserves(contenders + count).values()) > self.seconds:
+            cappable = cappable or self.cappable(u.variant.runtime)
+            if self.elapsed() + total + sum(self.reserves(contenders + count, cappable).values()) > self.seconds:
                 return count - 1
         return len(units)
 
@@ -194,11 +206,11 @@ class Budget:
         return min(most, left) if left >= min(most, racing.DUEL_MIN_SECONDS) else None
 
     # ------------------------------------------------------------------------------------------------ the plan
-    def plan(self, contenders: int) -> BudgetPlan | None:
+    def plan(self, contenders: int, cappable: bool = True) -> BudgetPlan | None:
         """The plan as it stands (the reserves for ``contenders``) beside what each stage used and skipped."""
         if self.seconds is None:
             return None
-        reserves = self.reserves(contenders)
+        reserves = self.reserves(contenders, cappable)
         planned = {"original": self.used.get("original", 0.0), **reserves}
         planned["screening"] = max(0.0, self.seconds - sum(planned.values()))
         return BudgetPlan(seconds=self.seconds, label=self.label or "", batch_call_s=round(self.batch_call_seconds(), 4),

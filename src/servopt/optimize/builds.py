@@ -229,7 +229,7 @@ class SweepBuilds:
         size = max(1, len(units)) if self.distributed else BUILD_ROUND
         i = 0
         while i < len(units):
-            fit = self.budget.fits(units[i:i + size], self.contenders(), self.original.name)
+            fit = self.budget.fits(units[i:i + size], self.contenders(), self.original.name, self.cappable())
             if fit == 0 and units[i].variant.is_baseline:
                 fit = 1  # the baseline alone, whatever the budget: every ratio, the race and the report compare with it
             if fit == 0:  # this one does not fit what is left; a cheaper one further down the order may

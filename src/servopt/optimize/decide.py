@@ -44,6 +44,7 @@ from servopt.optimize.noise import (
     duel_lead,
     gap,
     interval,
+    points_apart,
     rounds_won,
     surely_ahead_side_by_side,
 )
@@ -584,6 +585,13 @@ def pareto_front(records: list[Record], ref: Record | None, family: Family) -> l
     return [n for n, p in pts if not any(dominates(q, p) for _, q in pts)]
 
 
+def _far_behind(t: Target, lead: Verdict, v: Verdict, by_name: dict[str, Record]) -> bool:
+    """The leader's point figures ahead of ``v``'s by more than the drift between two moments of this machine on every
+    speed figure ``t`` uses: a figure timed briefly under load can have an interval too wide to rule anything out
+    (PyTorch eager's p50 over 10 calls on a loaded machine: 15-261 ms), its point still says it cannot be the pick."""
+    return all(points_apart(d, by_name[lead.variant], by_name[v.variant]) > SELECTION_DRIFT for d in speed_dims(t))
+
+
 def interleave_candidates(targets: list[Target], records: list[Record], ref: Record | None, family: Family,
                           per_target: int = 3) -> list[str]:
     """Per target computing on a CPU (a server CPU's, and an edge device's whose figures rank its candidates here):
@@ -605,10 +613,11 @@ def interleave_candidates(targets: list[Target], records: list[Record], ref: Rec
             continue
         lead = ranked[0]
         peers = [v for v in ranked if v.passes == lead.passes and _no_worse_fixed(v, lead)]
-        near = [v for v in peers if v is lead or not any(
-            surely_ahead(d, lead, v, by_name, None, SELECTION_DRIFT) for d in speed_dims(t))]
+        near = [v for v in peers if v is lead or not (_far_behind(t, lead, v, by_name) or any(
+            surely_ahead(d, lead, v, by_name, None, SELECTION_DRIFT) for d in speed_dims(t)))]
         simplest = sorted(near, key=lambda v: simplicity(by_name[v.variant]))
-        within = [v for v in ranked if not all(surely_ahead(d, lead, v, by_name, None) for d in speed_dims(t))]
+        within = [v for v in ranked if not _far_behind(t, lead, v, by_name)
+                  and not all(surely_ahead(d, lead, v, by_name, None) for d in speed_dims(t))]
         ordered = list(dict.fromkeys(v.variant for v in [lead, *simplest, *within]))
         for name in ordered[:per_target]:
             if name not in chosen:

@@ -14,6 +14,8 @@ tie, a duel (``bench.duel``: turns every few tens of milliseconds) settles it, a
 
 from __future__ import annotations
 
+import math
+
 from servopt.contracts import Duel, Record, SideBySide
 
 # Two measurements of the same variant at two moments of this shared machine differed by up to this factor on top of
@@ -62,6 +64,14 @@ def point(rec: Record, what: str) -> tuple[float, float]:
     """A speed figure as a zero-width interval (pessimistic end, optimistic end)."""
     x = rec.p50_ms if what == "p50_ms" else rec.batch_ips
     return float(x or 0.0), float(x or 0.0)
+
+
+def points_apart(what: str, a: Record, b: Record) -> float:
+    """How many times ``a``'s point figure is better than ``b``'s (below 1: worse; inf where ``b`` has none)."""
+    fa, fb = point(a, what)[0], point(b, what)[0]
+    if not fa or not fb:
+        return math.inf if fa and not fb else 0.0
+    return fb / fa if what == "p50_ms" else fa / fb
 
 
 def clears(what: str, a: tuple[float, float], b: tuple[float, float]) -> bool:

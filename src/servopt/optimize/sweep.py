@@ -97,8 +97,9 @@ def reference_protocol(racing: bool = True) -> Protocol:
     base = sweep_protocol(racing)
     if not racing:
         return base
-    return base.model_copy(update={"warmup": 1, "min_runs": 10, "min_seconds": 0.2, "batch_min_runs": 3,
-                                   "batch_min_seconds": 0.0})
+    # the batch phase shortened (its calls are the original's costly ones: seconds each for eager at batch 32 on a slow
+    # machine); the single-sample phase kept (30 calls of tens of ms: ten left its p50's interval 18x wide under load)
+    return base.model_copy(update={"batch_min_runs": 3, "batch_min_seconds": 0.0})
 
 
 def interleave_protocol() -> Protocol:
@@ -286,10 +287,18 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance):
     def elapsed(self) -> float:
         return self.budget.elapsed()
 
+    def _contending(self) -> list[Record]:
+        return [r for r in self.records.values()
+                if r.status == "ok" and bool(r.phases) and r.name not in (self.original.name, self.baseline.name)]
+
     def contenders(self) -> int:
         """Variants measured so far that the finish could re-measure (the original and the baseline aside)."""
-        return sum(r.status == "ok" and bool(r.phases) and r.name not in (self.original.name, self.baseline.name)
-                   for r in self.records.values())
+        return len(self._contending())
+
+    def cappable(self) -> bool:
+        """Whether one of them runs on a runtime a poorer target's instruction set can be imposed on (oneDNN, ATen):
+        only then does the finish re-measure it capped."""
+        return any(self.budget.cappable(r.runtime) for r in self._contending())
 
     # ------------------------------------------------------------------------------------------------ the run
     def run(self) -> Summary:
@@ -496,7 +505,7 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance):
             counts={s: sum(r.status == s for r in records) for s in ("ok", "failed", "skipped")},
             environment=environment(libraries=all_libraries()), kinds=by_kind, problems=self.problems,
             not_tried=self.not_tried, racing=self.racing, budget_s=self.settings.budget_seconds, wall_s=round(self.elapsed(), 1),
-            budget=self.budget.plan(self.contenders()),
+            budget=self.budget.plan(self.contenders(), self.cappable()),
             reused=self.reused, load_ips=self.settings.load_ips, interrupted=interrupted)
         write_json_atomic(self.dir.summary, summary)
         if interrupted:  # no profile, no history: a stopped run measures nothing more and teaches nothing
@@ -515,7 +524,7 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance):
             from servopt.optimize.report import write_reports
 
             self.progress.step("writing the report")
-            summary = summary.model_copy(update={"budget": self.budget.plan(self.contenders())})  # with the profiles' time
+            summary = summary.model_copy(update={"budget": self.budget.plan(self.contenders(), self.cappable())})  # with the profiles' time
             write_json_atomic(self.dir.summary, summary)
             write_reports(self.out, summary, records)
         return summary
