@@ -101,10 +101,14 @@ def test_alternating_ratios_are_medians_of_per_round_ratios_scaled_to_the_anchor
 
 
 @pytest.mark.slow
-def test_a_variant_in_its_own_environment_is_compared_process_by_process(tmp_path):
+def test_a_variant_in_its_own_environment_is_compared_process_by_process(tmp_path, monkeypatch):
     """The sweep cannot run the OpenVINO EP in its interleaved process: it is re-measured alternately with the baseline
     and decided on like any other candidate."""
-    from conftest import channel_mean_onnx
+    from servopt.optimize import sweep
+
+    # On an 8x8 model the EP's per-call overhead puts it surely behind ORT on every figure (0.02 against 0.01 ms), and
+    # such a variant is rightly no re-measure candidate; this test is about how one is re-measured, so both are.
+    monkeypatch.setattr(sweep, "interleave_candidates", lambda targets, records, *a, **k: [r.name for r in records])
 
     model = channel_mean_onnx(tmp_path / "m.onnx", size=8)
     out = tmp_path / "run"
