@@ -283,9 +283,6 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
         quick=quick, peers=[results[n] for n in dict.fromkeys(peers)],
         environment=pick_m.environment if pick_m else None)
     write_json_atomic(run.compare, comparison)
-    from servopt.optimize.report import write_reports
-
-    write_reports(out, summary, records)
     return comparison
 
 
