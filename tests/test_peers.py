@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 from servopt import registry
 from servopt.bench.jobs import MeasureJob, OpenSpec
 from servopt.bench.protocol import Protocol
-from servopt.contracts import Artifact, Comparison, Interference, Latency, Measured, Throughput
+from servopt.contracts import Artifact, Interference, Latency, Measured, Throughput
 from servopt.peers.base import PEERS
+from servopt.peers.contracts import Comparison
 from servopt.peers.runner import coverage, ratio_interval, ratios, round_order, run_rounds
 from servopt.peers.scenario import SCENARIOS
 

@@ -135,7 +135,7 @@ def test_a_new_int8_pass_needs_no_edit_in_the_report(run_v1):
 def test_the_comparison_section_shows_every_figure_the_peers_have_even_one_it_has_no_label_for():
     """The texts scenarios came as one file each; the report's labels did not know their figures and dropped them from
     the section (they were in compare.json and the terminal only)."""
-    from servopt.contracts import Comparison, PeerRatio, PeerResult
+    from servopt.peers.contracts import Comparison, PeerRatio, PeerResult
     from servopt.report.compare import markdown
 
     def ratio(metric: str, better: str) -> PeerRatio:
