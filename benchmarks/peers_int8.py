@@ -21,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-from servopt.contracts import Comparison, PeerRatio, PeerResult
+from servopt.peers.contracts import Comparison, PeerRatio, PeerResult
 
 DEFAULT_PEERS = "optimum,olive,nncf,neural-compressor"
 AIM_THROUGHPUT = 1.1  # pick ÷ best peer within tolerance, offline throughput: at least this (issue 15)

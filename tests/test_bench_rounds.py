@@ -87,7 +87,7 @@ def test_the_side_by_side_re_measure_takes_turns_and_gives_its_ratios_intervals(
     from servopt.bench.stats import Z95, median_interval
     from servopt.contracts import Artifact, Interference, Latency, Phase
     from servopt.data.dataset import Dataset
-    from servopt.optimize.remeasure_report import interleave_rows
+    from servopt.report.remeasure import interleave_rows
 
     order: list[str] = []
     speed = {"ref": 10.0, "a": 5.0, "b": 20.0}

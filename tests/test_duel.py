@@ -239,7 +239,7 @@ def test_where_a_duel_and_the_rounds_disagree_one_decides_and_the_report_says_wh
     alike (INT8 against fp32): the rounds do — here a tie, so the simpler fp32 is picked — and the reason and the
     report's duel table say so. Two alike models (one precision, one size) keep the duel's verdict."""
     from servopt.optimize.decide import duel_decides
-    from servopt.optimize.remeasure_report import duel_rows
+    from servopt.report.remeasure import duel_rows
 
     ref = rec("ort-fp32", 5.0, 200)
     int8 = _int8("ort-int8-static-qop-u8u8-rr", 205, ["ort-quantize-static"], p50=4.8)

@@ -23,7 +23,7 @@ from servopt.errors import UserError
 from servopt.families import family_of
 from servopt.families.metrics import agreement
 from servopt.models.sources import load_model
-from servopt.optimize.data_report import data_lines
+from servopt.report.data import data_lines
 
 runner = CliRunner()
 RGB = {"red": (220, 20, 20), "green": (20, 220, 20), "blue": (20, 20, 220)}

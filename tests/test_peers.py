@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 from servopt import registry
 from servopt.bench.jobs import MeasureJob, OpenSpec
 from servopt.bench.protocol import Protocol
-from servopt.contracts import Artifact, Comparison, Interference, Latency, Measured, Throughput
+from servopt.contracts import Artifact, Interference, Latency, Measured, Throughput
 from servopt.peers.base import PEERS
+from servopt.peers.contracts import Comparison
 from servopt.peers.runner import coverage, ratio_interval, ratios, round_order, run_rounds
 from servopt.peers.scenario import SCENARIOS
 
@@ -280,6 +281,9 @@ def test_compare_serves_the_pick_and_a_serving_peer_in_turns(tiny_run, served_pe
     assert copy.configuration["isa"] == "avx2", "a peer builds for the compared target's instruction set (cpu-server's)"
     never = by["server-never-up"]
     assert never.status == "failed" and "did not start" in never.why and "port 1 is not ours" in never.why
+    from servopt.report import write_reports
+
+    write_reports(tiny_run)  # as servopt compare does once the comparison returns: only commands render
     assert "served requests/s" in (tiny_run / "report.md").read_text()
     rounds = sorted((tiny_run / "work" / "compare" / "served").iterdir())
     assert [r.name for r in rounds] == ["served-copy", "server-never-up", "servopt:ort-fp32"]

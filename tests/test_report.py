@@ -1,6 +1,7 @@
-"""The report is split by responsibility (templates, charts, one module per section) behind one entry point,
-``write_reports``; what an INT8 variant did to keep its accuracy is said by the passes that built it, so a new pass
-needs no edit in the report."""
+"""The report is a layer of its own (``servopt/report``): one module per section, each registered under the name the
+templates read, the charts, how a figure is written, the templates, behind one entry point the commands call,
+``write_reports(run_dir)``; what an INT8 variant did to keep its accuracy is said by the passes that built it, so a new
+pass needs no edit in the report."""
 
 from __future__ import annotations
 
@@ -10,35 +11,42 @@ import tomllib
 from pathlib import Path
 
 from servopt.contracts import ChainStep, Record
-from servopt.optimize import report
 from servopt.optimize.rundir import load_run
 from servopt.passes.base import PASSES, Pass, PassParams
+from servopt.report import render
 
 ROOT = Path(__file__).parents[1]
 # Each part of the report where its name says (module: the builder it owns).
-SECTIONS = {"verdicts_report": "verdict_rows", "variants_report": "variant_rows", "int8_report": "int8_rows",
-            "remeasure_report": "interleave_rows", "prices_report": "price_section", "race_report": "race_section",
-            "data_report": "grid_table", "instance_report": "instance_section", "compare_report": "with_markdown",
-            "charts": "variant_charts", "report_format": "figure"}
+SECTIONS = {"verdicts": "verdict_rows", "variants": "variant_rows", "int8": "int8_rows", "remeasure": "interleave_rows",
+            "prices": "price_section", "race": "race_section", "data": "grid_table", "instance": "instance_section",
+            "compare": "with_markdown", "budget": "budget_section", "charts": "variant_charts", "formats": "figure"}
 
 
 def test_the_report_is_split_by_responsibility():
     for module, builder in SECTIONS.items():
-        assert callable(getattr(importlib.import_module(f"servopt.optimize.{module}"), builder)), f"{module}.{builder}"
-    assert callable(importlib.import_module("servopt.optimize.charts").instance_charts), "every chart in one module"
-    entry = Path(report.__file__).read_text()
-    for foreign in ("<html", "<table", "import matplotlib", "@dataclass", "| variant |"):
-        assert foreign not in entry, f"report.py is the entry point only; {foreign!r} belongs in a template or a section"
-    assert report.template("report.md.j2").startswith("# servopt report: {{ model }}")
-    assert report.template("report.html.j2").startswith("<!doctype html>")
+        assert callable(getattr(importlib.import_module(f"servopt.report.{module}"), builder)), f"{module}.{builder}"
+    assert callable(importlib.import_module("servopt.report.charts").instance_charts), "every chart in one module"
+    entry = Path(render.__file__).read_text()
+    for foreign in ("<html", "<table", "import matplotlib", "@dataclass", "| variant |", "@section"):
+        assert foreign not in entry, f"render.py renders only; {foreign!r} belongs in a template or a section"
+    assert render.template("report.md.j2").startswith("# servopt report: {{ model }}")
+    assert render.template("report.html.j2").startswith("<!doctype html>")
     # the templates ship in the wheel
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["servopt"]
-    for t in (Path(report.__file__).parent / "templates").iterdir():
-        assert any(fnmatch.fnmatch(f"optimize/templates/{t.name}", g) for g in globs), f"{t.name} is not package data"
-    # the builders the commands print from are still where they imported them
-    for name in ("grid_table", "interleave_rows", "pareto_marks", "price_section", "race_section", "references_by_kind",
-                 "variant_rows", "verdict_rows", "write_reports"):
-        assert callable(getattr(report, name)), name
+    for t in (Path(render.__file__).parent / "templates").iterdir():
+        assert any(fnmatch.fnmatch(f"report/templates/{t.name}", g) for g in globs), f"{t.name} is not package data"
+
+
+def test_every_name_the_templates_read_is_a_registered_section():
+    """A new section is one module in report/ (its ``@section`` registers it) plus a line in each template: every name
+    a template reads is a registered section (or the HTML's charts), and every section is read by a template."""
+    from jinja2 import Environment, meta
+
+    sections = set(render.register_sections())
+    read = {name: meta.find_undeclared_variables(Environment().parse(render.template(name)))
+            for name in ("report.md.j2", "report.html.j2")}
+    assert read["report.md.j2"] <= sections and read["report.html.j2"] <= sections | {"charts"}, read
+    assert sections <= read["report.md.j2"] | read["report.html.j2"], "a registered section no template reads"
 
 
 E = ChainStep(pass_name="export-onnx", params={"opset": 18})
@@ -79,7 +87,7 @@ CASES = [
 def _int8_table(out: Path, records: list[Record]) -> dict[str, str]:
     summary, _ = load_run(out)
     assert summary is not None
-    report.write_reports(out, summary, records)
+    render.render(out, summary, records)
     md = (out / "report.md").read_text().split("## INT8: points lost and what recovered them\n", 1)[1]
     rows = [line.split(" | ") for line in md.split("\n\n", 1)[0].splitlines()[2:]]
     return {cells[0].lstrip("| "): cells[-1].rstrip(" |") for cells in rows}
@@ -127,8 +135,8 @@ def test_a_new_int8_pass_needs_no_edit_in_the_report(run_v1):
 def test_the_comparison_section_shows_every_figure_the_peers_have_even_one_it_has_no_label_for():
     """The texts scenarios came as one file each; the report's labels did not know their figures and dropped them from
     the section (they were in compare.json and the terminal only)."""
-    from servopt.contracts import Comparison, PeerRatio, PeerResult
-    from servopt.optimize.compare_report import markdown
+    from servopt.peers.contracts import Comparison, PeerRatio, PeerResult
+    from servopt.report.compare import markdown
 
     def ratio(metric: str, better: str) -> PeerRatio:
         return PeerRatio(metric=metric, scenario=metric, better=better, ratio=0.4, low=0.35, high=0.45, confidence=0.75,

@@ -79,7 +79,7 @@ def bench(
                                  on_progress=lambda m: status.update(m))
         print_results(report.results, console=console, family=family)
         if any(r.grid for r in report.results):
-            from servopt.optimize.report import grid_table
+            from servopt.report.data import grid_table
 
             table = grid_table(report.results)
             console.print("throughput by batch×length (samples/s): " + "; ".join(

@@ -25,9 +25,9 @@ def compare(
     measurement, the order flipped each round), write compare.json and the report's comparison section."""
 
     def go() -> None:
-        from servopt.optimize.compare_report import METRICS, metrics_of, ratio_text
         from servopt.peers.base import PEERS
         from servopt.peers.compare import compare as run_compare
+        from servopt.report.compare import METRICS, metrics_of, ratio_text
 
         if list_peers:
             for name in PEERS.names():
@@ -37,6 +37,9 @@ def compare(
         names = [p.strip() for p in peers.split(",") if p.strip()]
         result = run_compare(run_dir, names, target=target, rounds=rounds, quick=quick,
                              progress=lambda m: console.print(f"[dim]{escape(m)}[/dim]"))
+        from servopt.report import write_reports
+
+        write_reports(run_dir)  # the run's report, with the comparison's section
         table = Table(title=f"against servopt's pick {result.pick} for {result.target} (peer ÷ pick, median of "
                             f"{result.rounds} rounds, interval)")
         metrics = metrics_of(result)  # the report's columns and words: one table of labels

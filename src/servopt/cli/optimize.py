@@ -66,16 +66,13 @@ RayOpt = Annotated[str | None, typer.Option(
 
 def print_summary(summary, records) -> None:
     from servopt.families import family_of
-    from servopt.optimize.report import (
-        interleave_rows,
-        pareto_marks,
-        price_section,
-        race_section,
-        references_by_kind,
-        variant_rows,
-        verdict_rows,
-    )
     from servopt.optimize.rundir import load_config
+    from servopt.report.prices import price_section
+    from servopt.report.race import race_section
+    from servopt.report.remeasure import interleave_rows
+    from servopt.report.sections import pareto_marks, references_by_kind
+    from servopt.report.variants import variant_rows
+    from servopt.report.verdicts import verdict_rows
 
     if summary.interrupted:
         console.print("[bold yellow]INTERRUPTED: the best answer from what was measured before the stop; rerun the same "
@@ -280,6 +277,9 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
                 summary = run.run()
         else:
             summary = run.run()
+    from servopt.report import write_reports
+
+    write_reports(run.out)  # only commands render: the sweep returns its results (an interrupted run's too)
     if json_out:
         print(summary.model_dump_json(by_alias=True))
     elif not quiet:
@@ -355,13 +355,11 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run directory of serv
     """Re-render report.html and report.md from the stored results (reads only: nothing is measured)."""
 
     def go() -> None:
-        from servopt.optimize.report import write_reports
         from servopt.optimize.rundir import load_run
+        from servopt.report import write_reports
 
+        write_reports(run_dir)
         summary, records = load_run(run_dir)
-        if summary is None:
-            raise UserError(f"{run_dir} has results but no summary.json (the run did not finish)", fix="rerun the optimize command")
-        write_reports(run_dir, summary, records)
         print_summary(summary, records)
         console.print(f"report: {run_dir / 'report.html'}")
 

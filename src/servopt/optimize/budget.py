@@ -174,7 +174,9 @@ class Budget:
         min of a 10-minute budget): the deadline is what makes the budget bind. None without a budget."""
         if self.seconds is None:
             return None
-        left = {"capacity": self.left_before("closing"), "closing": self.seconds - self.elapsed()}.get(stage)
+        # a profile ends where the report's own seconds begin: the command renders it once the sweep returns
+        report = racing.closing_seconds(0)
+        left = {"capacity": self.left_before("closing"), "closing": self.seconds - self.elapsed() - report}.get(stage)
         return time.time() + (left if left is not None else self.left_before("capacity"))
 
     def fits(self, units: list, contenders: int, original: str, cappable: bool = True) -> int:

@@ -509,9 +509,6 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance):
             reused=self.reused, load_ips=self.settings.load_ips, interrupted=interrupted)
         write_json_atomic(self.dir.summary, summary)
         if interrupted:  # no profile, no history: a stopped run measures nothing more and teaches nothing
-            from servopt.optimize.report import write_reports
-
-            write_reports(self.out, summary, records)
             return summary
 
         def profile(kind: str | None) -> None:
@@ -521,10 +518,6 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance):
         with self.budget.stage("closing"):
             self._per_kind(profile, self.kinds)
             racing.remember(self.family.name, cpu_features(), records, self.baseline.name, self.budget.spent)
-            from servopt.optimize.report import write_reports
-
-            self.progress.step("writing the report")
-            summary = summary.model_copy(update={"budget": self.budget.plan(self.contenders(), self.cappable())})  # with the profiles' time
-            write_json_atomic(self.dir.summary, summary)
-            write_reports(self.out, summary, records)
+        summary = summary.model_copy(update={"budget": self.budget.plan(self.contenders(), self.cappable())})  # with the profiles' time
+        write_json_atomic(self.dir.summary, summary)
         return summary

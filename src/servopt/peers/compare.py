@@ -19,11 +19,12 @@ from typing import Any
 
 from servopt.bench.jobs import JobBase, MeasureJob, OpenSpec
 from servopt.bench.protocol import Protocol
-from servopt.contracts import Artifact, Comparison, Measured, PeerResult, Record
+from servopt.contracts import Artifact, Measured, Record
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
 from servopt.optimize.rundir import RunConfig, RunDir, load_config, load_run
 from servopt.peers.base import PEERS, Peer, PeerAnswer, PeerInputs
+from servopt.peers.contracts import Comparison, PeerResult
 from servopt.peers.jobs import PeerBuildJob, PeerBuilt
 from servopt.peers.runner import Measure, launch_measure, ratios, run_rounds
 from servopt.peers.scenario import SCENARIOS, Scenario
@@ -283,9 +284,6 @@ def compare(out: Path, peers: list[str], *, target: str | None = None, rounds: i
         quick=quick, peers=[results[n] for n in dict.fromkeys(peers)],
         environment=pick_m.environment if pick_m else None)
     write_json_atomic(run.compare, comparison)
-    from servopt.optimize.report import write_reports
-
-    write_reports(out, summary, records)
     return comparison
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from servopt.bench.jobs import MeasureJob
 from servopt.bench.rounds import Rounds, coverage, ratio_interval, round_order, take_turns
-from servopt.contracts import Measured, PeerRatio
+from servopt.contracts import Measured
+from servopt.peers.contracts import PeerRatio
 from servopt.peers.scenario import Scenario
 
 __all__ = ["Measure", "Rounds", "coverage", "launch_measure", "ratio_interval", "ratios", "round_order", "run_rounds"]

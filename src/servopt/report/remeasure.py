@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from servopt.contracts import Interleaved, Record
 from servopt.optimize.decide import duel_decides
-from servopt.optimize.report_format import figure, machine_of
 from servopt.optimize.rundir import Summary
+from servopt.report.formats import figure, machine_of
+from servopt.report.sections import ReportInput, section
 
 
 @dataclass
@@ -110,3 +111,28 @@ def kind_sections(summary: Summary) -> list[KindSection]:
                         capped=[CappedTable(isa=isa, rounds=il.rounds, rows=interleave_rows(il)) for isa, il in k.capped.items()],
                         pareto=k.pareto_front)
             for k in summary.kinds]
+
+
+@section("interleaved")
+def _interleaved(r: ReportInput) -> list[RatioRow]:
+    return interleave_rows(r.summary.interleaved)
+
+
+@section("rounds")
+def _rounds(r: ReportInput) -> int | None:
+    return r.summary.interleaved.rounds if r.summary.interleaved else None
+
+
+@section("duels")
+def _duels(r: ReportInput) -> list[DuelRow]:
+    return duel_rows(r.summary.interleaved, r.records)
+
+
+@section("capped")
+def _capped(r: ReportInput) -> list[CappedTable]:
+    return capped_tables(r.summary)
+
+
+@section("kinds")
+def _kinds(r: ReportInput) -> list[KindSection]:
+    return kind_sections(r.summary)

@@ -11,10 +11,10 @@ import numpy as np
 
 from servopt.contracts import Capacity, Record
 from servopt.families.base import Family
-from servopt.optimize.instance_report import scaling_curves
-from servopt.optimize.report_format import label
 from servopt.optimize.rundir import Summary
 from servopt.optimize.scaling import band, why_not
+from servopt.report.formats import label
+from servopt.report.instance import scaling_curves
 
 
 def svg(fig) -> str:

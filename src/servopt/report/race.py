@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servopt.contracts import Record
-from servopt.optimize.report_format import label
 from servopt.optimize.rundir import LeftOut, Summary
+from servopt.report.formats import label
+from servopt.report.sections import ReportInput, section
 
 
 @dataclass
@@ -29,3 +30,8 @@ def race_section(summary: Summary, records: list[Record]) -> RaceSection | None:
             "noise for every target they could serve got no cold start nor side-by-side re-measure. `--full` measures "
             "everything in full (the same decisions, slower).") if summary.racing else f"A full sweep{wall}{budget}."
     return RaceSection(summary=text, screened=screened, not_tried=summary.not_tried)
+
+
+@section("race")
+def _race(r: ReportInput) -> RaceSection | None:
+    return race_section(r.summary, r.records)

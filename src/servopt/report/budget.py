@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servopt.optimize.rundir import Summary
+from servopt.report.sections import ReportInput, section
 
 
 @dataclass
@@ -35,3 +36,8 @@ def budget_section(summary: Summary) -> BudgetSection | None:
     rows = [BudgetRow(stage=s.stage, planned=f"{s.planned_s:.0f} s", used="–" if s.used_s is None else f"{s.used_s:.0f} s",
                       skipped=", ".join(s.skipped)) for s in plan.stages]
     return BudgetSection(summary=text, rows=rows)
+
+
+@section("budget")
+def _budget(r: ReportInput) -> BudgetSection | None:
+    return budget_section(r.summary)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from servopt.contracts import Comparison, PeerRatio, PeerResult
 from servopt.optimize.rundir import RunDir
+from servopt.peers.contracts import Comparison, PeerRatio, PeerResult
 
 TITLE = "Against the tools you would use instead"
 METRICS = {"p50_ms": "p50 (single request)", "throughput_ips": "throughput (offline batches)",

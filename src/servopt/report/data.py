@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servopt.contracts import Record
+from servopt.report.sections import ReportInput, section
 
 
 @dataclass
@@ -50,3 +51,13 @@ def data_lines(data: dict[str, Any]) -> list[str]:
     if data.get("outputs"):  # what the confident/unsure split read (issue 41)
         lines.append(f"outputs: {data['outputs']}")
     return lines
+
+
+@section("data")
+def _data(r: ReportInput) -> list[str]:
+    return data_lines(r.config.data) if r.config else []
+
+
+@section("grid")
+def _grid(r: ReportInput) -> GridTable | None:
+    return grid_table(r.records)

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servopt.cpu import richer
-from servopt.optimize.report_format import figure, machine_of
 from servopt.optimize.rundir import Summary
+from servopt.report.formats import figure, machine_of
+from servopt.report.sections import ReportInput, section
 
 
 @dataclass
@@ -87,3 +88,23 @@ def reused_line(summary: Summary) -> str | None:
         return None
     return (f"reused from an earlier run into this folder (the same variant, data, protocol, machine and library versions): "
             f"{len(summary.reused)} — {', '.join(summary.reused)}")
+
+
+@section("verdicts")
+def _verdicts(r: ReportInput) -> list[VerdictRow]:
+    return verdict_rows(r.summary)
+
+
+@section("machine")
+def _machine(r: ReportInput) -> str:
+    return machine_line(r.summary)
+
+
+@section("interrupted")
+def _interrupted(r: ReportInput) -> str | None:
+    return interrupted_banner(r.summary)
+
+
+@section("reused")
+def _reused(r: ReportInput) -> str | None:
+    return reused_line(r.summary)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from servopt.optimize.decide import Price
 from servopt.optimize.rundir import Summary
+from servopt.report.sections import ReportInput, section
 
 
 @dataclass
@@ -62,3 +63,8 @@ def price_section(summary: Summary, limit: int = 6) -> PriceSection | None:
         return None
     load = f"{summary.load_ips:g}/s" if summary.load_ips else "no load given (--load 500/s)"
     return PriceSection(rows=rows, notes=notes, load=load)
+
+
+@section("prices")
+def _prices(r: ReportInput) -> PriceSection | None:
+    return price_section(r.summary)

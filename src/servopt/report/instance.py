@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from servopt.contracts import Scaling
 from servopt.optimize.rundir import Summary
 from servopt.optimize.scaling import fit_usl, medians, noise_words, why_not
+from servopt.report.sections import ReportInput, section
 
 
 @dataclass
@@ -82,3 +83,8 @@ def instance_section(summary: Summary) -> InstanceSection | None:
 
 def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f} ms"
+
+
+@section("instance")
+def _instance(r: ReportInput) -> InstanceSection | None:
+    return instance_section(r.summary)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from servopt.contracts import Record
 from servopt.families.base import Family
-from servopt.optimize.report_format import figure, label, precision_of
-from servopt.optimize.rundir import Summary
+from servopt.report.formats import figure, label, precision_of
+from servopt.report.sections import ReportInput, section
 
 
 @dataclass
@@ -31,16 +31,6 @@ class VariantRow:
     precision: str
     notes: str
     description: str
-
-
-def pareto_marks(summary: Summary) -> set[tuple[str, str | None]]:
-    """(variant, kind) on a Pareto front: one machine's, or each kind of node's own."""
-    return {(n, None) for n in summary.pareto_front} | {(n, k.kind) for k in summary.kinds for n in k.pareto_front}
-
-
-def references_by_kind(records: list[Record], reference_name: str | None) -> dict[str | None, Record]:
-    """The original's record per kind of node (None: this machine): what each record's quality is judged against."""
-    return {r.measured_for: r for r in records if r.name == reference_name}
 
 
 def variant_rows(records: list[Record], reference: Record | None, pareto: set[tuple[str, str | None]], family: Family,
@@ -71,3 +61,25 @@ def variant_rows(records: list[Record], reference: Record | None, pareto: set[tu
             batch=figure(tp.batch if tp else None, "{:.0f}"), cold=figure(r.cold_start_s), rss=figure(r.peak_rss_mb, "{:.0f}"),
             precision=precision_of(r), notes=", ".join(notes), description=r.description))
     return rows
+
+
+def rows_of(r: ReportInput) -> list[VariantRow]:
+    """The "Every variant" table's rows, built once per report (the INT8 section reads them too)."""
+    if "rows" not in r.memo:
+        r.memo["rows"] = variant_rows(r.records, r.reference, r.marks, r.family, r.references)
+    return r.memo["rows"]
+
+
+@section("rows")
+def _rows(r: ReportInput) -> list[VariantRow]:
+    return rows_of(r)
+
+
+@section("pareto")
+def _pareto(r: ReportInput) -> list:
+    return r.summary.pareto_front
+
+
+@section("left_out")
+def _left_out(r: ReportInput) -> list:
+    return r.config.left_out if r.config else []

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from servopt.contracts import Record
-from servopt.optimize.report_format import label
-from servopt.optimize.variants_report import VariantRow
 from servopt.passes.base import PASSES
+from servopt.report.formats import label
+from servopt.report.sections import ReportInput, section
+from servopt.report.variants import VariantRow, rows_of
 
 
 def recovered_by(r: Record) -> str:
@@ -37,3 +38,13 @@ def int8_rows(rows: list[VariantRow], records: list[Record]) -> list[tuple[Varia
 def accuracy_search(records: list[Record]) -> dict[str, Any] | None:
     """The build report of an accuracy-aware search (its steps, scores and the layers kept in float), if one ran."""
     return next((r.build_report for r in records if r.status in ("ok", "failed") and r.build_report and "steps" in r.build_report), None)
+
+
+@section("int8")
+def _int8(r: ReportInput) -> list[tuple[VariantRow, str]]:
+    return int8_rows(rows_of(r), r.records)
+
+
+@section("search")
+def _search(r: ReportInput) -> dict[str, Any] | None:
+    return accuracy_search(r.records)
