@@ -357,6 +357,7 @@ def test_a_ray_executor_stopped_cancels_its_tasks_and_submits_nothing_more():
         ray.shutdown()
 
 
+@pytest.mark.isa
 def test_a_hopeless_refinement_ladder_tries_its_cheap_rungs_and_skips_its_searches(monkeypatch):
     """Plain INT8 loses 10 points, and two cheap rungs still 5 (5× the 1 tolerated): the calibration search and the
     accuracy-aware search (minutes each) are listed as not built, with why; every cheap rung is still tried."""
