@@ -311,10 +311,10 @@ def test_a_signal_stops_every_job_writes_an_interrupted_summary_and_a_rerun_fini
 def test_a_build_past_the_budget_is_listed_as_not_finished_and_a_larger_budget_builds_it(tmp_path, small, monkeypatch):
     """Builds started under --budget get its end as a deadline: here a deadline just after they start (a budget that
     runs out mid-build), so both builds are stopped: listed in not_tried, no failed record; the rerun builds them."""
-    from servopt.optimize.sweep import Sweep
+    from servopt.optimize.budget import Budget
 
-    real = Sweep.deadline
-    monkeypatch.setattr(Sweep, "deadline", lambda self, v: None if real(self, v) is None else time.time() + 0.3)
+    real = Budget.deadline
+    monkeypatch.setattr(Budget, "deadline", lambda self, v: None if real(self, v) is None else time.time() + 0.3)
     out = tmp_path / "run"
     variants = ["ort-fp32", "ort-offline-all", "ort-int8-static-qop-u8s8"]
     cmd = _cmd(small, out, "--quiet", "--budget", "1h")
@@ -326,7 +326,7 @@ def test_a_build_past_the_budget_is_listed_as_not_finished_and_a_larger_budget_b
     assert set(why) == {"ort-offline-all", "ort-int8-static-qop-u8s8"}, why
     assert all(w.startswith("not finished: stopped at the time budget's end") and "--budget" in w for w in why.values()), why
     assert [r["name"] for r in _results(out)] == ["ort-fp32"], "no failed record a resume would trust"
-    monkeypatch.setattr(Sweep, "deadline", real)
+    monkeypatch.setattr(Budget, "deadline", real)
     result = runner.invoke(app, cmd)
     assert result.exit_code == 0, result.output
     assert sorted(r["name"] for r in _results(out)) == sorted(variants)
