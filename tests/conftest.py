@@ -51,6 +51,76 @@ class TinyNet:
         ).eval()
 
 
+def digit_net():
+    """A small CNN for the 16×16 digits (trained by the ``trained`` fixture)."""
+    import torch
+
+    class DigitNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+            self.conv2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+            self.conv3 = torch.nn.Conv2d(32, 32, 3, stride=2, padding=1)
+            self.fc = torch.nn.Linear(32, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.relu(self.conv1(x))
+            x = torch.relu(self.conv2(x))
+            x = torch.relu(self.conv3(x))
+            return self.fc(x.mean((2, 3)))
+
+    return DigitNet()
+
+
+# The digits and the model trained on them are the session's: tests/test_optimize.py, test_ray_sweep.py and
+# test_interrupt.py share them (defined in a test module and imported by another, a fixture is set up once per module
+# that holds it: the training ran twice, about 30 s each on a Zen 4).
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory) -> Path:
+    from servopt.demo import make_digits_folder
+
+    return make_digits_folder(tmp_path_factory.mktemp("digits"))
+
+
+@pytest.fixture(scope="session")
+def trained(digits, tmp_path_factory) -> dict:
+    """A small CNN trained on the digits (16×16), exported to ONNX, with an INT8-hostile outlier channel.
+
+    Channels 0-3 of conv1 are scaled ×200 and conv2's weights from them ÷200: ReLU is positively homogeneous, so the float
+    model computes the same function, but per-tensor activation quantization of conv1's output loses the other channels.
+    """
+    import torch
+
+    from servopt.data.dataset import load_image_folder
+    from servopt.data.preprocess import Preprocess
+
+    pp16 = Preprocess(resize=16, crop=16)
+    torch.manual_seed(0)
+    train = load_image_folder(digits, "training", pp16)
+    x, y = torch.from_numpy(train.inputs["input"]), torch.from_numpy(train.labels)
+    net = digit_net()
+    opt = torch.optim.Adam(net.parameters(), 3e-3)
+    for _ in range(12):
+        perm = torch.randperm(len(x))
+        for i in range(0, len(x), 64):
+            idx = perm[i:i + 64]
+            loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    net.eval()
+    with torch.no_grad():
+        net.conv1.weight[:4] *= 200
+        net.conv1.bias[:4] *= 200
+        net.conv2.weight[:, :4] /= 200
+    out = tmp_path_factory.mktemp("trained")
+    path = out / "digitnet.onnx"
+    torch.onnx.export(net, (x[:1],), str(path), dynamo=False, input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
+    val = load_image_folder(digits, "validation", pp16)
+    return {"path": path, "val": val, "eval": load_image_folder(digits, "evaluation", pp16), "net": net}
+
+
 @pytest.fixture
 def tiny_module():
     return TinyNet.build()

@@ -198,16 +198,15 @@ class _Net(torch.nn.Module):
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory) -> dict:
-    """An untrained 16×16 CNN (its speed and its builds are what these tests need, not its accuracy) and the digits."""
-    from servopt.demo import make_digits_folder
-
+def small(tmp_path_factory, digits) -> dict:
+    """An untrained 16×16 CNN (its speed and its builds are what these tests need, not its accuracy) and the digits
+    (the session's: conftest)."""
     root = tmp_path_factory.mktemp("interrupt")
     torch.manual_seed(0)
     path = root / "net.onnx"
     torch.onnx.export(_Net().eval(), (torch.zeros(1, 3, 16, 16),), str(path), dynamo=False, input_names=["input"],
                       output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
-    return {"path": path, "digits": make_digits_folder(root / "digits")}
+    return {"path": path, "digits": digits}
 
 
 VARIANTS = ["ort-fp32", "ort-offline-all", "ort-int8-static-qop-u8s8", "ort-int8-static-qdq"]

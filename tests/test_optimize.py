@@ -18,8 +18,7 @@ from typer.testing import CliRunner
 from conftest import no_budget
 from servopt.cli import app
 from servopt.contracts import Accuracy, ClassificationQuality, Environment, Latency, Record, Throughput
-from servopt.data.dataset import Dataset, load_image_folder
-from servopt.data.preprocess import Preprocess
+from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families import FAMILIES
 from servopt.models.sources import load_model
@@ -29,62 +28,6 @@ from servopt.passes import BuildContext, build_chain, source_artifact
 from servopt.runtimes import open_session
 
 runner = CliRunner()
-PP16 = Preprocess(resize=16, crop=16)
-
-
-class DigitNet(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
-        self.conv2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
-        self.conv3 = torch.nn.Conv2d(32, 32, 3, stride=2, padding=1)
-        self.fc = torch.nn.Linear(32, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.conv1(x))
-        x = torch.relu(self.conv2(x))
-        x = torch.relu(self.conv3(x))
-        return self.fc(x.mean((2, 3)))
-
-
-@pytest.fixture(scope="session")
-def digits(tmp_path_factory) -> Path:
-    from servopt.demo import make_digits_folder
-
-    return make_digits_folder(tmp_path_factory.mktemp("digits"))
-
-
-@pytest.fixture(scope="session")
-def trained(digits, tmp_path_factory) -> dict:
-    """A small CNN trained on the digits (16×16), exported to ONNX, with an INT8-hostile outlier channel.
-
-    Channels 0-3 of conv1 are scaled ×200 and conv2's weights from them ÷200: ReLU is positively homogeneous, so the float
-    model computes the same function, but per-tensor activation quantization of conv1's output loses the other channels.
-    """
-    torch.manual_seed(0)
-    train = load_image_folder(digits, "training", PP16)
-    x, y = torch.from_numpy(train.inputs["input"]), torch.from_numpy(train.labels)
-    net = DigitNet()
-    opt = torch.optim.Adam(net.parameters(), 3e-3)
-    for _ in range(12):
-        perm = torch.randperm(len(x))
-        for i in range(0, len(x), 64):
-            idx = perm[i:i + 64]
-            loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    net.eval()
-    with torch.no_grad():
-        net.conv1.weight[:4] *= 200
-        net.conv1.bias[:4] *= 200
-        net.conv2.weight[:, :4] /= 200
-    out = tmp_path_factory.mktemp("trained")
-    path = out / "digitnet.onnx"
-    torch.onnx.export(net, (x[:1],), str(path), dynamo=False, input_names=["input"], output_names=["logits"],
-                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
-    val = load_image_folder(digits, "validation", PP16)
-    return {"path": path, "val": val, "eval": load_image_folder(digits, "evaluation", PP16), "net": net}
 
 
 def _accuracy(path: str, data: Dataset) -> float:
