@@ -323,9 +323,21 @@ def test_a_target_naming_resources_no_node_has_is_refused(cluster, trained, digi
     assert """--resources '{"servopt_slot": 1, "arm-a76": 1}'""" in message
 
 
+def _measuring(proc) -> bool:
+    """Whether a job process has ONNX Runtime loaded: it is measuring, so it is past ``runjob.main``'s first lines,
+    where it arms its death with its worker (``die_with_parent``). A strike before that, during Python's start-up, is
+    noticed only when the job arms (it exits then): on a loaded machine that took longer than the 0.5 s the tests allow
+    an orphan, and the test failed with no orphan ever measuring (issue 40). Linux's /proc, as PR_SET_PDEATHSIG is."""
+    try:
+        return "onnxruntime" in Path(f"/proc/{proc.pid}/maps").read_text()
+    except OSError:  # gone already
+        return False
+
+
 def _sweep_striking(cluster, model: Path, data: Path, targets_file, out: Path, strike) -> dict:
-    """Fault injection: run the sweep with ``--ray`` and call ``strike(job process)`` once, when the measurement of
-    ort-offline-all for the xeon node has started; the sweep must still finish. Returns what ``strike`` returned."""
+    """Fault injection: run the sweep with ``--ray`` and call ``strike(job process)`` once, while the measurement of
+    ort-offline-all for the xeon node runs (``_measuring``); the sweep must still finish. Returns what ``strike``
+    returned."""
     import psutil
 
     victim = str(out / "work" / "ort-offline-all" / "xeon-8480" / "measure" / "job.json")
@@ -337,7 +349,7 @@ def _sweep_striking(cluster, model: Path, data: Path, targets_file, out: Path, s
         deadline = time.time() + 400
         while struck is None and time.time() < deadline and driver.poll() is None:
             for proc in psutil.process_iter(["cmdline"]):
-                if victim in (proc.info["cmdline"] or []) and "servopt.runjob" in proc.info["cmdline"]:
+                if victim in (proc.info["cmdline"] or []) and "servopt.runjob" in proc.info["cmdline"] and _measuring(proc):
                     struck = strike(proc)
                     break
             time.sleep(0.05)
