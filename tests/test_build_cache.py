@@ -157,6 +157,7 @@ def test_a_record_of_another_machine_or_library_version_is_measured_again(model,
     assert {u.key for u in prepared().units} == {u.key for u in first.units}, "back on this machine: the first run's keys"
 
 
+@pytest.mark.isa
 def test_a_record_judged_on_other_outputs_is_measured_again(model, tmp_path):
     """A Softmax model's confident split depends on its outputs being read as probabilities (issue 41): a record judged
     when they were read as logits (before servopt read the graph, or under another --output-kind) is not reused."""
