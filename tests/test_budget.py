@@ -123,6 +123,7 @@ def test_the_report_shows_the_plan_beside_its_use():
     assert budget_section(SimpleNamespace(budget=None, wall_s=1.0)) is None
 
 
+@pytest.mark.isa
 def test_a_capped_re_measure_is_reserved_only_for_a_runtime_it_applies_to(monkeypatch):
     """cpu-server names an AVX2 EPYC: on a richer machine its candidates are re-measured held to AVX2, but ONNX
     Runtime cannot be (its figures stand uncapped), so a race of ONNX Runtime contenders reserves no such run; one
