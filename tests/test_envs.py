@@ -218,22 +218,24 @@ print(json.dumps({"version": ort.__version__, "providers": ort.get_available_pro
 
 
 @pytest.mark.slow
-def test_real_openvino_env(tmp_path):
-    """A real env with onnxruntime-openvino from the index and servopt's core; skipped when pip cannot reach it."""
-    spec = envs.runtime_spec("ort-openvino", [OPENVINO_REQUIREMENT])
+def test_real_openvino_env():
+    """A real env with onnxruntime-openvino from the index and servopt's core, the one the runtime declares, made where
+    jobs find it (SERVOPT_HOME: the test sandbox's): tests/test_runtime_envs.py measures in the same env, so a session
+    makes it once (about 30 s and 500 MB each time; it was made twice). Skipped when pip cannot reach the index."""
+    from servopt.runtimes import get_runtime
+
+    spec = get_runtime("onnxruntime-openvino").environment()
+    assert spec == envs.runtime_spec("ort-openvino", [OPENVINO_REQUIREMENT])
     lines: list[str] = []
     try:
-        ready = ensure_env(spec, lines.append, home=tmp_path)
+        ready = ensure_env(spec, lines.append)
     except EnvCreationError as e:
         if e.offline:
             pytest.skip(f"pip cannot reach the index: {e.problem}")
         raise
-    try:
-        print(f"created in {ready.created_s:.1f} s, {ready.size_mb:.0f} MB, {len(ready.packages)} packages")
-        assert "onnxruntime" not in ready.packages and ready.packages["onnxruntime-openvino"] == "1.24.1"
-        out = subprocess.run([str(ready.python), "-c", _PROVIDERS], capture_output=True, text=True, env=job_env(ready), check=True)
-        assert "OpenVINOExecutionProvider" in json.loads(out.stdout)["providers"]
-        check = subprocess.run([str(ready.python), "-c", "import servopt.runtimes.base"], env=job_env(ready))
-        assert check.returncode == 0
-    finally:
-        prune(home=tmp_path)  # half a gigabyte: not left in the test sandbox
+    print(f"created in {ready.created_s:.1f} s, {ready.size_mb:.0f} MB, {len(ready.packages)} packages")
+    assert "onnxruntime" not in ready.packages and ready.packages["onnxruntime-openvino"] == "1.24.1"
+    out = subprocess.run([str(ready.python), "-c", _PROVIDERS], capture_output=True, text=True, env=job_env(ready), check=True)
+    assert "OpenVINOExecutionProvider" in json.loads(out.stdout)["providers"]
+    check = subprocess.run([str(ready.python), "-c", "import servopt.runtimes.base"], env=job_env(ready))
+    assert check.returncode == 0

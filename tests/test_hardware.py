@@ -38,6 +38,7 @@ def test_feature_levels():
     assert not richer(None, "avx2") and not richer("avx512", None)
 
 
+@pytest.mark.isa
 def test_servopt_reads_the_cpu_as_a_poorer_rung_when_told(monkeypatch):
     """SERVOPT_CPU_READ_AS (CI's second pass on a VNNI/AMX machine): servopt's reading drops the richer rungs'
     features and records that it did; the host's own features (what the kernels use) stay as they are."""
@@ -89,6 +90,7 @@ def test_the_catalogue_follows_the_cpu(onnx_model):
     assert "no fp16 arithmetic" in fp16.description
 
 
+@pytest.mark.isa
 def test_openvino_precision_is_pinned_and_read_back(onnx_model):
     """The plugin picks bf16 on its own on bf16 CPUs; servopt pins what the variant asks for and reads back what ran."""
     if not get_runtime("openvino").available()[0]:

@@ -285,6 +285,7 @@ def test_servopts_text_encoder_batches_by_length_and_answers_in_input_order(tmp_
     assert sorted(widths) == [4, 11]  # (3, 4) and (7, 11): each batch padded to its own longest
 
 
+@pytest.mark.isa
 def test_the_machine_header_names_the_cpu_its_cores_features_and_cap() -> None:
     from servopt.contracts import Environment
     from servopt.machine import header

@@ -198,19 +198,20 @@ class _Net(torch.nn.Module):
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory) -> dict:
-    """An untrained 16×16 CNN (its speed and its builds are what these tests need, not its accuracy) and the digits."""
-    from servopt.demo import make_digits_folder
-
+def small(tmp_path_factory, digits) -> dict:
+    """An untrained 16×16 CNN (its speed and its builds are what these tests need, not its accuracy) and the digits
+    (the session's: conftest)."""
     root = tmp_path_factory.mktemp("interrupt")
     torch.manual_seed(0)
     path = root / "net.onnx"
     torch.onnx.export(_Net().eval(), (torch.zeros(1, 3, 16, 16),), str(path), dynamo=False, input_names=["input"],
                       output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
-    return {"path": path, "digits": make_digits_folder(root / "digits")}
+    return {"path": path, "digits": digits}
 
 
-VARIANTS = ["ort-fp32", "ort-offline-all", "ort-int8-static-qop-u8s8", "ort-int8-static-qdq"]
+# A build (two at a time) and measurements to stop and resume: three variants are enough (a fourth, static INT8 QDQ,
+# added a build and a measurement to each of the eight sweeps of the kill and signal tests)
+VARIANTS = ["ort-fp32", "ort-offline-all", "ort-int8-static-qop-u8s8"]
 
 
 def _cmd(small: dict, out: Path, *extra: str) -> list[str]:
@@ -357,6 +358,7 @@ def test_a_ray_executor_stopped_cancels_its_tasks_and_submits_nothing_more():
         ray.shutdown()
 
 
+@pytest.mark.isa
 def test_a_hopeless_refinement_ladder_tries_its_cheap_rungs_and_skips_its_searches(monkeypatch):
     """Plain INT8 loses 10 points, and two cheap rungs still 5 (5× the 1 tolerated): the calibration search and the
     accuracy-aware search (minutes each) are listed as not built, with why; every cheap rung is still tried."""

@@ -289,6 +289,7 @@ def test_compare_serves_the_pick_and_a_serving_peer_in_turns(tiny_run, served_pe
     assert [r.name for r in rounds] == ["served-copy", "server-never-up", "servopt:ort-fp32"]
 
 
+@pytest.mark.isa
 def test_optimums_preset_is_the_targets_instruction_set_else_this_cpus():
     from servopt.machine import cpu_features
     from servopt.peers.builtin.optimum import preset_for

@@ -175,26 +175,22 @@ def test_when_the_picks_text_path_fails_each_peer_keeps_its_other_figures_and_sa
     assert "servopt's pick could not encode the texts: no tokenizer here" in out[EncodesItself.name]["configuration"]["texts_not_measured"]
 
 
-@pytest.mark.slow  # a MiniLM run (its export), sentence-transformers loaded in fresh processes: about a minute
-def test_sentence_transformers_encode_against_servopts_text_path_on_a_minilm_run(tmp_path):
-    from typer.testing import CliRunner
+@pytest.mark.slow  # the session's MiniLM run (conftest), sentence-transformers loaded in fresh processes
+def test_sentence_transformers_encode_against_servopts_text_path_on_a_minilm_run(text_run, tmp_path):
+    import shutil
 
-    from servopt.cli import app
-    from servopt.data.text import DEMO_SENTENCES, read_texts
     from servopt.peers.compare import compare
 
-    (tmp_path / "texts.txt").write_text("\n".join(read_texts(DEMO_SENTENCES)[:40]) + "\n")
-    out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["optimize", str(MINILM), "--texts", str(tmp_path / "texts.txt"), "--targets", "cpu-server",
-                                   "--out", str(out), "--quick", "--quiet", "--no-capacity", "--variants", "ort-fp32"])
-    assert res.exit_code == 0, res.output
-    c = compare(out, ["sentence-transformers"], rounds=1, quick=True)
+    out = tmp_path / "run"  # a copy: the comparison writes its figures and the reports into the run, which others read
+    shutil.copytree(text_run, out, ignore=shutil.ignore_patterns("work"))
+    c = compare(out, ["sentence-transformers"], target="exact", rounds=1, quick=True)  # exact: an fp32 pick
     assert c.scenarios == ["single", "offline", "texts", "texts-single"], "a peer with its own text path adds them"
     st = c.peers[0]
     assert st.status == "ok", st.why
     got = {r.metric: r for r in st.ratios}
     assert {"texts_per_s", "texts_p50_ms"} <= set(got) and all(r.pick_median > 0 and r.peer_median > 0 for r in got.values())
     conf = st.configuration
-    assert "sentence-transformers" in conf["texts_through"] and conf["texts"].startswith("30 evaluation texts")
+    # the run's evaluation texts: 30 of its 40 texts and the texts of the 94 judged pairs, each once
+    assert "sentence-transformers" in conf["texts_through"] and conf["texts"].startswith("202 evaluation texts")
     assert conf["texts_quality"].startswith("cos 1.0000") and conf["texts_pick_quality"].startswith("cos 1.0000"), \
         "both text paths give the original's embeddings of the same texts"

@@ -201,6 +201,7 @@ def test_the_refinement_ladder_decides_recovered_on_the_tuning_samples_not_the_h
     assert Sweep._misses_quality(sweep, lucky, None) and not Sweep._misses_quality(sweep, unlucky, None)
 
 
+@pytest.mark.isa
 def test_the_measure_job_judges_the_tuning_samples_too(tmp_path):
     from conftest import channel_mean_onnx
     from servopt.bench.jobs import MeasureJob, OpenSpec, run_measure
@@ -253,6 +254,7 @@ def test_a_text_encoders_spearman_drop_comes_with_a_seeded_paired_interval():
     assert "unsure" in note and "pairs like these would settle it" in note
 
 
+@pytest.mark.isa
 def test_the_ladders_give_up_rule_reads_the_tuning_drops_too(tmp_path, monkeypatch):
     """The refinement ladder gives up when the best rung still loses 3x the tolerance: a choice, so on the tuning
     samples. Here every rung loses 10 points on the held-out images but 2 on the tuning ones: all rungs are tried."""

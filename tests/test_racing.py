@@ -126,6 +126,7 @@ class _U:
         self.variant, self.kind = v, None
 
 
+@pytest.mark.isa
 def test_order_puts_the_baseline_first_then_what_history_or_the_cpu_predicts(tmp_path, monkeypatch):
     from servopt.families.catalogue import Variant
 
@@ -195,6 +196,7 @@ def test_without_vnni_the_recipes_that_cannot_saturate_go_first_and_full_range_u
     assert "ort-int8-static-qdq" in rest, "S8S8 is slow without AVX-VNNI-INT8, VNNI or not"
 
 
+@pytest.mark.isa
 def test_the_likely_winners_come_before_the_rest_and_history_moves_a_variant_across(tmp_path, monkeypatch):
     """A racing sweep screens what is expected to be at least as fast as the baseline, refines its quality, then the
     rest: a budget that runs out drops a PyTorch variant, not the recovery of the likely winner."""
@@ -324,6 +326,7 @@ def test_the_budget_reserve_is_for_the_contenders_measured_not_the_catalogue():
     assert racing.finish_estimate(3, 2, 100) == racing.finish_estimate(3, 2), "never more than the cap"
 
 
+@pytest.mark.isa
 def test_a_racing_sweep_refines_the_likely_winners_before_it_measures_the_rest(tmp_path, monkeypatch):
     """The stages of ``Sweep.run`` in a race: likely winners screened, their refinements, then the rest; ``--full``
     measures everything in one ordered pass and refines nothing."""
@@ -578,6 +581,7 @@ def test_a_nearest_miss_slower_beyond_noise_on_a_speed_figure_gives_way():
     assert "ort-int8-dynamic-per-channel misses by the least" in d.reason and "slower beyond noise" in d.reason
 
 
+@pytest.mark.isa
 def test_history_of_another_machine_or_library_version_does_not_order_this_run(tmp_path, monkeypatch):
     """The ratios and seconds an earlier run remembered order and budget the next run only where it ran on this
     machine with these libraries: after an ONNX Runtime upgrade, or from another host with the same flags, they do not
@@ -594,8 +598,9 @@ def test_history_of_another_machine_or_library_version_does_not_order_this_run(t
     with monkeypatch.context() as m:
         m.setattr(variants, "library_versions", lambda libs: {"onnxruntime": "9.9.9"})
         assert racing.learned("image-classification", here) == {} and racing.learned_seconds("image-classification", here) == {}
+    elsewhere = "Another CPU model | " + racing.machine_signature().split(" | ", 1)[1]  # same flags and cores, another host
     with monkeypatch.context() as m:
-        m.setattr(racing, "machine_signature", lambda: "AMD EPYC 7B12 64-Core Processor | avx2 | 2 cores")
+        m.setattr(racing, "machine_signature", lambda: elsewhere)
         assert racing.learned("image-classification", here) == {}
     older = {"family": "image-classification", "cpu": racing._signature(here), "variant": "ort-old", "log_ratio": 0.1}
     racing.append_jsonl(racing.history_path(), older)

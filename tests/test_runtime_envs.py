@@ -103,12 +103,15 @@ def test_alternating_ratios_are_medians_of_per_round_ratios_scaled_to_the_anchor
 @pytest.mark.slow
 def test_a_variant_in_its_own_environment_is_compared_process_by_process(tmp_path, monkeypatch):
     """The sweep cannot run the OpenVINO EP in its interleaved process: it is re-measured alternately with the baseline
-    and decided on like any other candidate."""
-    from servopt.optimize import sweep
+    and decided on like any other candidate. (On this 8×8 model the EP's call costs it 5× ONNX Runtime's own p50, so the
+    sweep leaves it out of the re-measure as beaten beyond noise, ``decide.interleave_candidates``; it is made a
+    candidate here: how a candidate in an environment of its own is re-measured is what is tested.)"""
+    import servopt.optimize.sweep
+    from conftest import channel_mean_onnx
 
-    # On an 8x8 model the EP's per-call overhead puts it surely behind ORT on every figure (0.02 against 0.01 ms), and
-    # such a variant is rightly no re-measure candidate; this test is about how one is re-measured, so both are.
-    monkeypatch.setattr(sweep, "interleave_candidates", lambda targets, records, *a, **k: [r.name for r in records])
+    chosen = servopt.optimize.sweep.interleave_candidates
+    monkeypatch.setattr(servopt.optimize.sweep, "interleave_candidates",
+                        lambda *a, **k: list(dict.fromkeys([*chosen(*a, **k), "ortep-openvino-fp32"])))
 
     model = channel_mean_onnx(tmp_path / "m.onnx", size=8)
     out = tmp_path / "run"

@@ -84,6 +84,7 @@ def test_band_brackets_the_fit():
     assert cores == list(range(1, 9)) and all(a <= f <= b for a, f, b in zip(lo, fit, hi, strict=True))
 
 
+@pytest.mark.isa
 def test_the_scaling_job_measures_every_core_count_in_rounds(tmp_path):
     """Real sessions opened as the server opens them, on a tiny ONNX classifier: one point per core, every round's
     figure kept (a projection's interval is drawn from them), a variant that cannot open recorded with why."""

