@@ -21,10 +21,12 @@ import numpy as np
 import pytest
 
 from servopt.bench.cputime import busy_threads, thread_cores, threads_cpu_s
-from servopt.bench.interference import CpuMonitor
 from servopt.bench.jobs import OpenSpec
-from servopt.bench.scaling import open_as_served, run_instances
+from servopt.bench.launcher import launch
+from servopt.bench.scaling import InstancesJob, InstancesProbe, open_as_served
 from servopt.contracts import Artifact
+from servopt.data.dataset import Dataset
+from servopt.envs import list_envs
 from servopt.machine import Device, usable_cores
 from servopt.models.sources import load_model
 from servopt.runtimes import RUNTIMES, get_runtime
@@ -72,46 +74,49 @@ def spec_for(name: str, files: dict[str, Path]) -> OpenSpec:
 
 
 def runnable_here(name: str) -> None:
-    rt = get_runtime(name)
-    ok, why = rt.available()
+    ok, why = get_runtime(name).available()
     if not ok:
         pytest.skip(f"{name} is not available here: {why}")
-    if rt.environment() is not None:
-        pytest.skip(f"{name} runs in its own Python environment: its instances are measured there "
-                    "(benchmarks/instance_scaling.py --runtimes)")
+
+
+def probe(name: str, files: dict[str, Path], tmp: Path, seconds: float) -> InstancesProbe:
+    """Two one-thread instances of ``name`` and an every-core session opened after them, run together: in this process,
+    or, for a runtime with an environment of its own, in a fresh process there (only where that environment exists:
+    creating one takes a minute and 500 MB, ``test_runtime_envs``'s slow test does it)."""
+    runnable_here(name)
+    rng = np.random.default_rng(0)
+    Dataset({"input": rng.standard_normal((BATCH, 3, 32, 32)).astype(np.float32)}, None, None, "t").save(tmp / "d.npz")
+    job = InstancesJob(session=spec_for(name, files), data=str(tmp / "d.npz"), batch_size=BATCH, seconds=seconds, counts=[2])
+    own = get_runtime(name).environment()
+    if own is None:
+        return job.run(0.0)
+    if not any(e.state == "ready" and name in e.used_by for e in list_envs({name: own})):
+        pytest.skip(f"{name} runs in its own Python environment, not created on this machine (test_runtime_envs makes it)")
+    launched = launch(job, tmp / "job")
+    assert launched.result is not None, launched.failure
+    return launched.result
 
 
 @LINUX
 @TWO_CORES
 @pytest.mark.parametrize("name", CPU_RUNTIMES)
-def test_two_single_thread_instances_compute_on_two_cores(name, cnn_files):
+def test_two_single_thread_instances_compute_on_two_cores(name, cnn_files, tmp_path):
     """The scaling measurement's and the server's layout: two one-thread instances, and a session with every core
     opened after them (the scaling job's N-thread session, the server's solo session), in one process. While the two
     instances run: two threads burn CPU, one per instance, each the instance's own calling thread (no runtime adds
     helpers to a one-thread session, nor takes the count of the session opened last: torch did, four threads on two
-    cores); they are not confined to one and the same core (OpenVINO pinned both to core 0); and together they burn
-    more than one core, unless other processes took the machine meanwhile."""
-    runnable_here(name)
-    spec = spec_for(name, cnn_files)
-    instances = [open_as_served(spec, 1) for _ in range(2)]
-    wide = open_as_served(spec, usable_cores())  # opened last, as the scaling job and the server do
-    feed = {"input": np.random.default_rng(0).standard_normal((BATCH, 3, 32, 32)).astype(np.float32)}
-    for s in [*instances, wide]:
-        s.run(feed)
-    with CpuMonitor() as monitor:
-        run = run_instances(instances, feed, BATCH, seconds=0.8)
+    cores); they are not confined to one and the same core (OpenVINO, and its ONNX Runtime EP, pinned both to core 0);
+    and together they burn more than one core, unless other processes took the machine meanwhile."""
+    result = probe(name, cnn_files, tmp_path, seconds=0.8)
+    run = result.runs[0]
     what = (f"{name}: callers {run.caller_cpu_s}, threads {run.threads_cpu_s} CPU s over {run.window_s:.2f} s, "
-            f"cores {run.caller_cores}")
+            f"cores {run.caller_cores}, others {run.other_share:.0%}")
     assert run.busy_threads() == 2, f"one busy thread per one-thread instance: {what}"
     assert sum(run.caller_cpu_s) >= 0.9 * sum(run.threads_cpu_s), f"each instance computes on its calling thread: {what}"
-    a, b = run.caller_cores
-    assert a is not None and b is not None, what
-    assert not (len(a) == 1 and a == b), f"both instances confined to the same core: {what}"
-    others = monitor.report.other_share if monitor.report else 0.0
-    if others < QUIET:  # on a quiet machine two cores' worth is the physics; one core is all that pinning leaves
-        assert run.cores_busy > 1.2, f"two instances burned {run.cores_busy:.2f} cores (others: {others:.0%}): {what}"
-    info = [s.info() for s in instances]
-    assert all(i.threads == 1 for i in info), [i.threads for i in info]
+    assert all(c is not None for c in run.caller_cores) and not run.shared_core(), f"confined to one core: {what}"
+    if run.other_share < QUIET:  # on a quiet machine two cores' worth is the physics; one core is all pinning leaves
+        assert run.cores_busy > 1.2, f"two instances burned {run.cores_busy:.2f} cores: {what}"
+    assert result.threads == [1, 1] and result.pinned in ([None, None], [False, False]), (result.threads, result.pinned)
 
 
 def test_openvino_pins_only_a_session_that_takes_every_core(monkeypatch):
