@@ -84,21 +84,26 @@ def main() -> None:
                   f"2: {two['samples_per_s']:7.1f}/s ({two['cores_busy']:.2f} cores, {two['busy_threads']} busy threads, "
                   f"allowed {two['caller_cores']})  others {max(one['other_share'], two['other_share']):.0%}", flush=True)
     print(f"\n{'variant':36} {'1 instance/s':>12} {'2 instances/s':>13} {'2 / 1 [95% interval]':>24} {'cores busy at 2':>15} "
-          f"{'busy threads':>12} {'noisy rounds':>12}")
+          f"{'busy threads':>12} {'noisy rounds':>12} {'2 / 1, quiet rounds':>20}")
     summary = {}
     for name, got in rows.items():
         if not got:
             continue
-        ratio, lo, hi, cov = ratio_interval([g["2"]["samples_per_s"] / g["1"]["samples_per_s"] for g in got])
+        ratios = [g["2"]["samples_per_s"] / g["1"]["samples_per_s"] for g in got]
+        ratio, lo, hi, cov = ratio_interval(ratios)
         one = statistics.median(g["1"]["samples_per_s"] for g in got)
         two = statistics.median(g["2"]["samples_per_s"] for g in got)
         cores = statistics.median(g["2"]["cores_busy"] for g in got)
         threads = sorted({g["2"]["busy_threads"] for g in got})
-        noisy = sum(max(g["1"]["other_share"], g["2"]["other_share"]) > NOISY for g in got)
+        noisy = [max(g["1"]["other_share"], g["2"]["other_share"]) > NOISY for g in got]
+        # another process on one of two cores caps two instances near one core's worth: the rounds nobody else ran
+        quiet = [x for x, n in zip(ratios, noisy, strict=True) if not n]
+        quiet_text = f"{statistics.median(quiet):.2f}x ({len(quiet)} rounds)" if quiet else "none quiet"
         summary[name] = {"one_per_s": one, "two_per_s": two, "ratio": ratio, "interval": [lo, hi], "coverage": cov,
-                         "cores_busy_at_two": cores, "busy_threads_at_two": threads, "noisy_rounds": noisy, "rounds": got}
+                         "cores_busy_at_two": cores, "busy_threads_at_two": threads, "noisy_rounds": sum(noisy),
+                         "quiet_ratios": quiet, "rounds": got}
         print(f"{name:36} {one:12.1f} {two:13.1f} {ratio:8.2f}x [{lo:.2f}, {hi:.2f}] {cores:15.2f} "
-              f"{'/'.join(map(str, threads)):>12} {noisy:>9}/{len(got)}")
+              f"{'/'.join(map(str, threads)):>12} {sum(noisy):>9}/{len(got)} {quiet_text:>20}")
     if args.out:
         args.out.write_text(json.dumps({"cpu": header(), "rounds": args.rounds, "seconds": args.seconds, "batch": args.batch,
                                         "variants": summary}, indent=1))
