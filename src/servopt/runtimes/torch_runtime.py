@@ -195,9 +195,9 @@ class TorchSession(Session):
 
 @lru_cache(maxsize=1)
 def default_threads(torch) -> int:
-    """A session's threads when none are asked: torch's own default (its physical cores, or ``OMP_NUM_THREADS``), read
-    before any session set it, but no more than the cores this process may use (torch counts the host's cores, so in a
-    cpuset of 2 of 64 it would run 32 threads on 2 CPUs)."""
+    """A session's threads when none are asked: torch's own default (``OMP_NUM_THREADS``, else the cores it sees), read
+    once, before any session set it (a later read returns the last session's count), and no more than the cores this
+    process may use (``OMP_NUM_THREADS`` may name more)."""
     return max(1, min(torch.get_num_threads(), usable_cores()))
 
 
