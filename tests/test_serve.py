@@ -420,9 +420,9 @@ def test_graceful_shutdown_finishes_in_flight_requests(onnx_model):
 
 @pytest.mark.parametrize("cores", [1, 2, 8])
 def test_instance_defaults_follow_the_target_objective(onnx_model, cores, monkeypatch):
-    import os
+    from servopt.serve import model as served
 
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)  # every branch, whatever this machine has
+    monkeypatch.setattr(served, "usable_cores", lambda: cores)  # every branch, whatever this machine has
     throughput = from_file(onnx_model, "t")
     throughput.objective = "throughput"
     throughput.apply_instances(None, None)
@@ -446,11 +446,11 @@ def test_instance_defaults_follow_the_target_objective(onnx_model, cores, monkey
 def test_the_server_opens_the_solo_session_and_gives_it_to_the_batcher(onnx_model, monkeypatch):
     """A throughput target's split on 2 cores: two one-thread instances plus the variant as measured, which the data
     plane hands to the batcher; it answers as the instances do. ``--threads`` set by the user: no solo session."""
-    import os
-
     from starlette.testclient import TestClient
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    from servopt.serve import model as served
+
+    monkeypatch.setattr(served, "usable_cores", lambda: 2)
     body = {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.5] * 3072}]}
     answers = []
     for threads in (None, 1):

@@ -140,6 +140,16 @@ def library_versions(names: tuple[str, ...] | list[str]) -> dict[str, str]:
     return out
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on: its affinity mask (``taskset``, a container's cpuset), not the host's count.
+    Everything that sizes work by cores asks this: a server given 2 of a host's 64 CPUs that split by
+    ``os.cpu_count()`` would run 2 instances of 32 threads each on 2 CPUs (issue 42)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux: no affinity masks to read
+        return os.cpu_count() or 1
+
+
 def node_name() -> str:
     """The node a figure is measured on: ``SERVOPT_NODE`` where a distributed sweep set it (the Ray node: simulated
     nodes share a host name), else the host name."""
@@ -150,7 +160,7 @@ def environment(session: SessionInfo | None = None, libraries: tuple[str, ...] |
     """This process's machine and libraries, plus what the session says actually ran."""
     return Environment(
         cpu=cpu_model(), cpu_flags=sorted(cpu_features().flags), cores=os.cpu_count(),
-        cores_usable=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        cores_usable=usable_cores(),
         gpu=gpu_present(), gpu_name=gpu_name(), node=node_name(), python=platform.python_version(),
         platform=platform.platform(), libraries=library_versions(libraries),
         isa_cap=os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("ATEN_CPU_CAPABILITY"),

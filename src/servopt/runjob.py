@@ -35,7 +35,7 @@ def main(job_path: str, out_path: str) -> None:
     parent = os.environ.pop("SERVOPT_DIE_WITH_PARENT", "")  # for this process only, not for what it starts
     if parent.isdigit():
         die_with_parent(int(parent))
-    from servopt.bench import scaling  # noqa: F401  (registers the scaling job)
+    from servopt.bench import scaling  # noqa: F401  (registers the scaling and instances jobs)
     from servopt.bench.jobs import JOB_KINDS
     from servopt.errors import UserError
     from servopt.passes import build_job  # noqa: F401  (registers the build job)

@@ -107,3 +107,33 @@ def thread_cpu_s(pid: int, prefix: str) -> tuple[float, float]:
             named += ticks
     tick = os.sysconf("SC_CLK_TCK")
     return main / tick, named / tick
+
+
+def threads_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds of each live thread of process ``pid`` so far, by thread id (empty where /proc is absent). Two
+    readings a window apart say which threads burned CPU meanwhile: a runtime's helper threads as well as its callers."""
+    out: dict[int, float] = {}
+    task_dir = Path(f"/proc/{pid}/task")
+    tick = os.sysconf("SC_CLK_TCK") if task_dir.is_dir() else 1
+    for task in task_dir.iterdir() if task_dir.is_dir() else ():
+        try:
+            out[int(task.name)] = proc_cpu_ticks((task / "stat").read_text()) / tick
+        except (OSError, ValueError):  # ended meanwhile
+            continue
+    return out
+
+
+def busy_threads(before: dict[int, float], after: dict[int, float], wall_s: float, share: float = 0.1) -> dict[int, float]:
+    """The threads that burned more than ``share`` of a core between two ``threads_cpu_s`` readings ``wall_s`` apart:
+    their CPU seconds meanwhile."""
+    spent = {tid: cpu - before.get(tid, 0.0) for tid, cpu in after.items()}
+    return {tid: s for tid, s in spent.items() if wall_s > 0 and s / wall_s > share}
+
+
+def thread_cores(tid: int) -> frozenset[int] | None:
+    """The cores thread ``tid`` may run on now (its affinity mask: a runtime that pins a thread narrows it), or None
+    where it cannot be read (ended, or not Linux)."""
+    try:
+        return frozenset(os.sched_getaffinity(tid))
+    except (AttributeError, OSError):
+        return None

@@ -21,9 +21,11 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from servopt.bench.cputime import busy_threads, thread_cores, threads_cpu_s
 from servopt.bench.interference import DEFAULT_THRESHOLD, CpuMonitor
 from servopt.bench.jobs import JobBase, OpenSpec, _environment, register_job
-from servopt.contracts import Contract, Scaling, ScalingCurve, ScalingPoint
+from servopt.contracts import Contract, Environment, Scaling, ScalingCurve, ScalingPoint
+from servopt.machine import usable_cores
 
 
 def open_as_served(spec: OpenSpec, threads: int):
@@ -35,13 +37,48 @@ def open_as_served(spec: OpenSpec, threads: int):
     return open_session(spec.artifact, spec.runtime, options)
 
 
-def instances_throughput(sessions: list, feed: dict[str, np.ndarray], batch: int, seconds: float) -> float:
-    """Samples/s of ``sessions`` each calling on ``feed`` from its own thread for ``seconds``, started together."""
+class InstancesRun(Contract):
+    """What N sessions called together, each from a thread of its own in one process, did: their samples/s, and the
+    CPU behind it over the middle of the run (the window). What the threading contract tests assert on, where a
+    throughput figure on a shared machine could not be (``tests/test_threads.py``, issue 41)."""
+
+    instances: int
+    samples_per_s: float
+    window_s: float
+    caller_cpu_s: list[float]  # each instance's calling thread
+    threads_cpu_s: list[float]  # every thread of this process that burned CPU (a runtime's helpers too), busiest first
+    caller_cores: list[list[int] | None]  # each calling thread's narrowest affinity mask seen while it ran (pinned: one)
+    other_share: float = 0.0  # of the machine, used by other processes meanwhile (``interference.CpuMonitor``)
+
+    @property
+    def cores_busy(self) -> float:
+        """Cores' worth of CPU the process burned in the window."""
+        return sum(self.threads_cpu_s) / self.window_s if self.window_s > 0 else 0.0
+
+    def busy_threads(self, share: float = 0.25) -> int:
+        """Threads that burned at least ``share`` of the busiest one's CPU: relative, so a machine other processes
+        crowd (each thread then gets less of a core) counts the same threads as a quiet one."""
+        top = max(self.threads_cpu_s, default=0.0)
+        return sum(c >= share * top for c in self.threads_cpu_s) if top > 0 else 0
+
+    def shared_core(self) -> bool:
+        """Whether two instances' threads were confined to one and the same core."""
+        single = [tuple(c) for c in self.caller_cores if c is not None and len(c) == 1]
+        return len(single) != len(set(single))
+
+
+def run_instances(sessions: list, feed: dict[str, np.ndarray], batch: int, seconds: float, samples: int = 5) -> InstancesRun:
+    """``sessions`` each calling on ``feed`` from its own thread for ``seconds``, started together; their threads' CPU
+    read from /proc over the middle 70 % of the run, and their affinity masks ``samples`` times within it."""
     counts = [0] * len(sessions)
+    tids = [0] * len(sessions)
     gate = threading.Barrier(len(sessions) + 1)
-    stop = [0.0]
+    # The workers run until told, after the last reading: a main thread late to wake on a crowded machine still reads
+    # them running, and a slow start does not eat into the run.
+    stop = [float("inf")]
 
     def work(i: int) -> None:
+        tids[i] = threading.get_native_id()
         prepared = sessions[i].prepare(feed)
         gate.wait()
         while time.perf_counter() < stop[0]:
@@ -51,12 +88,40 @@ def instances_throughput(sessions: list, feed: dict[str, np.ndarray], batch: int
     workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(len(sessions))]
     for w in workers:
         w.start()
-    start = time.perf_counter()
-    stop[0] = start + seconds
-    gate.wait()
-    for w in workers:
-        w.join()
-    return sum(counts) * batch / (time.perf_counter() - start)
+    with CpuMonitor() as monitor:
+        gate.wait()
+        start = time.perf_counter()
+        pid = os.getpid()
+
+        def until(fraction: float) -> None:
+            time.sleep(max(0.0, start + fraction * seconds - time.perf_counter()))
+
+        until(0.15)
+        before, t0 = threads_cpu_s(pid), time.perf_counter()
+        masks: list[list[frozenset[int]]] = [[] for _ in sessions]
+        for k in range(samples):
+            until(0.15 + 0.7 * (k + 1) / (samples + 1))
+            for i, tid in enumerate(tids):
+                if (cores := thread_cores(tid)) is not None:
+                    masks[i].append(cores)
+        until(0.85)
+        after, window = threads_cpu_s(pid), time.perf_counter() - t0
+        until(1.0)
+        stop[0] = 0.0
+        for w in workers:
+            w.join()
+        elapsed = time.perf_counter() - start
+    busy = busy_threads(before, after, window, share=0.0)
+    return InstancesRun(
+        instances=len(sessions), samples_per_s=sum(counts) * batch / elapsed, window_s=window,
+        caller_cpu_s=[after.get(t, 0.0) - before.get(t, 0.0) for t in tids], threads_cpu_s=sorted(busy.values(), reverse=True),
+        caller_cores=[sorted(frozenset.intersection(*m)) if m else None for m in masks],
+        other_share=monitor.report.other_share if monitor.report else 0.0)
+
+
+def instances_throughput(sessions: list, feed: dict[str, np.ndarray], batch: int, seconds: float) -> float:
+    """Samples/s of ``sessions`` each calling on ``feed`` from its own thread for ``seconds``, started together."""
+    return run_instances(sessions, feed, batch, seconds, samples=1).samples_per_s
 
 
 def single_p50(session, feeds: list[dict[str, np.ndarray]], seconds: float, min_runs: int = 20) -> float:
@@ -82,10 +147,7 @@ def noisy_rounds(curve: ScalingCurve) -> tuple[int, int, float]:
 
 def machine_cores() -> int:
     """Cores this process may run on (an affinity mask or a container's cpuset counts, not the host's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 def core_counts(limit: int) -> list[int]:
@@ -152,3 +214,48 @@ class ScalingJob(JobBase):
 
     def runtimes(self) -> list[str]:
         return [s.runtime for s in self.sessions]
+
+
+class InstancesProbe(Contract):
+    """The result of an ``InstancesJob``: what each instance count did, and what the runtime says it set."""
+
+    variant: str
+    threads: list[int | str]  # each one-thread instance's threads, read back
+    pinned: list[bool | None]  # each instance's pinning where the runtime has one (OpenVINO reads it back, its EP says what it asked)
+    runs: list[InstancesRun]
+    environment: Environment | None = None
+
+
+@register_job
+class InstancesJob(JobBase):
+    """One variant in the layout the scaling job and ``servopt serve`` run: two one-thread instances and a session
+    with every core opened after them, in one process; then 1 and 2 (``counts``, in that order) instances run together
+    (``run_instances``). In a fresh process, in the runtime's own environment where it has one."""
+
+    kind: Literal["instances"] = "instances"
+    result_type: ClassVar[type[Contract]] = InstancesProbe
+    timeout_s: ClassVar[float] = 600.0
+    session: OpenSpec
+    data: str
+    batch_size: int = 32
+    seconds: float = 2.0
+    counts: list[int] = Field(default_factory=lambda: [1, 2])
+    warmup: int = Field(2, ge=1)
+
+    def run(self, started: float) -> InstancesProbe:
+        from servopt.data.dataset import Dataset
+
+        feed = Dataset.load(Path(self.data)).batch(self.batch_size)
+        instances = [open_as_served(self.session, 1) for _ in range(max(self.counts))]
+        wide = open_as_served(self.session, usable_cores())
+        for s in [*instances, wide]:
+            for _ in range(self.warmup):
+                s.run(feed)
+        infos = [s.info() for s in instances]
+        runs = [run_instances(instances[:n], feed, self.batch_size, self.seconds) for n in self.counts]
+        return InstancesProbe(variant=self.session.name, threads=[i.threads for i in infos],
+                              pinned=[i.details.get("cpu_pinning", i.details.get("cpu_pinning_asked")) for i in infos], runs=runs,
+                              environment=_environment(instances[0]))
+
+    def runtimes(self) -> list[str]:
+        return [self.session.runtime]

@@ -20,6 +20,7 @@ import numpy as np
 from servopt.data.labels import ModelClasses, folder_indices
 from servopt.data.preprocess import Preprocess, decode_image
 from servopt.errors import UserError
+from servopt.machine import usable_cores
 from servopt.spec import ModelSpec, OutputKind
 
 log = logging.getLogger(__name__)
@@ -221,7 +222,7 @@ def load_image_folder(
         except UserError as e:
             return f"{item[0]}: {e.problem}"
 
-    with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 2) * 2)) as pool:
+    with ThreadPoolExecutor(max_workers=workers or min(8, usable_cores() * 2)) as pool:
         results = list(pool.map(work, items))
     arrays, labels, errors = [], [], []
     for (_path, label), r in zip(items, results, strict=True):

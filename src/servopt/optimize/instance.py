@@ -17,7 +17,7 @@ from servopt.optimize.remeasure import _joining, _one_process
 from servopt.optimize.rundir import stored
 from servopt.optimize.targets import Target
 from servopt.results import write_json_atomic
-from servopt.runtimes.base import get_runtime
+from servopt.runtimes.base import INSTANCE_THREADING, get_runtime
 
 if TYPE_CHECKING:
     pass
@@ -59,7 +59,7 @@ class SweepInstance:
         caps = {n: get_runtime(by_name[n].runtime).isa_cap_env(isa) if isa else None for n in names}
         quick = self.settings.quick
         rounds, seconds = (2, 0.1) if quick else (3, racing.SCALING_SECONDS)
-        cache_key = json.dumps([sorted(str(by_name[n].key) for n in names), rounds, seconds, isa])
+        cache_key = json.dumps([sorted(str(by_name[n].key) for n in names), rounds, seconds, isa, INSTANCE_THREADING])
         path = self.dir.scaling(kind)
         if (previous := stored(path, Scaling.model_validate, {cache_key})) is not None:
             return previous
@@ -123,7 +123,7 @@ class SweepInstance:
             self.problems.append(f"{t.name}: {pick} runs on {rec.runtime}, which servopt serve does not run: priced offline")
             return None
         quick = self.settings.quick
-        cache_key = json.dumps([rec.key, t.max_p99_ms, quick, racing.CAPACITY_METHOD])
+        cache_key = json.dumps([rec.key, t.max_p99_ms, quick, racing.CAPACITY_METHOD, INSTANCE_THREADING])
         path = self.dir.capacity(t.name, pick)
         if (previous := stored(path, lambda d: Capacity.model_validate(d["capacity"]), {cache_key})) is not None:
             return previous

@@ -10,14 +10,13 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import os
 from dataclasses import asdict
 
 from servopt.cpu import CpuFeatures
 from servopt.errors import UserError
 from servopt.families.base import family_of
 from servopt.families.catalogue import CatalogueContext, Variant
-from servopt.machine import Device, cpu_features, cpu_model, library_versions
+from servopt.machine import Device, cpu_features, cpu_model, library_versions, usable_cores
 from servopt.models.sources import LoadedModel
 from servopt.runtimes.base import get_runtime
 
@@ -60,8 +59,7 @@ def machine_signature() -> str:
     """The machine a figure is taken on, as far as it shapes the figure: the CPU model, the richest rung of the
     instruction-set ladder its flags reach (one model name comes with and without AVX-512 from one hypervisor to the
     next), and the cores this process may use."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{cpu_model()} | {cpu_features().level} | {cores} cores"
+    return f"{cpu_model()} | {cpu_features().level} | {usable_cores()} cores"
 
 
 def measured_with(runtime: str) -> dict[str, str]:

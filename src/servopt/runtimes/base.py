@@ -22,7 +22,7 @@ from servopt.contracts import Artifact, OpProfile, OpTime, SessionInfo
 from servopt.cpu import Int8Kernel, Isa
 from servopt.envs import EnvSpec
 from servopt.errors import UserError
-from servopt.machine import Device
+from servopt.machine import Device, usable_cores
 from servopt.registry import Registry
 
 
@@ -134,6 +134,19 @@ class Runtime(ABC):
     def available(self) -> tuple[bool, str]:
         """Whether this machine can run it, and why not."""
         return True, ""
+
+
+# How the runtimes keep several sessions of one process to their threads; a figure measured with several instances (the
+# scaling curve, a served capacity) has it in its cache key, so one taken before a change is measured again. 2: OpenVINO
+# pins only a session that takes every core, torch sets its thread count in each calling thread (issue 41).
+INSTANCE_THREADING = 2
+
+
+def takes_every_core(threads: int | None) -> bool:
+    """Whether a session of ``threads`` (None: the runtime's default, every core) leaves no core of this process to
+    another instance: only such a session may pin its threads to cores. A runtime that pins a session of fewer threads
+    pins it to the first cores, where the next instance is pinned too (OpenVINO: ``openvino_runtime``)."""
+    return not threads or threads >= usable_cores()
 
 
 # oneDNN's names for the levels a target may name (ONEDNN_MAX_CPU_ISA): OpenVINO's and torch's CPU kernels use it.

@@ -26,7 +26,7 @@ import numpy as np
 
 from servopt.contracts import Artifact, SessionInfo
 from servopt.errors import UserError
-from servopt.runtimes.base import Runtime, RuntimeOptions, Session, register_runtime
+from servopt.runtimes.base import Runtime, RuntimeOptions, Session, register_runtime, takes_every_core
 
 VERSION = "1.24.1"  # the newest onnxruntime-openvino for CPython 3.11 on x86-64 on PyPI when this was written
 PROVIDER = "OpenVINOExecutionProvider"
@@ -41,6 +41,14 @@ class OrtOpenVinoOptions(RuntimeOptions):
     num_of_threads: int | None = None
     num_streams: int | None = None
     hint: Literal["LATENCY", "THROUGHPUT"] = "LATENCY"
+    # OpenVINO's ENABLE_CPU_PINNING (through load_config); None: pinned only when the session takes every usable core
+    # (``base.takes_every_core``: two pinned one-thread sessions share the first core, as with ``openvino``).
+    cpu_pinning: bool | None = None
+
+
+def pinned(options: OrtOpenVinoOptions) -> bool:
+    """Whether OpenVINO is asked to pin the session's threads: as the options say, else only when it takes every core."""
+    return options.cpu_pinning if options.cpu_pinning is not None else takes_every_core(options.num_of_threads)
 
 
 class OrtOpenVinoSession(Session):
@@ -54,7 +62,8 @@ class OrtOpenVinoSession(Session):
         provider = {"device_type": options.device_type, "precision": options.precision,
                     # The hint and a pinned fp32 inference precision go to OpenVINO through load_config.
                     "load_config": json.dumps({options.device_type: {"PERFORMANCE_HINT": options.hint,
-                                                                     "INFERENCE_PRECISION_HINT": "f32"}})}
+                                                                     "INFERENCE_PRECISION_HINT": "f32",
+                                                                     "ENABLE_CPU_PINNING": pinned(options)}})}
         if options.num_of_threads:
             provider["num_of_threads"] = str(options.num_of_threads)
         if options.num_streams:
@@ -86,7 +95,7 @@ class OrtOpenVinoSession(Session):
             provider_fallback=actual[0] != PROVIDER, precision_requested="int8" if graph.startswith("int8") else floating,
             precision_actual=UNREADABLE,
             threads=self.options.num_of_threads or "default",
-            details={"hint": self.options.hint, "onnxruntime": ort.__version__, "providers": actual, "graph_precision": graph,
+            details={"hint": self.options.hint, "cpu_pinning_asked": pinned(self.options), "onnxruntime": ort.__version__, "providers": actual, "graph_precision": graph,
                      "precision_option": self.options.precision, "inference_precision_hint": "f32",
                      "precision_source": UNREADABLE_WHY})
 

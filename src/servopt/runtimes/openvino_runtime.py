@@ -1,10 +1,24 @@
-"""OpenVINO on the CPU, with its LATENCY / THROUGHPUT performance hints and a pinned inference precision.
+"""OpenVINO on the CPU, with its LATENCY / THROUGHPUT performance hints, a pinned inference precision, and its threads
+kept where they are asked to be.
 
 OpenVINO's CPU plugin picks bf16 on its own where the CPU has bf16 arithmetic
 (``INFERENCE_PRECISION_HINT`` answers ``bfloat16`` on AVX512-BF16 and AMX
 CPUs), so a variant says which precision it means and the session pins it;
 the precision the compiled model actually runs is read back from its runtime
 model (the precision of its compute layers), never assumed.
+
+Threads: ``INFERENCE_NUM_THREADS`` alone does not keep a one-thread instance to
+a core of its own. On Linux the CPU plugin pins each compiled model's stream
+(``ENABLE_CPU_PINNING``, on by default) to the *first* cores of the machine, and
+nothing reserves them (``ENABLE_CPU_RESERVATION`` is off): two one-thread
+compiled models, in one process or in two, both ran on core 0 (the calling
+thread's affinity read ``[0]`` during ``infer``, each thread 49 % of a core:
+``tests/test_threads.py``). So a session of fewer threads than the cores this
+process may use is not pinned (``pinning``), and the OS spreads the instances.
+Reservation would give each model a core of its own within one process, but
+takes the cores from the server's solo session and knows nothing of other
+processes. Streams stay 1 under the LATENCY hint; hyper-threading and core-type
+hints change nothing on a CPU with one thread per core and one core type.
 """
 
 from __future__ import annotations
@@ -18,7 +32,7 @@ import numpy as np
 from servopt.contracts import Artifact, OpProfile, SessionInfo
 from servopt.cpu import Isa
 from servopt.errors import UserError
-from servopt.runtimes.base import ONEDNN_ISA, Runtime, RuntimeOptions, Session, register_runtime, top_ops
+from servopt.runtimes.base import ONEDNN_ISA, Runtime, RuntimeOptions, Session, register_runtime, takes_every_core, top_ops
 
 # servopt's precision names → OpenVINO's element types for INFERENCE_PRECISION_HINT.
 PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
@@ -32,6 +46,25 @@ class OpenVinoOptions(RuntimeOptions):
     # "default" leaves the choice to the plugin (bf16 on CPUs with bf16 arithmetic): named for what it runs only
     # after reading it back, so the catalogue never uses it.
     precision: Literal["fp32", "bf16", "fp16", "default"] = "fp32"
+    # ENABLE_CPU_PINNING; None: pinned only when the session's threads take every core this process may use (see the
+    # module's docstring: partial sessions pinned to the same first cores share them).
+    cpu_pinning: bool | None = None
+
+
+def pinning(options: OpenVinoOptions) -> bool:
+    """Whether a session's threads are pinned: as asked, else only when they take every usable core (then nothing of
+    this process is left for another instance to run on, and pinning keeps each thread on its core)."""
+    return options.cpu_pinning if options.cpu_pinning is not None else takes_every_core(options.threads)
+
+
+def compile_config(options: OpenVinoOptions) -> dict:
+    """The CPU plugin's properties for ``options``: the hint, threads, pinning and the pinned float precision."""
+    config: dict = {"PERFORMANCE_HINT": options.hint, "ENABLE_CPU_PINNING": pinning(options)}
+    if options.threads:
+        config["INFERENCE_NUM_THREADS"] = int(options.threads)
+    if options.precision != "default":
+        config["INFERENCE_PRECISION_HINT"] = PRECISIONS[options.precision]
+    return config
 
 
 def compute_layers(compiled) -> tuple[str, dict[str, int], dict[str, int]]:
@@ -58,14 +91,9 @@ class OpenVinoSession(Session):
 
         core = ov.Core()
         self.options = options
-        config: dict = {"PERFORMANCE_HINT": options.hint}
-        if options.threads:
-            config["INFERENCE_NUM_THREADS"] = int(options.threads)
-        if options.precision != "default":
-            config["INFERENCE_PRECISION_HINT"] = PRECISIONS[options.precision]
         try:
             self.model = core.read_model(str(artifact.path))
-            self.compiled = core.compile_model(self.model, "CPU", config)
+            self.compiled = core.compile_model(self.model, "CPU", compile_config(options))
         except Exception as e:
             raise UserError(f"OpenVINO cannot load {artifact.path}: {str(e).splitlines()[0]}",
                             fix="check the model, or ask for a precision this CPU has") from e
@@ -102,6 +130,7 @@ class OpenVinoSession(Session):
             precision_requested="int8" if quantized else None if self.options.precision == "default" else self.options.precision,
             precision_actual=actual, threads=int(self.compiled.get_property("INFERENCE_NUM_THREADS")) or "default",
             details={"hint": self.options.hint, "streams": int(self.compiled.get_property("NUM_STREAMS")),
+                     "cpu_pinning": bool(self.compiled.get_property("ENABLE_CPU_PINNING")),
                      "parallel_requests": len(self.queue) if self.queue is not None else 1,
                      "inference_precision_hint": hint, "float_precision": self.options.precision,
                      "compute_layer_precisions": layers, "kernels": kernels,
@@ -112,10 +141,7 @@ class OpenVinoSession(Session):
         """OpenVINO's performance counters, aggregated by executed layer type."""
         import openvino as ov
 
-        config = {"PERF_COUNT": True, "PERFORMANCE_HINT": self.options.hint}
-        if self.options.precision != "default":
-            config["INFERENCE_PRECISION_HINT"] = PRECISIONS[self.options.precision]
-        request = ov.Core().compile_model(self.model, "CPU", config).create_infer_request()
+        request = ov.Core().compile_model(self.model, "CPU", {**compile_config(self.options), "PERF_COUNT": True}).create_infer_request()
         times: dict[str, float] = defaultdict(float)
         calls: dict[str, int] = defaultdict(int)
         for i in range(runs):

@@ -3,6 +3,16 @@
 The artifact is a reference to the source model (``Artifact.ref``); the
 transforms are applied when the session opens, so compile time lands in the
 cold-start figure where it belongs.
+
+Threads: ``torch.set_num_threads`` is one setting for the whole process, read by
+each thread when it first runs a parallel operator, while OpenMP keeps a thread
+count per calling thread. A session that set it once at open was overridden by
+the next session opened: the scaling measurement's two-thread session, opened
+after two one-thread instances, made each instance run two OpenMP threads (four
+busy threads on two cores, 0.23-0.30 of a core each), and a server's solo
+session inherited its instances' one thread. So each session sets its count in
+the thread that calls it, at every call (well under a microsecond): OpenMP then
+holds each calling thread to its own session's count.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import numpy as np
 from servopt.contracts import Artifact, OpProfile, SessionInfo
 from servopt.cpu import Isa
 from servopt.errors import UserError
-from servopt.machine import Device
+from servopt.machine import Device, usable_cores
 from servopt.runtimes.base import ONEDNN_ISA, Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 # glibc returns large tensor buffers to the OS after every forward unless told not to; set in a process's
@@ -50,8 +60,8 @@ class TorchSession(Session):
             raise UserError("a torch artifact needs a model reference", fix="build it from a torch source")
         self.torch = torch
         self.options = options
-        if options.threads:
-            torch.set_num_threads(int(options.threads))
+        self.threads = int(options.threads) if options.threads else default_threads(torch)
+        torch.set_num_threads(self.threads)  # for loading and compiling; every call sets it again (_context)
         model = LoadedModel.from_ref(artifact.ref)
         self.input_names = model.spec.input_names
         self.device = options.device
@@ -81,6 +91,7 @@ class TorchSession(Session):
 
     def _context(self):
         torch = self.torch
+        torch.set_num_threads(self.threads)  # this calling thread's OpenMP count: see the module's docstring
         stack = contextlib.ExitStack()
         mode = self.options.grad_mode
         if mode == "inference_mode":
@@ -160,7 +171,7 @@ class TorchSession(Session):
         return SessionInfo(
             runtime="torch", provider_requested=self.options.device, provider_actual=self.device,
             precision_requested=self.options.dtype if not self.options.quantize_dynamic else "int8",
-            precision_actual=actual, threads=torch.get_num_threads(),
+            precision_actual=actual, threads=self.threads,
             details={"mode": mode, "channels_last": self.options.channels_last, "autocast": self.options.autocast,
                      "cpu_capability": torch.backends.cpu.get_cpu_capability(), "compute_ops": self._ran or {},
                      "precision_source": source},
@@ -181,6 +192,14 @@ class TorchSession(Session):
                 times[ev.key] += ev.self_cpu_time_total
                 calls[ev.key] += ev.count
         return top_ops(times, calls, runs, top, "torch.profiler")
+
+
+@lru_cache(maxsize=1)
+def default_threads(torch) -> int:
+    """A session's threads when none are asked: torch's own default (``OMP_NUM_THREADS``, else the cores it sees), read
+    once, before any session set it (a later read returns the last session's count), and no more than the cores this
+    process may use (``OMP_NUM_THREADS`` may name more)."""
+    return max(1, min(torch.get_num_threads(), usable_cores()))
 
 
 _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}

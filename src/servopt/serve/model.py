@@ -13,7 +13,6 @@ elsewhere on the host.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from pydantic import Field
 from servopt.contracts import Artifact, Contract, ModelRef
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
+from servopt.machine import usable_cores
 from servopt.runtimes.base import Runtime, Session, get_runtime
 from servopt.spec import ModelSpec, TensorSpec
 
@@ -89,7 +89,7 @@ class ServedModel:
         When the split is servopt's (no ``threads`` given), one more session keeps the variant's measured options
         (``solo``): a model call that would run alone on an idle server takes it, so a lone request is as fast as the
         report's p50 says instead of running on one core of two (measured: 128 tokens in 18 vs 26 ms)."""
-        cores = os.cpu_count() or 1
+        cores = usable_cores()
         if instances is None:
             instances = 2 if self.objective == "throughput" and cores >= 2 else 1
         self.instances = instances
@@ -230,7 +230,7 @@ def from_run(run_dir: Path, target: str | None, variant: str | None, nearest: bo
                         parameters={"variant": variant, **parameters})
     model.objective = decision.target.objective if decision else None
     if decision is not None and decision.capacity is not None and decision.capacity.variant == variant:
-        model.found_settings = capacity_settings(decision.capacity, os.cpu_count() or 1)
+        model.found_settings = capacity_settings(decision.capacity, usable_cores())
         model.found_capacity, model.instance_vcpus = decision.capacity, decision.target.instance_vcpus
     return model
 
