@@ -45,4 +45,16 @@ def data_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"{data['pairs']} scored pairs judged (Spearman of cosine with the scores)")
     if data.get("split"):  # what no choice saw: the quality verdict's samples (issue 34)
         lines.append(f"split: {data['split']}")
+    if data.get("torch_weights"):
+        lines.append(torch_weights_line(data["torch_weights"]))
     return lines
+
+
+def torch_weights_line(checked: dict[str, Any]) -> str:
+    """An ONNX encoder against the PyTorch weights beside it (``export.verify_against_weights``), in one line."""
+    figures = f"max |Δ| {checked['max_abs_diff']:.2g}" + (f", lowest cosine {checked['min_cosine']:.6f}" if "min_cosine" in checked else "")
+    if checked.get("within_tolerance"):
+        return f"the ONNX file agrees with the folder's PyTorch weights ({checked['weights']}): {figures} over {checked['checks']} batches"
+    return (f"the ONNX file DIFFERS from the folder's PyTorch weights ({checked['weights']}): {figures} over {checked['checks']} "
+            f"batches (bounds: |Δ| {checked['tolerance']:.0e}, cosine {checked['min_cosine_bound']}); the variants are judged "
+            "against the ONNX file: check --output and the folder's pooling (modules.json)")
