@@ -376,3 +376,16 @@ def test_an_optimum_minilm_is_optimized_and_served(optimum_minilm, tmp_path):
     assert answer.status_code == 200, answer.text
     got = np.array([d["embedding"] for d in answer.json()["data"]], dtype=np.float32)
     assert got.shape == (3, 384) and ((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)).min() > 0.99
+
+
+def test_servopt_serve_takes_an_onnx_encoder_folder_as_it_is(tmp_path):
+    """`servopt serve FOLDER` of an ONNX encoder folder (not a run, not a package) serves the pooled graph, named after
+    the folder, tokenizing with its tokenizer; --target picks from runs only."""
+    from servopt.cli.serve import _served
+
+    folder = _folder(tmp_path / "minilm-onnx")
+    model, packaged = _served(folder, None, None, False, None, None, {})
+    assert model.name == "minilm-onnx" and packaged == {} and model.artifact.path == str(load_model(folder).path)
+    assert model.spec.preprocessing["tokenizer"] == str(folder / "tokenizer.json")
+    with pytest.raises(UserError, match="pick from a run directory"):
+        _served(folder, "cpu-server", None, False, None, None, {})
