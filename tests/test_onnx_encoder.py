@@ -389,3 +389,18 @@ def test_servopt_serve_takes_an_onnx_encoder_folder_as_it_is(tmp_path):
     assert model.spec.preprocessing["tokenizer"] == str(folder / "tokenizer.json")
     with pytest.raises(UserError, match="pick from a run directory"):
         _served(folder, "cpu-server", None, False, None, None, {})
+
+
+@pytest.mark.slow  # a few seconds of timing phases
+def test_servopt_bench_measures_an_onnx_encoder_folder(tmp_path):
+    """bench of an ONNX encoder folder: ONNX Runtime only (no torch source), on the texts, at the grid's lengths."""
+    from servopt.cli import app
+
+    folder = _folder(tmp_path / "m")
+    (tmp_path / "t.txt").write_text("hello there\nthe second text is a little longer than the first\nthird\n")
+    out = tmp_path / "b.json"
+    result = runner.invoke(app, ["bench", str(folder), "--texts", str(tmp_path / "t.txt"), "--min-runs", "3", "--min-seconds", "0.05",
+                                 "--batch-size", "2", "--grid", "1x8", "--no-cold-start", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    (only,) = json.loads(out.read_text())["results"]
+    assert only["runtime"] == "onnxruntime" and only["status"] == "ok" and only["grid"][0]["sequence"] == 8
