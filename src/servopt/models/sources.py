@@ -181,8 +181,8 @@ def load_model(
     suffix = path.suffix.lower()
     # an ONNX file in its Hugging Face folder is a sentence encoder, tokenized with the folder's tokenizer; one servopt
     # wrote (its spec in the metadata: a built variant, a package's file) is already pooled
-    root = onnx_encoder.encoder_root(path) if suffix == ".onnx" and not _has_servopt_spec(path) else None
-    if root is not None:
+    root = onnx_encoder.encoder_root(path) if suffix == ".onnx" else None
+    if root is not None and not _has_servopt_spec(path):
         return _load_onnx_encoder(path, root, output, trust_pickle)
     _no_output(output, path)
     if suffix == ".onnx":
