@@ -86,40 +86,58 @@ def main() -> None:
     for label, model in sources.items():
         optimize(model, runs[label], args.budget)
 
-    jobs, picks = {}, {}
-    for label, run in runs.items():
-        summary, records = load_run(run)
-        decision = summary.decision("cpu-server")
-        pick = decision.recommended or decision.nearest
-        rec = next(r for r in records if r.name == pick)
-        picks[label] = {"variant": pick, "met": decision.recommended is not None, "runtime": rec.runtime,
-                        "cosine_mean": rec.quality.agreement.cosine_mean if rec.quality and rec.quality.agreement else None}
-        proto = Protocol(min_runs=50, min_seconds=args.seconds, batch_size=32, batch_min_runs=8, batch_min_seconds=args.seconds,
-                         cold_start=False)
-        jobs[label] = MeasureJob.of_record(rec, run / "data" / "eval.npz", "text-embedding", proto)
+    proto = Protocol(min_runs=50, min_seconds=args.seconds, batch_size=32, batch_min_runs=8, batch_min_seconds=args.seconds,
+                     cold_start=False)
+    jobs, picks, loaded = {}, {}, {label: load_run(run) for label, run in runs.items()}
+
+    def contend(label: str, run_label: str, name: str, met: bool) -> None:
+        rec = next(r for r in loaded[run_label][1] if r.name == name)
+        agreement = rec.quality.agreement if rec.quality else None
+        picks[label] = {"variant": name, "met": met, "runtime": rec.runtime,
+                        "cosine_mean": agreement.cosine_mean if agreement else None}
+        jobs[label] = MeasureJob.of_record(rec, runs[run_label] / "data" / "eval.npz", "text-embedding", proto)
+
+    for label in runs:
+        decision = loaded[label][0].decision("cpu-server")
+        contend(label, label, decision.recommended or decision.nearest, decision.recommended is not None)
+    # the ONNX folder's recipe on the PyTorch folder's own export too, where that run measured it: what the source
+    # changes for one recipe, apart from what each sweep chose
+    same = picks["onnx folder"]["variant"]
+    if same != picks["pytorch folder"]["variant"] and any(r.name == same and r.status == "ok" for r in loaded["pytorch folder"][1]):
+        contend("pytorch folder, same recipe", "pytorch folder", same, False)
     rounds = run_rounds(jobs, args.rounds, args.out / "work" / "side-by-side")
     if rounds.failed:
         raise SystemExit(f"failed: {rounds.failed}")
     base, other = "pytorch folder", "onnx folder"
-    pairs = list(zip(rounds.measured[other], rounds.measured[base], strict=True))
-    p50 = ratio_interval([m.latency_ms.p50 / b.latency_ms.p50 for m, b in pairs if m and b])
-    tput = ratio_interval([m.throughput_ips.batch / b.throughput_ips.batch for m, b in pairs if m and b])
+
+    def ratios(over: str) -> tuple[tuple, tuple]:
+        pairs = [(m, b) for m, b in zip(rounds.measured[other], rounds.measured[over], strict=True) if m and b]
+        return (ratio_interval([m.latency_ms.p50 / b.latency_ms.p50 for m, b in pairs]),
+                ratio_interval([m.throughput_ips.batch / b.throughput_ips.batch for m, b in pairs]))
+
+    p50, tput = ratios(base)
     print(f"\nCPU: {header()}; export: {exported}; each sweep --budget {args.budget}, cpu-server, the shipped texts; "
           f"{args.rounds} rounds, each pick in a fresh process, in turn, order flipped each round "
           f"(shared machine: {len(rounds.noisy_rounds())} noisy rounds)")
-    print(f"{'source':16} {'cpu-server pick':34} {'met':>4} {'cosine':>7} {'p50 ms':>7} {'batch-32/s':>10}")
-    for label in (base, other):
+    print(f"{'source':28} {'cpu-server pick':34} {'met':>4} {'cosine':>7} {'p50 ms':>7} {'batch-32/s':>10}")
+    for label in jobs:
         ms = [m for m in rounds.measured[label] if m]
         cos = picks[label]["cosine_mean"]
-        print(f"{label:16} {picks[label]['variant']:34} {'yes' if picks[label]['met'] else 'no':>4} "
+        print(f"{label:28} {picks[label]['variant']:34} {'yes' if picks[label]['met'] else 'no':>4} "
               f"{'—' if cos is None else f'{cos:.4f}':>7} {statistics.median(m.latency_ms.p50 for m in ms):7.2f} "
               f"{statistics.median(m.throughput_ips.batch for m in ms):10.0f}")
     within = abs(tput[0] - 1) <= AIM and abs(p50[0] - 1) <= AIM
     print(f"onnx ÷ pytorch folder's pick: p50 {p50[0]:.3f}x [{p50[1]:.3f}, {p50[2]:.3f}], batch-32 throughput "
           f"{tput[0]:.3f}x [{tput[1]:.3f}, {tput[2]:.3f}] (median of per-round ratios, interval) -> "
           f"{'within' if within else 'NOT within'} {AIM:.0%}")
+    same_recipe = None
+    if "pytorch folder, same recipe" in jobs:
+        same_recipe = dict(zip(("p50_ratio", "throughput_ratio"), ratios("pytorch folder, same recipe"), strict=True))
+        print(f"onnx ÷ pytorch folder's {same}: p50 {same_recipe['p50_ratio'][0]:.3f}x "
+              f"[{same_recipe['p50_ratio'][1]:.3f}, {same_recipe['p50_ratio'][2]:.3f}], batch-32 throughput "
+              f"{same_recipe['throughput_ratio'][0]:.3f}x [{same_recipe['throughput_ratio'][1]:.3f}, {same_recipe['throughput_ratio'][2]:.3f}]")
     result = {"cpu": header(), "export": exported, "args": {k: str(v) for k, v in vars(args).items()}, "picks": picks,
-              "order": rounds.order, "p50_ratio": p50, "throughput_ratio": tput, "within_aim": within,
+              "order": rounds.order, "p50_ratio": p50, "throughput_ratio": tput, "within_aim": within, "same_recipe": same_recipe,
               "noisy_rounds": len(rounds.noisy_rounds())}
     (args.out / "onnx_encoder.json").write_text(json.dumps(result, indent=1))
     print(f"full result: {args.out / 'onnx_encoder.json'}")
