@@ -196,6 +196,14 @@ def test_several_outputs_need_output_named(tmp_path):
     np.testing.assert_allclose(got, _numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], "mean", True), rtol=1e-5, atol=1e-6)
 
 
+def test_an_output_already_named_embedding_keeps_the_name_for_the_pooled_one(tmp_path):
+    """The spec names the output ``embedding`` (a server answers with it): a graph value of that name moves aside."""
+    model = load_model(_folder(tmp_path / "m", outputs=("embedding",)))
+    got, feed = _embed(model)  # asserts the graph's only output is `embedding`
+    np.testing.assert_allclose(got, _numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], "mean", True), rtol=1e-5, atol=1e-6)
+    assert model.spec.outputs[0].name == "embedding"
+
+
 def test_the_cli_refuses_several_outputs_with_their_names(tmp_path):
     from servopt.cli import app
 

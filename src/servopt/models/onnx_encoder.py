@@ -279,6 +279,24 @@ def _cast_inputs(model: Any, names: list[str]) -> None:
             value.type.tensor_type.elem_type = TensorProto.INT64
 
 
+def _rename(graph: Any, old: str, new: str) -> bool:
+    """Every use of the value ``old`` (nodes, subgraphs' nodes, outputs, initializers, shapes) renamed ``new``; False
+    where the graph has no such value."""
+    found = False
+    for node in graph.node:
+        for names in (node.input, node.output):
+            if old in names:
+                names[:] = [new if n == old else n for n in names]
+                found = True
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                found = _rename(sub, old, new) or found
+    for value in (*graph.output, *graph.value_info, *graph.initializer):
+        if value.name == old:
+            value.name, found = new, True
+    return found
+
+
 def _digest(enc: OnnxEncoder, files: list[Path], props: dict[str, str], name: str) -> str:
     """The graph servopt writes, as a key: the source's files (the ONNX file and its external data), every choice made,
     the metadata it carries (the tokenizer's path among them) and its name."""
@@ -305,9 +323,10 @@ def sentence_graph(enc: OnnxEncoder, files: list[Path], props: dict[str, str]) -
         return final
     model = onnx.load(str(enc.source))  # external data too: the file written holds (or sits beside) its own weights
     _cast_inputs(model, enc.int32_inputs)
-    taken = {n for node in model.graph.node for n in (*node.input, *node.output)} | {i.name for i in model.graph.input}
-    out = "embedding" if "embedding" not in taken else f"{_PREFIX}embedding"
-    append_pooling(model, tokens=enc.output, mask="attention_mask", output=out,
+    out, tokens = "embedding", enc.output  # the spec's name (what a server answers with)
+    if _rename(model.graph, out, f"{_PREFIX}{out}_inner") and tokens == out:  # a graph value of that name moves aside
+        tokens = f"{_PREFIX}{out}_inner"
+    append_pooling(model, tokens=tokens, mask="attention_mask", output=out,
                    pooling=enc.info.pooling if enc.tokens else "none", normalize=enc.info.normalize)
     keep_only(model, out, enc.dim)
     onnx.helper.set_model_props(model, {p.key: p.value for p in model.metadata_props} | props)
