@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from servopt.cli.app import ArchOpt, ClassesOpt, ModelArg, ShapeOpt, TrustOpt, app, console, run_cli
+from servopt.cli.app import ArchOpt, ClassesOpt, ModelArg, OutputOpt, ShapeOpt, TrustOpt, app, console, run_cli
 from servopt.cli.common import with_data_flags
 from servopt.errors import UserError
 
@@ -23,6 +23,7 @@ def bench(
     num_classes: ClassesOpt = None,
     trust_pickle: TrustOpt = False,
     input_shape: ShapeOpt = None,
+    output: OutputOpt = None,
     runtime: Annotated[list[str] | None, typer.Option(help="runtimes to measure (default: torch and onnxruntime for torch models)")] = None,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="runtime option KEY=VALUE, for every runtime that has it")] = None,
     graph_level: Annotated[str | None, typer.Option(help="shorthand for -o graph_optimization_level=… (disable, basic, extended, all)")] = None,
@@ -49,7 +50,7 @@ def bench(
         from servopt.results import write_json_atomic
         from servopt.runtimes import get_runtime
 
-        loaded = open_model(model, arch, num_classes, trust_pickle, input_shape)
+        loaded = open_model(model, arch, num_classes, trust_pickle, input_shape, output)
         dataset, note = open_data(loaded, **data)
         if note:
             console.print(f"[yellow]{note}[/yellow]")

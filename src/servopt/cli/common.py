@@ -132,10 +132,12 @@ def parse_options(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def open_model(path: Path, arch: str | None, num_classes: int | None, trust_pickle: bool, input_shape: list[str] | None):
+def open_model(path: Path, arch: str | None, num_classes: int | None, trust_pickle: bool, input_shape: list[str] | None,
+               output: str | None = None):
     from servopt.models.sources import load_model
 
-    return load_model(path, arch=arch, num_classes=num_classes, trust_pickle=trust_pickle, input_shape=parse_input_shapes(input_shape))
+    return load_model(path, arch=arch, num_classes=num_classes, trust_pickle=trust_pickle, input_shape=parse_input_shapes(input_shape),
+                      output=output)
 
 
 def data_options(model, **raw: Any):

@@ -25,6 +25,7 @@ from servopt.cli.app import (
     ArchOpt,
     ClassesOpt,
     ModelArg,
+    OutputOpt,
     ShapeOpt,
     TrustOpt,
     app,
@@ -248,14 +249,21 @@ def run_optimize(loaded, data_raw: dict, settings, quiet: bool, json_out: bool) 
     """Read the data through the model's family, then run the sweep (``optimize.sweep``) with progress bars."""
 
     from servopt.cli.common import data_options
+    from servopt.export import verify_against_weights
     from servopt.optimize import sweep
     from servopt.optimize.rundir import load_run
     from servopt.optimize.targets import load_targets
+    from servopt.report.data import torch_weights_line
 
     targets = load_targets(settings.targets)
     family, options = data_options(loaded, **data_raw)
     eval_data, loaded.spec = family.read_eval(loaded.spec, options)
     tune, notes = family.read_tuning(loaded.spec, options)
+    checked = verify_against_weights(loaded, eval_data)  # an ONNX encoder beside its PyTorch weights: the report says
+    if checked is not None:
+        eval_data.meta["torch_weights"] = checked
+        if not checked.get("within_tolerance"):
+            notes.append(torch_weights_line(checked))
     if not quiet and not json_out:
         if not family.has_data(options):
             console.print(f"[yellow]{family.no_data_note}[/yellow]")
@@ -322,6 +330,7 @@ def optimize(
     num_classes: ClassesOpt = None,
     trust_pickle: TrustOpt = False,
     input_shape: ShapeOpt = None,
+    output: OutputOpt = None,
     targets: TargetsOpt = None,
     out: OutOpt = None,
     variants: VariantsOpt = None,
@@ -345,7 +354,7 @@ def optimize(
         settings = optimize_settings(targets=targets, out=out, variants=variants, include_all=include_all,
                                      calibration_samples=calibration_samples, quick=quick, ray=ray, full=full, lab=lab,
                                      budget=budget, load=load, no_capacity=no_capacity)
-        run_optimize(open_model(model, arch, num_classes, trust_pickle, input_shape), data, settings, quiet, json_out)
+        run_optimize(open_model(model, arch, num_classes, trust_pickle, input_shape, output), data, settings, quiet, json_out)
 
     run_cli(go)
 

@@ -23,11 +23,16 @@ NearestOpt = Annotated[bool, typer.Option("--nearest", help="when no variant mee
 def _served(source: Path, target: str | None, variant: str | None, nearest: bool, name: str | None, runtime: str | None,
             options: dict):
     """The model to serve, and the serving settings a package was made with (empty otherwise)."""
+    from servopt.models.onnx_encoder import folder_onnx
     from servopt.serve.model import from_file, from_package, from_run
 
     packaged: dict = {}
     if source.is_dir() and (source / "manifest.json").exists():
         model, packaged = from_package(source)
+    elif source.is_dir() and not (source / "results.jsonl").exists() and (onnx_file := folder_onnx(source)) is not None:
+        if target or variant or nearest:
+            raise UserError("--target/--variant/--nearest pick from a run directory", fix="pass the run directory, or drop them")
+        model = from_file(onnx_file, name, runtime, options)  # an ONNX encoder folder as it is (its pooling appended)
     elif source.is_dir():
         model = from_run(source, target, variant, nearest)
         packaged = dict(model.found_settings)  # the target's capacity search: under the flags, like a package's

@@ -73,8 +73,9 @@ class EncoderInfo:
     uses_token_type_ids: bool
     do_lower_case: bool  # sentence_bert_config.json: lower-case texts before tokenizing
     tokenizer_path: Path
-    weights_path: Path
-    weights_format: Literal["safetensors", "pickle"]
+    # the PyTorch weights; None only for a folder read for its ONNX file (``inspect_encoder(..., weights=False)``)
+    weights_path: Path | None
+    weights_format: Literal["safetensors", "pickle"] | None
     trust_pickle: bool = False
 
     def input_names(self) -> list[str]:
@@ -109,6 +110,17 @@ def is_hf_encoder_folder(path: str | Path) -> bool:
         return isinstance(config, dict) and "model_type" in config and has_weights
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
+
+
+def has_torch_weights(folder: str | Path) -> bool:
+    """True when a Hugging Face folder holds PyTorch weights (safetensors or a pickle), where its ``modules.json``
+    puts the Transformer. Never raises: which loader to try (a folder may hold an ONNX export instead, or as well)."""
+    root = Path(folder)
+    try:
+        model_dir = _module_dir(root, _read_modules(root), "Transformer") or root
+    except UserError:
+        model_dir = root
+    return any((model_dir / w).is_file() for w in (*_SAFE_WEIGHTS, *_PICKLE_WEIGHTS))
 
 
 def _read_modules(root: Path) -> list[dict] | None:
@@ -180,6 +192,14 @@ def _weights(model_dir: Path, trust_pickle: bool) -> tuple[Path, Literal["safete
     )
 
 
+def _optional_weights(model_dir: Path, trust_pickle: bool) -> tuple[Path | None, Literal["safetensors", "pickle"] | None]:
+    """The PyTorch weights where the folder has loadable ones (a pickle only when trusted), else (None, None)."""
+    try:
+        return _weights(model_dir, trust_pickle)
+    except UserError:
+        return None, None
+
+
 def _max_seq_length(model_dir: Path, root: Path, config: dict, max_positions: int | None) -> tuple[int, str]:
     def capped(value: int, source: str) -> tuple[int, str]:
         if max_positions is not None and value > max_positions:
@@ -202,10 +222,11 @@ def _max_seq_length(model_dir: Path, root: Path, config: dict, max_positions: in
     return 512, "default (512; no length found in the folder)"
 
 
-def inspect_encoder(folder: str | Path, trust_pickle: bool = False) -> EncoderInfo:
+def inspect_encoder(folder: str | Path, trust_pickle: bool = False, *, weights: bool = True) -> EncoderInfo:
     """Read a sentence-transformers or bare ``AutoModel`` folder: pooling, normalization, lengths, files.
 
-    Only JSON files are read; every missing or unusable file is a ``UserError`` naming it.
+    Only JSON files are read; every missing or unusable file is a ``UserError`` naming it. ``weights=False``: a folder
+    read for its ONNX file (``models.onnx_encoder``), whose PyTorch weights may be absent (``weights_path`` None then).
     """
     root = Path(folder)
     if not root.exists():
@@ -246,7 +267,7 @@ def inspect_encoder(folder: str | Path, trust_pickle: bool = False) -> EncoderIn
             + (" — it has vocab.txt, a slow tokenizer's file" if (model_dir / "vocab.txt").is_file() else ""),
             fix="save a fast tokenizer into the folder: AutoTokenizer.from_pretrained(folder).save_pretrained(folder)",
         )
-    weights, weights_format = _weights(model_dir, trust_pickle)
+    weights_path, weights_format = _weights(model_dir, trust_pickle) if weights else _optional_weights(model_dir, trust_pickle)
 
     if modules is None:
         pooling: Pooling = "mean"
@@ -272,7 +293,7 @@ def inspect_encoder(folder: str | Path, trust_pickle: bool = False) -> EncoderIn
         pooling=pooling, pooling_source=pooling_source, normalize=normalize,
         max_seq_length=max_len, max_seq_length_source=max_len_source, max_positions=max_positions,
         uses_token_type_ids=isinstance(type_vocab, int) and type_vocab > 1, do_lower_case=lower,
-        tokenizer_path=tokenizer, weights_path=weights, weights_format=weights_format, trust_pickle=trust_pickle,
+        tokenizer_path=tokenizer, weights_path=weights_path, weights_format=weights_format, trust_pickle=trust_pickle,
     )
 
 
@@ -340,6 +361,9 @@ def _build_sentence_encoder_class() -> type:
             from transformers import AutoModel
 
             info = folder if isinstance(folder, EncoderInfo) else inspect_encoder(folder, trust_pickle=trust_pickle)
+            if info.weights_path is None:
+                raise UserError(f"{info.model_folder} has no PyTorch weights (model.safetensors)",
+                                fix="load its ONNX file instead, or save the model with save_pretrained")
             kwargs: dict[str, Any] = {"local_files_only": True, "dtype": torch.float32, "output_loading_info": True}
             if attn_implementation:
                 kwargs["attn_implementation"] = attn_implementation

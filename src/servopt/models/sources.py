@@ -153,21 +153,38 @@ def load_model(
     trust_pickle: bool = False,
     input_shape: dict[str, list[int]] | None = None,
     task: str | None = None,
+    output: str | None = None,
 ) -> LoadedModel:
     """Detect the format of ``path`` and load it, with a clear error when it cannot. The path is made absolute: the run
-    directory records it (the original's artifact), and `servopt serve RUN` from another directory must find it."""
+    directory records it (the original's artifact), and `servopt serve RUN` from another directory must find it.
+    ``output``: the graph output of an ONNX sentence encoder that holds its embedding (``models.onnx_encoder``)."""
+    from servopt.models import onnx_encoder
+
     path = Path(path).absolute()
     if not path.exists():
         raise UserError(f"model file {path} does not exist", fix="check the path")
     if path.is_dir():
-        from servopt.models.hf_encoder import encoder_spec, inspect_encoder, is_hf_encoder_folder
+        from servopt.models.hf_encoder import encoder_spec, has_torch_weights, inspect_encoder, is_hf_encoder_folder
 
-        if not is_hf_encoder_folder(path):
-            raise UserError(f"{path} is a folder but not a Hugging Face encoder (no config.json with weights and a tokenizer)",
-                            fix="pass a model file (.onnx/.pt/.pth/.pt2), or a folder saved with save_pretrained")
-        info = inspect_encoder(path, trust_pickle=trust_pickle)
-        return LoadedModel("hf_encoder", path, encoder_spec(info), trust_pickle=trust_pickle)
+        onnx_file = onnx_encoder.folder_onnx(path)
+        # PyTorch weights win over an ONNX file beside them (pass that file to take it instead)
+        if is_hf_encoder_folder(path) and (onnx_file is None or has_torch_weights(path)):
+            _no_output(output, path)
+            info = inspect_encoder(path, trust_pickle=trust_pickle)
+            return LoadedModel("hf_encoder", path, encoder_spec(info), trust_pickle=trust_pickle)
+        if onnx_file is None:
+            raise UserError(f"{path} is a folder but not a Hugging Face encoder (no config.json with PyTorch weights or "
+                            "model.onnx, and a tokenizer.json)",
+                            fix="pass a model file (.onnx/.pt/.pth/.pt2), or a folder saved with save_pretrained or "
+                                "exported by Optimum")
+        return _load_onnx_encoder(onnx_file, path, output, trust_pickle)
     suffix = path.suffix.lower()
+    # an ONNX file in its Hugging Face folder is a sentence encoder, tokenized with the folder's tokenizer; one servopt
+    # wrote (its spec in the metadata: a built variant, a package's file) is already pooled
+    root = onnx_encoder.encoder_root(path) if suffix == ".onnx" else None
+    if root is not None and not _has_servopt_spec(path):
+        return _load_onnx_encoder(path, root, output, trust_pickle)
+    _no_output(output, path)
     if suffix == ".onnx":
         model = _load_onnx(path)
     elif suffix == ".pt2":
@@ -191,6 +208,32 @@ def load_model(
         model.spec.task = task  # type: ignore[assignment]
         model.spec.family = ""
     return model
+
+
+def _has_servopt_spec(path: Path) -> bool:
+    import onnx
+
+    try:
+        return any(p.key == ONNX_META_SPEC for p in onnx.load(str(path), load_external_data=False).metadata_props)
+    except Exception:  # noqa: BLE001 - an unreadable file is reported where it is loaded
+        return False
+
+
+def _no_output(output: str | None, path: Path) -> None:
+    if output is not None:
+        raise UserError(f"--output names the embedding output of an ONNX sentence encoder; {path} is not one",
+                        fix="drop --output, or pass an ONNX file in its Hugging Face folder (config.json, tokenizer.json)")
+
+
+def _load_onnx_encoder(onnx_file: Path, root: Path, output: str | None, trust_pickle: bool) -> LoadedModel:
+    """An ONNX sentence encoder: the graph servopt runs (pooling appended, ``onnx_encoder.sentence_graph``) as an ONNX
+    source of the text family, so its catalogue is that of a graph already in ONNX (no torch, no export)."""
+    from servopt.models.onnx_encoder import inspect_onnx_encoder, onnx_encoder_spec, sentence_graph, spec_meta
+
+    enc = inspect_onnx_encoder(onnx_file, root, output, trust_pickle)
+    spec = onnx_encoder_spec(enc)
+    graph = sentence_graph(enc, model_files(onnx_file), {ONNX_META_SPEC: json.dumps(spec_meta(spec))})
+    return LoadedModel("onnx", graph, spec)
 
 
 def _load_onnx(path: Path) -> LoadedModel:

@@ -50,6 +50,8 @@ def data_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"classes: {data['labels']}")
     if data.get("outputs"):  # what the confident/unsure split read (issue 41)
         lines.append(f"outputs: {data['outputs']}")
+    if data.get("torch_weights"):
+        lines.append(torch_weights_line(data["torch_weights"]))
     return lines
 
 
@@ -61,3 +63,13 @@ def _data(r: ReportInput) -> list[str]:
 @section("grid")
 def _grid(r: ReportInput) -> GridTable | None:
     return grid_table(r.records)
+
+
+def torch_weights_line(checked: dict[str, Any]) -> str:
+    """An ONNX encoder against the PyTorch weights beside it (``export.verify_against_weights``), in one line."""
+    figures = f"max |Δ| {checked['max_abs_diff']:.2g}" + (f", lowest cosine {checked['min_cosine']:.6f}" if "min_cosine" in checked else "")
+    if checked.get("within_tolerance"):
+        return f"the ONNX file agrees with the folder's PyTorch weights ({checked['weights']}): {figures} over {checked['checks']} batches"
+    return (f"the ONNX file DIFFERS from the folder's PyTorch weights ({checked['weights']}): {figures} over {checked['checks']} "
+            f"batches (bounds: |Δ| {checked['tolerance']:.0e}, cosine {checked['min_cosine_bound']}); the variants are judged "
+            "against the ONNX file: check --output and the folder's pooling (modules.json)")

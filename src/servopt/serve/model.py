@@ -159,7 +159,9 @@ def from_file(path: Path, name: str | None, runtime: str | None = None, options:
     if not path.exists():
         raise UserError(f"{path} does not exist", fix="check the path")
     if suffix == ".onnx":
-        spec = load_model(path).spec
+        loaded = load_model(path)
+        # an ONNX sentence encoder in its Hugging Face folder runs as the graph servopt pooled (models.onnx_encoder)
+        spec, path = loaded.spec, loaded.path
         fmt, runtime = "onnx", runtime or "onnxruntime"
     elif suffix == ".xml":
         spec = _openvino_spec(path)

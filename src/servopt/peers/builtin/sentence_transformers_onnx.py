@@ -40,39 +40,19 @@ POOLING = "mean"  # the pooling pool_in_graph appends (ST's default for sentence
 def pool_in_graph(src: Path, dst: Path, *, tokens: str, mask: str, output: str, normalize: bool) -> None:
     """``src``'s graph with ST's mean pooling (over the tokens ``mask`` keeps) and, with ``normalize``, its L2
     normalization appended after the ``tokens`` output ([batch, sequence, hidden]); ``output`` ([batch, hidden]) is then
-    its only output. Written to ``dst`` as one file (the weights inside)."""
-    import numpy as np
+    its only output (``models.onnx_encoder``: the steps servopt appends to an ONNX encoder's graph). Written to
+    ``dst`` as one file (the weights inside)."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+
+    from servopt.models.onnx_encoder import append_pooling, keep_only
 
     model = onnx.load(str(src))
-    graph = model.graph
-    if tokens not in {o.name for o in graph.output}:
-        raise PeerUnavailable(f"ST's ONNX model has no output {tokens!r} to pool (it has {[o.name for o in graph.output]})")
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    if opset < 13:
-        raise PeerUnavailable(f"ST's ONNX model is opset {opset}; pooling is appended with opset 13 operators")
-    p = "servopt_pool_"
-    graph.initializer.extend([numpy_helper.from_array(np.array(v, dtype=dt), p + name)
-                              for name, v, dt in (("axis_seq", [1], "int64"), ("axis_last", [-1], "int64"),
-                                                  ("count_eps", 1e-9, "float32"), ("norm_eps", 1e-12, "float32"))])
-    mean = p + "mean" if normalize else output
-    nodes = [helper.make_node("Cast", [mask], [p + "mask"], to=TensorProto.FLOAT),
-             helper.make_node("Unsqueeze", [p + "mask", p + "axis_last"], [p + "mask3"]),
-             helper.make_node("Mul", [tokens, p + "mask3"], [p + "masked"]),
-             helper.make_node("ReduceSum", [p + "masked", p + "axis_seq"], [p + "sum"], keepdims=0),
-             helper.make_node("ReduceSum", [p + "mask3", p + "axis_seq"], [p + "count"], keepdims=0),
-             helper.make_node("Max", [p + "count", p + "count_eps"], [p + "count_c"]),  # ST: clamp(min=1e-9)
-             helper.make_node("Div", [p + "sum", p + "count_c"], [mean])]
-    if normalize:  # torch.nn.functional.normalize(p=2, dim=1): x / max(||x||, 1e-12)
-        nodes += [helper.make_node("Mul", [mean, mean], [p + "sq"]),
-                  helper.make_node("ReduceSum", [p + "sq", p + "axis_last"], [p + "sqsum"], keepdims=1),
-                  helper.make_node("Sqrt", [p + "sqsum"], [p + "norm"]),
-                  helper.make_node("Max", [p + "norm", p + "norm_eps"], [p + "norm_c"]),
-                  helper.make_node("Div", [mean, p + "norm_c"], [output])]
-    graph.node.extend(nodes)
-    del graph.output[:]
-    graph.output.append(helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", "hidden"]))
+    found = {o.name: o for o in model.graph.output}
+    if tokens not in found:
+        raise PeerUnavailable(f"ST's ONNX model has no output {tokens!r} to pool (it has {list(found)})")
+    hidden = found[tokens].type.tensor_type.shape.dim[-1].dim_value or "hidden"
+    append_pooling(model, tokens=tokens, mask=mask, output=output, pooling=POOLING, normalize=normalize)
+    keep_only(model, output, hidden)
     onnx.checker.check_model(model)
     onnx.save(model, str(dst))
 
