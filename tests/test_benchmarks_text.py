@@ -96,11 +96,17 @@ def test_ratios_are_medians_of_per_round_ratios() -> None:
 
 def test_step_figures_name_the_other_load() -> None:
     """Machine busy minus the server's and the client's CPU is other processes' load (a shared 2-core machine)."""
-    raw = {"wall_s": 2.0, "ok": 100, "errors": {}, "latencies_ms": [5.0] * 100, "cpu_deltas": [1.0, 3.0, 0.5]}
-    fig = C.step_figures(raw, 16, ncpu=2)
+    from servopt.serve.load.tally import ClientFigures, Percentiles, StepSummary
+
+    client = ClientFigures(cpu_ms_per_request=5.0, cpu_share=0.25, lag_ms=Percentiles.of([0.0]), margin_ms=5.0,
+                           behind_share=0.0, unsent=0)
+    step = StepSummary(mode="closed", concurrency=8, sender="raw", duration_s=2.0, sent=100, ok=100, refused=0, dropped=0,
+                       failed=0, throughput_rps=50.0, latency_ms=Percentiles.of([5.0] * 100), client=client, valid=True,
+                       probe=[1.0, 3.0, 0.5])
+    fig = C.step_figures(step, 16, ncpu=2)
     assert (fig["req_per_s"], fig["texts_per_s"], fig["server_cpu_ms_per_request"], fig["others_share"]) == (50.0, 800.0, 10.0, 0.375)
-    assert fig["client_cpu_ms_per_request"] == 5.0
-    assert C.step_figures({**raw, "cpu_deltas": [1.0]}, 1)["others_share"] is None
+    assert fig["client_cpu_ms_per_request"] == 5.0 and fig["p50_ms"] == 5.0
+    assert C.step_figures(step.model_copy(update={"probe": [1.0]}), 1)["others_share"] is None
 
 
 def test_servopt_b_runs_the_other_revisions_code_with_its_own_or_the_shared_options(tmp_path: Path) -> None:

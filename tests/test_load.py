@@ -271,3 +271,19 @@ def test_the_user_s_evaluation_data_is_sent_as_the_server_receives_it(tmp_path, 
     with pytest.raises(UserError, match="no token ids to decode"):
         served_requests(text_meta, ServedData(eval_data=str(tmp_path / "t.npz")))
 
+
+def test_the_sweep_hands_the_probe_the_user_s_data_as_its_target_s_clients_send_it(tmp_path):
+    """``Sweep.capacity_probe`` gets a typed ``ServedData``: the run's eval.npz, a text encoder's tokenizer, and the
+    image files only for a target whose clients send images."""
+    from types import SimpleNamespace
+
+    from servopt.optimize.instance import SweepInstance
+    from servopt.optimize.targets import PRESETS
+
+    sweep = SimpleNamespace(model=SimpleNamespace(spec=SimpleNamespace(preprocessing={"tokenizer": "/m/tokenizer.json"})),
+                            eval_data=SimpleNamespace(files=["/d/a.png", "/d/b.png"]),
+                            dir=SimpleNamespace(eval_data=tmp_path / "eval.npz"))
+    tensors = SweepInstance.served_data(sweep, PRESETS["cpu-server"])
+    assert tensors.eval_data == str(tmp_path / "eval.npz") and tensors.tokenizer == "/m/tokenizer.json" and tensors.images == []
+    images = SweepInstance.served_data(sweep, PRESETS["cpu-server"].model_copy(update={"requests": "images"}))
+    assert images.images == ["/d/a.png", "/d/b.png"]
