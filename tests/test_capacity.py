@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 
@@ -302,3 +303,59 @@ def test_the_configuration_search_proposes_and_is_told():
         gen.throw(Enough)
     assert stopped.value.value == first
 
+
+def test_a_stopped_capacity_search_ends_at_once(tmp_path):
+    """SIGTERM during a capacity search (``launcher.stop_all``): the sweep went on measuring for about 75 s before it
+    wrote its interrupted summary (the search ran on against the killed server, step after step, then started the next
+    configuration's server). The step under way ends at the next arrival, the search raises ``Interrupted``, and no
+    server starts after the stop."""
+    import asyncio
+    import threading
+    import time
+
+    from servopt.bench import launcher
+    from servopt.serve.harness import AppProcess, free_port
+    from servopt.serve.ratesearch import measure_capacity
+
+    meta = json.dumps({"name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
+                       "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}]}).encode()
+
+    async def handle(reader, writer):
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            if head.startswith(b"GET"):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(meta), meta))
+            else:
+                await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    port, ready, done = free_port(), threading.Event(), threading.Event()
+    loop = asyncio.new_event_loop()
+
+    async def serve():
+        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        ready.set()
+        async with server:
+            while not done.is_set():
+                await asyncio.sleep(0.05)
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        timer = threading.Timer(0.5, launcher.stop_all)
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(launcher.Interrupted):
+            measure_capacity(f"http://127.0.0.1:{port}", "m", SLO, 50.0, SearchRules(min_seconds=5.0), stop=launcher.stopping)
+        assert time.monotonic() - t0 < 3.0, "the search ended with the stop, not after its steps"
+        with pytest.raises(launcher.Interrupted):
+            AppProcess([sys.executable, "-m", "http.server", str(free_port())], free_port())
+    finally:
+        launcher.reset_stop()
+        done.set()
+        thread.join(10)

@@ -175,6 +175,35 @@ def test_any_server_runs_until_it_answers_and_a_dead_one_says_why(tmp_path: Path
         AppProcess([sys.executable, "-c", "print('no server here')"], free_port(), start_timeout_s=30)
 
 
+@LINUX
+def test_a_server_dies_with_the_process_that_started_it_even_on_kill_9(tmp_path: Path) -> None:
+    """kill -9 of a sweep during its capacity search left its `servopt serve` running beside whatever measured next:
+    a server started by ``AppProcess`` gets SIGTERM from the kernel when its starter dies (``dies_with_this_process``)."""
+    code = ("import sys, time\nfrom servopt.serve.harness import AppProcess, free_port\nport = free_port()\n"
+            "app = AppProcess([sys.executable, '-m', 'http.server', str(port), '--bind', '127.0.0.1'], port, ready_path='/',"
+            " start_timeout_s=60)\nprint(app.proc.pid, flush=True)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    try:
+        assert parent.stdout is not None
+        server = int(parent.stdout.readline())
+        assert Path(f"/proc/{server}").exists()
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and Path(f"/proc/{server}").exists():
+            status = Path(f"/proc/{server}/status").read_text() if Path(f"/proc/{server}/status").exists() else ""
+            if "State:\tZ" in status:  # gone, waiting to be reaped by init
+                break
+            time.sleep(0.1)
+        alive = Path(f"/proc/{server}/status").exists() and "State:\tZ" not in Path(f"/proc/{server}/status").read_text()
+        assert not alive, "the server outlived the process that started it"
+    finally:
+        parent.kill()
+        if "server" in locals():
+            subprocess.run(["kill", "-9", str(server)], capture_output=True)  # an orphan of a failed run
+
+
 def test_servopts_text_encoder_batches_by_length_and_answers_in_input_order(tmp_path: Path) -> None:
     """The offline side of a text comparison: length-sorted batches, each padded to its own longest, rows back in the
     order the texts came."""
