@@ -85,8 +85,11 @@ class SearchRules(BaseModel):
     max_step_seconds: float = 30.0
     max_confirm_seconds: float = 120.0
     # a request sent later than this share of the bound after its scheduled time was sent late; a step with more than
-    # 1 % of them late measured the client (serve.load.tally.BEHIND_SHARE), and runs once more (``invalid_reruns``)
-    lag_share: float = 0.1
+    # 1 % of them late measured the client (serve.load.tally.BEHIND_SHARE), and runs once more (``invalid_reruns``).
+    # A quarter: a bare client against a trivial server on this shared 2-vCPU machine (load average 4-5) sent its p99
+    # request 5 ms late from the OS scheduler alone (AMD EPYC Zen 4, 2026-11-29); its lag is in the latency anyway
+    # (timed from the schedule), so the margin only marks a client that no longer offers the rate it was asked
+    lag_share: float = 0.25
     invalid_reruns: int = 1
 
     def queries(self, slo: Slo, confirming: bool) -> int:

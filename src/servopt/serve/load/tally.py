@@ -23,7 +23,9 @@ from pydantic import BaseModel, Field
 from servopt.serve.load.senders.base import Answer, Kind
 
 BEHIND_SHARE = 0.01  # of the requests sent later than the margin: past it the client fell behind its schedule
-DEFAULT_MARGIN_MS = 5.0  # without a latency bound to scale it by (servopt loadtest without --slo)
+# without a latency bound to scale it by (servopt loadtest without --slo): a bare client on this shared 2-vCPU machine
+# (load average 4-5) sent its p99 request 5 ms late from the OS scheduler alone (AMD EPYC Zen 4, 2026-11-29)
+DEFAULT_MARGIN_MS = 10.0
 
 
 class Percentiles(BaseModel):
