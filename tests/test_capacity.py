@@ -359,3 +359,40 @@ def test_a_stopped_capacity_search_ends_at_once(tmp_path):
         launcher.reset_stop()
         done.set()
         thread.join(10)
+
+
+def test_the_configuration_search_drives_servers_within_its_time(monkeypatch, tmp_path):
+    """``search_configurations`` serves each configuration the generator proposes (a fresh server each), searches its
+    capacity with the user's data, and starts another only while the first one's time still fits; the best is the
+    generator's, with its steps, what was sent and the configurations tried."""
+    import contextlib
+    import time
+
+    from servopt.contracts import ServedData
+    from servopt.serve import capacity, harness
+    from servopt.serve.ratesearch import SearchResult
+
+    served: list[tuple[str, ...]] = []
+
+    @contextlib.contextmanager
+    def server(run_dir, *args, **_):
+        served.append(args)
+        yield type("S", (), {"url": "http://127.0.0.1:9"})()
+
+    by_batch = {8: 100.0, 4: 130.0, 16: 90.0}
+
+    def measure(url, model, slo, start, rules, until=None, data=None, stop=None, **_):
+        batch = int(served[-1][served[-1].index("--max-batch") + 1])
+        assert data == ServedData(eval_data="e.npz")
+        time.sleep(0.05)
+        return SearchResult(capacity_rps=by_batch.get(batch, 50.0), steps=[], confirmed=True, knee_found=True), "what"
+
+    monkeypatch.setattr(harness, "ServerProcess", server)
+    monkeypatch.setattr(capacity, "measure_capacity", measure)
+    first = default_config(2, max_batch=8)
+    found = capacity.search_configurations(tmp_path, "v", SLO, 50.0, 2, None, FAST, first=first, data=ServedData(eval_data="e.npz"))
+    assert found.config.max_batch == 4 and found.capacity_rps == 130.0 and found.requests == "what" and found.sender == "raw"
+    assert len(found.tried) == len(served) > 3 and found.tried[0] == (first, 100.0)
+    served.clear()
+    short = capacity.search_configurations(tmp_path, "v", SLO, 50.0, 2, 0.06, FAST, first=first, data=ServedData(eval_data="e.npz"))
+    assert len(served) == 1 and short.config == first, "no time for a second configuration: the first stands"
