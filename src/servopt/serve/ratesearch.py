@@ -257,10 +257,10 @@ def load_step(summary, tally, slo: Slo, rate: float, confirming: bool, rules: Se
 
 
 def server_requests(url: str, model: str, api_key: str | None, data: ServedData | None = None, images: list | None = None,
-                    texts: Path | None = None):
+                    texts: Path | None = None, sentence: str | None = None):
     """What a search sends ``model`` at ``url``, and that in words: ``data`` (the user's evaluation data, as the server
     receives it), ``images`` (files to ``/classify``), ``texts`` (a file of texts, one a request), or one sample made
-    from the model's metadata."""
+    from the model's metadata (``sentence`` for a model that takes strings)."""
     from servopt.serve.load import requests as R
 
     if images:
@@ -274,7 +274,7 @@ def server_requests(url: str, model: str, api_key: str | None, data: ServedData 
         lines = read_texts(texts)[:4096]
         return R.text_requests(meta, lines), f"{len(lines)} texts of {texts}, one a request drawn at random"
     if any(t["datatype"] == "BYTES" for t in meta["inputs"]):
-        return R.text_requests(meta, [R.SENTENCE]), "one sentence, the same in every request"
+        return R.text_requests(meta, [sentence or R.SENTENCE]), "one sentence, the same in every request"
     return [R.tensor_request(meta, R.synthetic_sample(meta))], "one sample made from the model's metadata (random values)"
 
 

@@ -96,13 +96,14 @@ def sentence() -> str:
 
 
 def _requests(server: Server) -> list:
-    """The request every server is loaded with: one typical sentence, in the API it speaks."""
-    from servopt.serve.load.requests import json_request, text_requests
-    from servopt.serve.ratesearch import fetch_metadata
+    """The request every server is loaded with, in the API it speaks: one typical sentence, or for a model of tensors
+    one sample made from its metadata."""
+    from servopt.serve.load.requests import json_request
+    from servopt.serve.ratesearch import server_requests
 
     if server.api == "openai-embeddings":
         return [json_request("/v1/embeddings", {"model": server.model, "input": [sentence()]})]
-    return text_requests(fetch_metadata(server.url, server.model, None), [sentence()])
+    return server_requests(server.url, server.model, None, sentence=sentence())[0]
 
 
 def measure(job: ServedJob, workdir: Path, *, seconds: float = 10.0, warmup: float = 2.0) -> ServedMeasured:
