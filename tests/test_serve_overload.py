@@ -49,3 +49,26 @@ def test_the_goal_reads_the_accepted_tail_against_the_budget_the_refusals_speed_
     assert slow["protocol"] == "grpc"
     assert slow["goal"] == {"accepted_p99_within_budget_plus_one_call": False, "excess_p99_under_20ms": False,
                             "rss_growth_under_10pct": False}
+
+
+@pytest.mark.slow
+def test_an_overload_phase_runs_on_rest_and_grpc(tmp_path):
+    """The instrument end to end on a tiny model: the closed-loop maximum, then a phase of Poisson arrivals on each
+    protocol through the load generator's raw and gRPC senders, with the server's counters and RSS."""
+    import asyncio
+
+    import httpx
+
+    from conftest import tiny_classifier_onnx
+    from servopt.serve.harness import ServerProcess
+
+    model = tiny_classifier_onnx(tmp_path / "tiny.onnx", ["a", "b", "c"])
+    with ServerProcess(model, "--name", "m", "--latency-budget-ms", "200", grpc=True) as server:
+        request = O.make_request(httpx.get(f"{server.url}/v2/models/m", timeout=10).json())
+        top, seen = asyncio.run(O.max_rate(server.url, request, 0.5, 4))
+        assert top > 0 and seen["accepted"] > 0
+        for protocol in ("rest", "grpc"):
+            phase = asyncio.run(O.overload(server, request, protocol, 50.0, 1.0, 0.2, 200.0))
+            assert phase["protocol"] == protocol and phase["statuses"]["accepted"] > 10, phase
+            assert phase["server"]["model_calls"] > 0 and phase["rss_mb"]["start"] > 0 and set(phase["goal"]) == {
+                "accepted_p99_within_budget_plus_one_call", "excess_p99_under_20ms", "rss_growth_under_10pct"}
