@@ -29,6 +29,8 @@ from servopt.serve.load.tally import DEFAULT_MARGIN_MS, StepSummary, Tally
 
 @dataclass(frozen=True)
 class Closed:
+    """``concurrency`` clients, each sending its next request when its answer is in."""
+
     concurrency: int
 
     @property
@@ -42,6 +44,8 @@ class Closed:
 
 @dataclass(frozen=True)
 class Open:
+    """Arrivals at ``rate``/s (Poisson, or evenly spaced) whatever the answers do, from a seeded schedule."""
+
     rate: float
     arrivals: Literal["poisson", "constant"] = "poisson"
     seed: int = 0

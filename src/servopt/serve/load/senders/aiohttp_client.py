@@ -10,6 +10,8 @@ from servopt.serve.load.senders.base import Answer, Kind, Sender, http_answer, r
 
 @register_sender
 class AiohttpSender(Sender):
+    """One aiohttp session, unlimited keep-alive connections."""
+
     name = "aiohttp"
 
     async def __aenter__(self) -> AiohttpSender:

@@ -17,6 +17,8 @@ from servopt.serve.load.requests import Request
 
 
 class Kind(StrEnum):
+    """What became of a request, in the one set of words every tally and report uses."""
+
     ACCEPTED = "accepted"  # answered with the result (HTTP 200, gRPC OK)
     REFUSED = "refused"  # refused at admission: the server's fast answer to overload (HTTP 503/429, RESOURCE_EXHAUSTED)
     DROPPED = "dropped"  # admitted, then dropped for waiting past the server's latency budget (503, its message says so)
@@ -25,6 +27,8 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True)
 class Answer:
+    """One answer: its kind, and the status it came with."""
+
     kind: Kind
     status: str  # "200", "503", "OK", "RESOURCE_EXHAUSTED", or the exception's name
 

@@ -13,6 +13,8 @@ REFUSED = {"RESOURCE_EXHAUSTED", "UNAVAILABLE"}
 
 @register_sender
 class GrpcSender(Sender):
+    """One ``grpc.aio`` channel and its inference stub."""
+
     name = "grpc"
 
     async def __aenter__(self) -> GrpcSender:

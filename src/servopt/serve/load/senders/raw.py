@@ -53,6 +53,8 @@ async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
 
 @register_sender
 class RawHttp(Sender):
+    """Keep-alive HTTP/1.1 over asyncio streams, a pool of connections opened as needed."""
+
     name = "raw"
 
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 60.0) -> None:
