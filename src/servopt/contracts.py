@@ -602,6 +602,7 @@ class LoadStep(Contract):
     lag_p99_ms: float | None = None  # how late the client sent, against its schedule
     client_cpu_ms: float | None = None  # the load generator's CPU per request
     invalid: str | None = None  # why the step was not valid
+    answers: dict[str, int] = Field(default_factory=dict)  # the answers not accepted, by status ("503", "no answer" …)
 
 
 class ServedData(Contract):

@@ -69,7 +69,10 @@ class SearchRules(BaseModel):
     confirm_seconds: float = 6.0
     confirm_queries: int = 0  # a floor, as ``min_queries``
     confirm_confidence: float = earlystop.CONFIDENCE  # LoadGen's 99 %
-    confirm_over: int = 10  # a p99 confirmation: 2,010 queries (or more, at its minimum length)
+    # a p99 confirmation: 1,307 queries (or more, at its minimum length). Ten (2,010) made the image demo's pick's
+    # confirming runs 21 s at 96/s, and its search ran out of the sweep's 90 s before it could step down (2026-11-29,
+    # AMD EPYC Zen 4, shared)
+    confirm_over: int = 5
     precision: float = 0.1  # bisect until the bracket's ends are within 10 % of each other
     # confirm at the knee / (1 + headroom): a server run at its knee misses in a longer run (a queue builds for longer
     # than a short step; the image demo's pick met p99 <= 50 ms at 278/s over 15 s, and missed it over 20 s three times
@@ -253,7 +256,8 @@ def load_step(summary, tally, slo: Slo, rate: float, confirming: bool, rules: Se
                     errors=errors, meets=meets, valid=summary.valid, confirming=confirming, late_ms=late,
                     to_bound=value / slo.limit_ms if value is not None else None, claim_ms=estimate, over=verdict.over,
                     needed=verdict.needed, confidence=confidence, lag_p99_ms=summary.client.lag_ms.p99,
-                    client_cpu_ms=summary.client.cpu_ms_per_request, invalid=summary.invalid)
+                    client_cpu_ms=summary.client.cpu_ms_per_request, invalid=summary.invalid,
+                    answers={**summary.errors, **({"not sent": summary.client.unsent} if summary.client.unsent else {})})
 
 
 def server_requests(url: str, model: str, api_key: str | None, data: ServedData | None = None, images: list | None = None,
