@@ -61,6 +61,9 @@ def main() -> None:
     if decision is None or decision.capacity is None or decision.capacity.config is None:
         raise SystemExit(f"{args.run} has no capacity search for {args.target}")
     cap, cfg = decision.capacity, decision.capacity.config
+    if cap.capacity_rps <= 0:
+        raise SystemExit(f"{args.run}'s capacity search for {args.target} confirmed no rate ({cap.stopped or 'none met'}): "
+                         "nothing to check")
     slo = parse_slo(cap.slo.replace(" ", "").replace("<=", "="))
     print(f"# {cpu_model()} ({cpu_features().level}); {cap.variant} within {cap.slo}: reported {cap.capacity_rps:.1f} req/s, "
           f"{cfg.label}")

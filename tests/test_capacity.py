@@ -396,3 +396,23 @@ def test_the_configuration_search_drives_servers_within_its_time(monkeypatch, tm
     served.clear()
     short = capacity.search_configurations(tmp_path, "v", SLO, 50.0, 2, 0.06, FAST, first=first, data=ServedData(eval_data="e.npz"))
     assert len(served) == 1 and short.config == first, "no time for a second configuration: the first stands"
+
+
+def test_a_step_too_short_to_claim_is_neither_met_nor_missed():
+    """The image demo's OpenVINO pick missed at 58/s by six answers, then at 29/s and 14/s every answer was within the
+    bound but 159 and 70 queries claim nothing; the search read the steady median as "no lower rate meets it". A step
+    that answered everything within the bound with too few queries is undecided: halving would claim less, so the
+    search stops and says why."""
+    from servopt.serve.ratesearch import undecided
+
+    def measure(rate: float, seconds: float, confirming: bool) -> LoadStep:
+        n = int(rate * seconds)
+        ok = rate < 50
+        return LoadStep(rate_rps=rate, achieved_rps=rate, requests=n, duration_s=seconds, p50_ms=8.0, p99_ms=20.0 if ok else 51.0,
+                        errors=0, meets=False, valid=True, confirming=confirming, claim_ms=None if ok else 58.0,
+                        over=0 if ok else 6, needed=299 if ok else 1182)
+
+    rules = SearchRules(min_seconds=1.5, max_step_seconds=6.0, max_steps=10)
+    result = search(measure, 58.0, rules)
+    assert len(result.steps) == 2 and undecided(result.steps[-1]) and not undecided(result.steps[0])
+    assert "too few to claim p99" in result.stopped and "no lower rate" not in result.stopped and result.capacity_rps == 0

@@ -183,7 +183,17 @@ def rate_search(start_rps: float, slo: Slo, rules: SearchRules | None = None, un
                     break
                 rate = min(rate * 2, rules.max_rps)
                 continue
-            failed = [s for s in steps if not s.meets and s.valid and s.p50_ms is not None and not s.confirming]
+            last = steps[-1]
+            if undecided(last) and lo <= 0:
+                # every answer within the bound, too few of them to claim it: a lower rate claims less in a step of the
+                # same length, so halving would only repeat it (the image demo's OpenVINO pick: 159 queries in 6 s at
+                # 29/s, 70 at 14/s, and the search read the steady median as "no lower rate meets it"; 2026-11-29)
+                stopped = (f"at {rate:.3g}/s a {last.duration_s:.0f} s step answered {last.requests} queries within the "
+                           f"bound, too few to claim p{slo.percentile} (it needs {last.needed}): a lower rate claims less; "
+                           "longer steps (max_step_seconds) would")
+                break
+            failed = [s for s in steps if not s.meets and s.valid and s.p50_ms is not None and not s.confirming
+                      and not undecided(s)]
             if len(failed) >= 2 and failed[-1].rate_rps < failed[-2].rate_rps and failed[-1].p50_ms >= 0.8 * failed[-2].p50_ms:
                 # halving the rate no longer shortens the median: the service time misses the bound, not a queue, and
                 # no lower rate will meet it (a slow model on one thread per instance: another layout may)
@@ -216,6 +226,13 @@ def rate_search(start_rps: float, slo: Slo, rules: SearchRules | None = None, un
         knee = knee or lo
     return SearchResult(capacity_rps=rate if confirmed else 0.0, steps=steps, confirmed=confirmed, knee_found=hi < math.inf,
                         knee_rps=knee, stopped=stopped, timed_out=timed_out)
+
+
+def undecided(step: LoadStep) -> bool:
+    """Valid, every query answered within the bound, and still too few of them to claim the percentile: neither met
+    nor missed."""
+    return (step.valid and not step.meets and step.errors == 0 and step.claim_ms is None and step.over == 0
+            and step.needed is not None and step.requests < step.needed)
 
 
 def drive(search: Search, measure: Callable[[Probe], LoadStep]) -> SearchResult:

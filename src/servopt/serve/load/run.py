@@ -58,6 +58,10 @@ class Open:
     def level(self) -> float:
         return self.rate
 
+    def __post_init__(self) -> None:
+        if not self.rate > 0:
+            raise ValueError(f"an open loop's rate must be positive, not {self.rate}")
+
     def times(self, start: float, seconds: float, seed: int | None = None) -> Iterator[float]:
         """The scheduled send times from ``start`` for ``seconds`` (``perf_counter`` clock)."""
         rng = random.Random(self.seed if seed is None else seed)
