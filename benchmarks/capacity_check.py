@@ -1,6 +1,8 @@
 """Check a run's served capacity with an independent open loop (issue 32): serve the target's pick in the configuration
 its capacity search found, offer Poisson arrivals at the capacity it reported and at 1.25× it, each for longer than the
-search's steps, and say whether the first meets the SLO and the second does not.
+search's steps, with the requests the search sent (the user's evaluation data, as the target's clients send it), latency
+timed from each request's schedule (``servopt.serve.load``), and say whether the first meets the SLO and the second
+does not (the plain percentile of each run; LoadGen's early-stopping claim is printed beside it).
 
     python benchmarks/capacity_check.py runs/demo --target cpu-server [--seconds 20] [--over 1.25] [--rounds 3]
 
@@ -18,20 +20,32 @@ import json
 from pathlib import Path
 
 from servopt.bench.rounds import round_order
+from servopt.contracts import ServedData
+from servopt.data.dataset import Dataset
 from servopt.machine import cpu_features, cpu_model
-from servopt.optimize.rundir import load_run
-from servopt.serve.capacity import parse_slo, payload_for
+from servopt.optimize.rundir import RunDir, load_config, load_run
 from servopt.serve.harness import ServerProcess
-from servopt.serve.loadtest import LoadGenerator
+from servopt.serve.load import Open, Pool, claim, open_sender, run
+from servopt.serve.ratesearch import parse_slo, server_requests
 
 
-async def offer(url: str, rate: float, seconds: float, warmup: float) -> dict:
-    import aiohttp
+def served_data(run_dir: Path, target: str) -> ServedData:
+    """What the run's capacity search sent: its evaluation data as the target's clients send it."""
+    config = load_config(run_dir)
+    spec = config.spec if config else None
+    tokenizer = (spec.preprocessing or {}).get("tokenizer") if spec else None
+    wants_images = config is not None and any(t.name == target and t.requests == "images" for t in config.targets)
+    eval_data = RunDir(run_dir).eval_data
+    images = (Dataset.load(eval_data).files or []) if wants_images else []
+    return ServedData(eval_data=str(eval_data), tokenizer=str(tokenizer) if tokenizer else None, images=images)
 
-    payload = await payload_for(url, "m", None)
-    gen = LoadGenerator(url, payload)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        return await gen.open(session, rate, seconds, "poisson", max_in_flight=4096, warmup=warmup, seed=7)
+
+async def offer(url: str, data: ServedData, rate: float, seconds: float, warmup: float, seed: int):
+    """Poisson arrivals at ``rate`` for ``seconds`` (latency from each scheduled time), the user's requests."""
+    requests, what = server_requests(url, "m", None, data)
+    async with open_sender("raw", url) as sender:
+        step, tally = await run(sender, Pool(requests, seed), Open(rate, seed=seed), seconds, warmup=warmup)
+    return step, tally, what
 
 
 def main() -> None:
@@ -47,30 +61,40 @@ def main() -> None:
     if decision is None or decision.capacity is None or decision.capacity.config is None:
         raise SystemExit(f"{args.run} has no capacity search for {args.target}")
     cap, cfg = decision.capacity, decision.capacity.config
+    if cap.capacity_rps <= 0:
+        raise SystemExit(f"{args.run}'s capacity search for {args.target} confirmed no rate ({cap.stopped or 'none met'}): "
+                         "nothing to check")
     slo = parse_slo(cap.slo.replace(" ", "").replace("<=", "="))
     print(f"# {cpu_model()} ({cpu_features().level}); {cap.variant} within {cap.slo}: reported {cap.capacity_rps:.1f} req/s, "
           f"{cfg.label}")
+    data = served_data(args.run, args.target)
     args_ = ["--variant", cap.variant, *cfg.serve_args(), "--name", "m"]
     rows: dict[float, list[dict]] = {1.0: [], args.over: []}
     for i in range(args.rounds):
         for factor in round_order([1.0, args.over], i):
             with ServerProcess(args.run, *args_) as server:
-                s = asyncio.run(offer(server.url, cap.capacity_rps * factor, args.seconds, 2.0))
-            value = s["latency_ms"][f"p{slo.percentile}"]
-            errors = sum(s["errors"].values()) + s["dropped_by_client"]
-            meets = errors == 0 and value <= slo.limit_ms
-            rows[factor].append({"round": i, "rate_rps": cap.capacity_rps * factor, "ok": s["ok"], "p50_ms": s["latency_ms"]["p50"],
-                                 f"p{slo.percentile}_ms": value, "errors": errors, "meets": meets})
-            print(f"round {i + 1}: {factor:.2f}x = {cap.capacity_rps * factor:8.1f} req/s for {args.seconds:g} s: {s['ok']} "
-                  f"answers, p50 {s['latency_ms']['p50']:.1f} ms, p{slo.percentile} {value:.1f} ms, {errors} errors → "
+                s, tally, what = asyncio.run(offer(server.url, data, cap.capacity_rps * factor, args.seconds, 2.0, 7 + i))
+            value = getattr(s.latency_ms, f"p{slo.percentile}")
+            errors = s.not_accepted
+            meets = errors == 0 and value is not None and value <= slo.limit_ms
+            said = claim(*tally.latencies_ms(), slo.limit_ms, slo.share)  # LoadGen's early-stopping claim, for reference
+            rows[factor].append({"round": i, "rate_rps": cap.capacity_rps * factor, "ok": s.ok, "p50_ms": s.latency_ms.p50,
+                                 f"p{slo.percentile}_ms": value, "errors": errors, "meets": meets, "claimed": said.holds,
+                                 "claim_ms": said.estimate_ms, "client_valid": s.valid, "client_lag_p99_ms": s.client.lag_ms.p99,
+                                 "client_cpu_ms": s.client.cpu_ms_per_request})
+            print(f"round {i + 1}: {factor:.2f}x = {cap.capacity_rps * factor:8.1f} req/s for {args.seconds:g} s: {s.ok} "
+                  f"answers, p50 {s.latency_ms.p50 or float('nan'):.1f} ms, p{slo.percentile} {value or float('nan'):.1f} ms "
+                  f"(early-stopping estimate {said.estimate_ms or float('nan'):.1f} ms), {errors} errors, client lag p99 "
+                  f"{s.client.lag_ms.p99 or float('nan'):.1f} ms{'' if s.valid else ' NOT VALID: ' + str(s.invalid)} → "
                   f"{'meets' if meets else 'misses'} {cap.slo}", flush=True)
+    print(f"sent: {what}")
     # by the majority of the runs at each rate: one 20 s run's p99 on a shared machine is itself a coin near the bound
     held = {f: sum(r["meets"] for r in rs) > len(rs) / 2 for f, rs in rows.items()}
     agrees = held[1.0] and not held[args.over]
     print(f"capacity {'agrees' if agrees else 'DISAGREES'} with the independent open loop (meets at 1x in "
           f"{sum(r['meets'] for r in rows[1.0])} of {args.rounds} runs, at {args.over:g}x in "
           f"{sum(r['meets'] for r in rows[args.over])} of {args.rounds})")
-    print(json.dumps({"capacity": cap.capacity_rps, "slo": cap.slo, "rows": rows, "agrees": agrees}))
+    print(json.dumps({"capacity": cap.capacity_rps, "slo": cap.slo, "requests": cap.requests, "rows": rows, "agrees": agrees}))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ admission and dropped after waiting (from /metrics), its mean model-call time, a
 of the phase. The CPU (model name and its AVX/VNNI/AMX flags) is printed with the figures: they mean nothing
 without it. The load generator runs in this process, on the same cores as the server, as a client on the same
 host would; the instrument (requests for both protocols, the open loop that sorts answers into accepted, refused and
-dropped, the server's counters and RSS, the goal's checks) is ``servopt.serve.overload``.
+dropped, the server's counters and RSS, the goal's checks) is ``servopt.serve.overload``, on the one load generator
+(``servopt.serve.load``: latency from each request's scheduled time, the client's CPU and lag reported).
 
 Goal (issue 16): at 2x overload for 10 minutes, accepted p99 <= budget + one model call, refusals in < 20 ms,
 RSS growth < 10 %, on both protocols.
@@ -55,7 +56,8 @@ def default_model(work: Path) -> Path:
 
 def report(s: dict) -> str:
     a, r, d, srv, rss = s["accepted_ms"], s["refused_ms"], s["dropped"], s["server"], s["rss_mb"]
-    return (f"[{s['protocol']}] {s['rate_rps']:.0f}/s for {s['duration_s']:.0f} s: statuses {s['statuses']}; accepted "
+    return (f"[{s['protocol']}] {s['rate_rps']:.0f}/s for {s['duration_s']:.0f} s: answers {s['statuses']}, not sent "
+            f"{s['unsent']}; client {s['client']}; accepted "
             f"{s['accepted_rps']:.0f}/s p50 {a['p50']} / p99 {a['p99']} ms; refused p50 {r['p50']} / p99 {r['p99']} ms; "
             f"dropped {d['count']} (p50 {d['ms']['p50']} ms); "
             f"server refused {srv['refused']} dropped {srv['dropped']:.0f}, {srv['model_calls']} calls of {srv['mean_call_ms']} ms "
@@ -95,7 +97,7 @@ def main() -> None:
         meta = httpx.get(f"{server.url}/v2/models/overload", timeout=10).json()
         request = make_request(meta)
         rss_start = server.rss_bytes()
-        top, seen = asyncio.run(max_rate(server.url + request.rest_path, request, args.max_rate_seconds, args.concurrency))
+        top, seen = asyncio.run(max_rate(server.url, request, args.max_rate_seconds, args.concurrency))
         rate = top * args.multiple
         print(f"sustainable maximum: {top:.0f} requests/s (closed loop, concurrency {args.concurrency}, statuses {seen}); "
               f"overload: {args.multiple:g}x = {rate:.0f}/s, budget {args.budget_ms:g} ms, {args.duration:g} s per protocol")

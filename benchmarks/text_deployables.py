@@ -5,7 +5,8 @@ when no variant meets the target) and a PyTorch variant (``--torch-variant``, de
 compiled-PyTorch image), reports each package's installed footprint (``footprint.json``: the serving environment the
 package pins, sized from the installed distributions), serves both from their package folders (``servopt serve PKG``,
 each its own process, the package's own settings) and sends each ``--requests`` sequential OpenAI ``/v1/embeddings``
-requests of one text (the shipped texts, cycled), in rounds that alternate the order (A B, B A, ...). The figure is
+requests of one text (the shipped texts, drawn at random, the same draws for both in a round; the load generator's
+closed loop of one client, ``servopt.serve.load``), in rounds that alternate the order (A B, B A, ...). The figure is
 the mean response time per round, client side, and the median of the per-round ratios. Warm-up requests (``--warmup``)
 come first, so a compiling runtime is timed once compiled; its compile shows as the server's start time instead.
 
@@ -16,20 +17,19 @@ come first, so a compiling runtime is timed once compiled; its compile shows as 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import httpx
 
 from servopt.bench.rounds import ratio_interval, round_order
 from servopt.data.text import DEMO_SENTENCES, read_texts
 from servopt.machine import header
 from servopt.serve.harness import ServerProcess
+from servopt.serve.load import Closed, Pool, open_sender, run
+from servopt.serve.load.requests import json_request
 
 NAME = "minilm"
 
@@ -46,14 +46,17 @@ def package(run: Path, out: Path, *args: str) -> dict:
             "largest": footprint["serving_env"]["largest"][:3]}
 
 
-def timed(client: httpx.Client, url: str, texts: list[str], n: int, offset: int) -> list[float]:
-    out = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        r = client.post(url + "/v1/embeddings", json={"model": NAME, "input": texts[(offset + i) % len(texts)]})
-        out.append((time.perf_counter() - t0) * 1e3)
-        r.raise_for_status()
-    return out
+def timed(url: str, texts: list[str], n: int, seed: int) -> float:
+    """The mean response time (ms) of ``n`` sequential requests of one text each, drawn with ``seed``."""
+    async def go() -> float:
+        pool = Pool([json_request("/v1/embeddings", {"model": NAME, "input": t}) for t in texts], seed)
+        async with open_sender("raw", url) as sender:
+            step, _ = await run(sender, pool, Closed(1), 3600.0, max_requests=n)
+        if step.ok != n:
+            raise RuntimeError(f"{url} answered {step.ok} of {n} requests: {step.errors}")
+        return step.latency_ms.mean or 0.0
+
+    return asyncio.run(go())
 
 
 def main() -> None:
@@ -75,13 +78,11 @@ def main() -> None:
             info[label] = package(args.run, folder, *extra)
             servers[label] = ServerProcess(folder, start_timeout_s=600)
             urls[label], info[label]["start_s"] = servers[label].url, servers[label].start_s
-        with httpx.Client(timeout=60) as client:
-            for label in sides:
-                timed(client, urls[label], texts, args.warmup, 0)
-            rounds = []
-            for r in range(args.rounds):
-                rounds.append({label: statistics.fmean(timed(client, urls[label], texts, args.requests, r * args.requests))
-                               for label in round_order(list(sides), r)})
+        for label in sides:
+            timed(urls[label], texts, args.warmup, 0)
+        rounds = []
+        for r in range(args.rounds):
+            rounds.append({label: timed(urls[label], texts, args.requests, r + 1) for label in round_order(list(sides), r)})
     finally:
         for server in servers.values():
             server.stop()

@@ -96,11 +96,17 @@ def test_ratios_are_medians_of_per_round_ratios() -> None:
 
 def test_step_figures_name_the_other_load() -> None:
     """Machine busy minus the server's and the client's CPU is other processes' load (a shared 2-core machine)."""
-    raw = {"wall_s": 2.0, "ok": 100, "errors": {}, "latencies_ms": [5.0] * 100, "cpu_deltas": [1.0, 3.0, 0.5]}
-    fig = C.step_figures(raw, 16, ncpu=2)
+    from servopt.serve.load.tally import ClientFigures, Percentiles, StepSummary
+
+    client = ClientFigures(cpu_ms_per_request=5.0, cpu_share=0.25, lag_ms=Percentiles.of([0.0]), margin_ms=5.0,
+                           behind_share=0.0, unsent=0)
+    step = StepSummary(mode="closed", concurrency=8, sender="raw", duration_s=2.0, sent=100, ok=100, refused=0, dropped=0,
+                       failed=0, throughput_rps=50.0, latency_ms=Percentiles.of([5.0] * 100), client=client, valid=True,
+                       probe=[1.0, 3.0, 0.5])
+    fig = C.step_figures(step, 16, ncpu=2)
     assert (fig["req_per_s"], fig["texts_per_s"], fig["server_cpu_ms_per_request"], fig["others_share"]) == (50.0, 800.0, 10.0, 0.375)
-    assert fig["client_cpu_ms_per_request"] == 5.0
-    assert C.step_figures({**raw, "cpu_deltas": [1.0]}, 1)["others_share"] is None
+    assert fig["client_cpu_ms_per_request"] == 5.0 and fig["p50_ms"] == 5.0
+    assert C.step_figures(step.model_copy(update={"probe": [1.0]}), 1)["others_share"] is None
 
 
 def test_servopt_b_runs_the_other_revisions_code_with_its_own_or_the_shared_options(tmp_path: Path) -> None:
@@ -113,3 +119,34 @@ def test_servopt_b_runs_the_other_revisions_code_with_its_own_or_the_shared_opti
     assert extra == "--max-queue 1024" and b_env == {**env, "PYTHONPATH": str(tmp_path)}
     setting = SimpleNamespace(servopt_args="--max-queue 1024", servopt_b_args="--threads 1")
     assert text_servers.servopt_side("servopt-b", setting, env, None) == ("--threads 1", env)
+
+
+def test_a_server_s_cells_are_loaded_by_the_load_generator(tmp_path: Path) -> None:
+    """``measure_server`` runs each selected cell through ``serve.load`` (a closed loop, a Poisson one) against a
+    server answering ``/v1/embeddings``, and turns each step into the cell's figures."""
+    from servopt.serve.harness import AppProcess, free_port
+
+    port = free_port()
+    code = ("import asyncio\n"
+            "async def h(r, w):\n"
+            "    while True:\n"
+            "        try:\n"
+            "            head = await r.readuntil(b'\\r\\n\\r\\n')\n"
+            "        except Exception:\n"
+            "            return\n"
+            "        body = await r.readexactly(int(head.lower().split(b'content-length: ')[1].split(b'\\r\\n')[0]))\n"
+            "        out = b'{}' if head.startswith(b'POST /v1/embeddings') and body else b'ready'\n"
+            "        w.write(b'HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n%s' % (len(out), out))\n"
+            "        await w.drain()\n"
+            "async def main():\n"
+            f"    s = await asyncio.start_server(h, '127.0.0.1', {port})\n"
+            "    async with s:\n"
+            "        await s.serve_forever()\n"
+            "asyncio.run(main())\n")
+    with AppProcess([sys.executable, "-c", code], port, ready_path="/v1/embeddings", ready_body=b"{}") as app:
+        srv = C.Running(url=app.url, pid=app.proc.pid, start_s=app.start_s, stop=app.stop)
+        pools = {"short": ["a cat", "a dog sat"], "128": ["x " * 60], "shipped": ["one", "two"]}
+        out = C.measure_server(srv, "fake", pools, 0, rate=50.0, patterns="c1-n1-short,poisson*", seconds=0.4, warmup=0.1)
+    assert set(out) == {"c1-n1-short", "poisson50-n1-short"}
+    for fig in out.values():
+        assert fig["ok"] > 5 and not fig["errors"] and fig["server_cpu_s"] >= 0 and fig["client_cpu_ms_per_request"] is not None

@@ -1,10 +1,9 @@
 """The measuring instruments the benchmarks import from the library (issue 35): CPU accounting of the machine, a process
-tree and its threads (bench.cputime), the cheap HTTP client (serve.rawhttp), /metrics parsing (serve.metrics), timed
+tree and its threads (bench.cputime), /metrics parsing (serve.metrics), timed
 blocks across environments (bench.blocks), texts of exactly N tokens (data.text), a revision's source (serve.harness)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -17,7 +16,6 @@ import numpy as np
 import pytest
 
 from servopt.bench import blocks, cputime
-from servopt.serve import rawhttp
 from servopt.serve.metrics import metrics_delta, parse_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,52 +78,6 @@ def test_thread_cpu_counts_a_named_inference_thread_while_it_runs() -> None:
     t.join()
     assert infer1 - infer0 >= 0.3
     assert loop1 - loop0 < 0.2  # the main thread waited
-
-
-def test_raw_client_reads_every_answer_shape_and_counts_errors() -> None:
-    """Answers by Content-Length and in chunks count as 200s with their latency; a 503 and a closed connection count
-    as errors of their kind, and the client opens a new connection after the server closed one."""
-    seen: list[bytes] = []
-    connections = [0]
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections[0] += 1
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                break
-            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-            body = await reader.readexactly(length)
-            seen.append(body)
-            kind = body.decode()
-            if kind == "plain":
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-            elif kind == "chunked":
-                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n3;x=y\r\n!!!\r\n0\r\n\r\n")
-            elif kind == "busy":
-                writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
-            else:  # "close": the server asks to close after answering
-                writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
-                await writer.drain()
-                writer.close()
-                break
-            await writer.drain()
-
-    async def main() -> dict:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        async with server:
-            return await rawhttp.closed_loop(f"http://127.0.0.1:{port}/v1/x", [b"plain", b"chunked", b"busy", b"close"],
-                                             2, 0.3, 0.05, lambda: (1.0,))
-
-    out = asyncio.run(main())
-    assert out["ok"] > 0 and out["errors"].get("503", 0) > 0 and set(out["errors"]) == {"503"}
-    assert len(out["latencies_ms"]) == out["ok"] and out["cpu_deltas"] == [0.0]
-    assert connections[0] > 2  # "close" answers made the client reconnect
-    assert set(seen) == {b"plain", b"chunked", b"busy", b"close"}
-    wire = rawhttp.request_bytes("http://127.0.0.1:9/v1/embeddings", b"{}")
-    assert wire.startswith(b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:9\r\n") and wire.endswith(b"Content-Length: 2\r\n\r\n{}")
 
 
 def test_metrics_are_parsed_by_prefix_and_differenced() -> None:
@@ -223,36 +175,33 @@ def test_any_server_runs_until_it_answers_and_a_dead_one_says_why(tmp_path: Path
         AppProcess([sys.executable, "-c", "print('no server here')"], free_port(), start_timeout_s=30)
 
 
-def test_the_raw_poisson_loop_sends_at_its_rate_whatever_the_answers_and_drops_past_its_cap() -> None:
-    """An open loop keeps its arrival rate while answers are slow: at 200/s for 0.5 s against a server answering in
-    50 ms, about 100 arrive, several are in flight at once (connections are opened as needed), and with a cap of 2 in
-    flight the rest are dropped by the client, not queued."""
-    in_flight, peak = [0], [0]
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
+@LINUX
+def test_a_server_dies_with_the_process_that_started_it_even_on_kill_9(tmp_path: Path) -> None:
+    """kill -9 of a sweep during its capacity search left its `servopt serve` running beside whatever measured next:
+    a server started by ``AppProcess`` gets SIGTERM from the kernel when its starter dies (``dies_with_this_process``)."""
+    code = ("import sys, time\nfrom servopt.serve.harness import AppProcess, free_port\nport = free_port()\n"
+            "app = AppProcess([sys.executable, '-m', 'http.server', str(port), '--bind', '127.0.0.1'], port, ready_path='/',"
+            " start_timeout_s=60)\nprint(app.proc.pid, flush=True)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    try:
+        assert parent.stdout is not None
+        server = int(parent.stdout.readline())
+        assert Path(f"/proc/{server}").exists()
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and Path(f"/proc/{server}").exists():
+            status = Path(f"/proc/{server}/status").read_text() if Path(f"/proc/{server}/status").exists() else ""
+            if "State:\tZ" in status:  # gone, waiting to be reaped by init
                 break
-            await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
-            in_flight[0] += 1
-            peak[0] = max(peak[0], in_flight[0])
-            await asyncio.sleep(0.05)
-            in_flight[0] -= 1
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-            await writer.drain()
-
-    async def main(cap: int) -> dict:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        async with server:
-            return await rawhttp.poisson_loop(f"http://127.0.0.1:{port}/x", [b"{}"], 200, 0.5, 0.0, seed=1, max_in_flight=cap)
-
-    free = asyncio.run(main(512))
-    assert 50 <= free["ok"] <= 170 and not free["errors"] and free["dropped_by_client"] == 0 and peak[0] >= 3
-    capped = asyncio.run(main(2))
-    assert capped["dropped_by_client"] > 10 and capped["ok"] + capped["dropped_by_client"] >= 50
+            time.sleep(0.1)
+        alive = Path(f"/proc/{server}/status").exists() and "State:\tZ" not in Path(f"/proc/{server}/status").read_text()
+        assert not alive, "the server outlived the process that started it"
+    finally:
+        parent.kill()
+        if "server" in locals():
+            subprocess.run(["kill", "-9", str(server)], capture_output=True)  # an orphan of a failed run
 
 
 def test_servopts_text_encoder_batches_by_length_and_answers_in_input_order(tmp_path: Path) -> None:

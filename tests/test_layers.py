@@ -195,3 +195,53 @@ def test_every_script_the_docs_cite_is_here_or_retired_at_a_revision_that_has_it
     absent = [n for n in sorted(retired) if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:benchmarks/{n}.py"],
                                                            capture_output=True).returncode != 0]
     assert not absent, f"revision {rev} does not hold benchmarks/{', '.join(absent)}.py"
+
+
+LOAD = SRC / "serve" / "load"
+# what sending load looks like: an HTTP client library, a raw connection, a gRPC inference stub, Poisson arrivals
+SENDING_IMPORTS = {"aiohttp", "http.client", "urllib.request", "requests", "urllib3"}
+SENDING_NAMES = {"open_connection", "GRPCInferenceServiceStub", "expovariate"}
+
+
+def _timed_request_loops(tree: ast.AST) -> list[int]:
+    """Lines of loops that send a request (``.post(`` / ``.request(``) and time something (a clock read minus another
+    value) in the same loop: a hand-made load loop timing its requests. (A wait polling a clock against a deadline
+    times nothing.)"""
+    def clock(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("perf_counter", "monotonic", "perf_counter_ns", "time"))
+
+    found = []
+    for loop in (n for n in ast.walk(tree) if isinstance(n, ast.For | ast.While | ast.AsyncFor)):
+        body = [n for stmt in loop.body for n in ast.walk(stmt)]
+        sends = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("post", "request")
+                    for n in body)
+        times = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub) and clock(n.left) for n in body)
+        if sends and times:
+            found.append(loop.lineno)
+    return found
+
+
+def test_the_load_generator_is_the_only_request_loop():
+    """One load generator (issue 42): ``serve/load/`` is the only place that sends load. No other module of servopt or
+    script of benchmarks/ imports an HTTP client to send with (aiohttp, http.client …), opens raw connections, makes a
+    gRPC inference stub, draws Poisson arrivals, or times requests in a loop of its own: three loops with their own
+    tallies and words for "dropped" had grown before (serve/loadtest.py, serve/rawhttp.py, serve/overload.py)."""
+    wrong = []
+    for path in sorted([*SRC.rglob("*.py"), *BENCHMARKS.glob("*.py")]):
+        if LOAD in path.parents or "proto" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        rel = path.relative_to(ROOT)
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            wrong += [f"{rel}:{node.lineno} imports {n}" for n in names if n in SENDING_IMPORTS or n.split(".")[0] == "aiohttp"]
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name in SENDING_NAMES:
+                wrong.append(f"{rel}:{node.lineno} uses {name}")
+        wrong += [f"{rel}:{line} times requests in a loop of its own" for line in _timed_request_loops(tree)]
+    assert not wrong, "send load through servopt.serve.load (a schedule × a sender × its tally):\n" + "\n".join(wrong)
+    sample = ast.parse("import time\ndef f(c):\n    for i in range(3):\n        t0 = time.perf_counter()\n"
+                       "        c.post('/x')\n        print(time.perf_counter() - t0)\n")
+    assert _timed_request_loops(sample) == [3], "the check sees a hand-made timed loop"

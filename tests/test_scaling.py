@@ -324,7 +324,7 @@ def test_a_capacity_search_that_ran_out_of_time_is_kept_for_reading_and_searched
     sweep = SimpleNamespace(problems=[], settings=SimpleNamespace(quick=False, budget="5m"), budget=no_budget(60 + 14, elapsed=0),
                             dir=SimpleNamespace(capacity=lambda t, v: tmp_path / f"{t}-{v}.json"), out=tmp_path,
                             progress=SimpleNamespace(step=lambda m: None), executor=SimpleNamespace(submit=submit),
-                            kinds={}, _for=lambda kind: "", capacity_probe=object())
+                            kinds={}, _for=lambda kind: "", capacity_probe=object(), served_data=lambda t: None)
     assert SweepInstance._capacity_of(sweep, target, rec, None) is None
     kept = json.loads((tmp_path / "cpu-server-a.json").read_text())
     assert kept["cache_key"] is None and kept["capacity"]["steps"][0]["p50_ms"] == 14.6

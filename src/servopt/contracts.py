@@ -637,7 +637,7 @@ class ServeConfig(Contract):
 
 
 class LoadStep(Contract):
-    """One offered rate of a capacity search (an open loop of Poisson arrivals)."""
+    """One offered rate of a capacity search (an open loop of Poisson arrivals, latency from each scheduled time)."""
 
     rate_rps: float
     achieved_rps: float
@@ -646,11 +646,30 @@ class LoadStep(Contract):
     p50_ms: float | None
     p99_ms: float | None
     errors: int
-    meets: bool  # the SLO met, no errors, and the step valid
-    valid: bool  # ran its minimum duration and query count, and the client kept up with the rate
+    meets: bool  # valid, no errors, and the SLO's percentile claimed within the bound (LoadGen's early-stopping rule)
+    valid: bool  # the client kept to its schedule and sent every arrival
     confirming: bool = False
-    late_ms: float | None = None  # the SLO's percentile over the requests sent in the step's second half
+    late_ms: float | None = None  # the SLO's percentile over the requests scheduled in the step's second half
     to_bound: float | None = None  # the SLO's percentile over its bound (1.1: missed by 10 %)
+    claim_ms: float | None = None  # the early-stopping estimate of the SLO's percentile (None: too few queries)
+    over: int | None = None  # answers over the bound (refusals and errors among them)
+    needed: int | None = None  # the queries the claim needed with that many over the bound
+    confidence: float | None = None  # the claim's
+    lag_p99_ms: float | None = None  # how late the client sent, against its schedule
+    client_cpu_ms: float | None = None  # the load generator's CPU per request
+    invalid: str | None = None  # why the step was not valid
+    answers: dict[str, int] = Field(default_factory=dict)  # the answers not accepted, by status ("503", "no answer" …)
+
+
+class ServedData(Contract):
+    """What a capacity search sends the served model: the user's evaluation data, as the server receives it (issue
+    42). Tensors from ``eval_data`` (one sample a request) where the server takes the model's inputs; a text encoder's
+    evaluation texts (its token ids decoded with ``tokenizer``: the server tokenizes) where it takes strings; the
+    ``images`` files' bytes to ``/classify`` where the target says its clients send images."""
+
+    eval_data: str  # the run's eval.npz
+    tokenizer: str | None = None  # a text encoder's tokenizer.json
+    images: list[str] = Field(default_factory=list)
 
 
 class Capacity(Contract):
@@ -670,5 +689,7 @@ class Capacity(Contract):
     timed_out: bool = False  # no rate confirmed before the search's time ran out: not a capacity of 0
     cores: int | None = None
     batch_size: int = 1  # samples per request
+    requests: str | None = None  # what was sent, in words ("the 312 evaluation texts, one a request, drawn at random")
+    sender: str | None = None  # the load generator's sender (``serve.load.senders``)
     environment: Environment | None = None
     error: str | None = None

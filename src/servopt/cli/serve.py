@@ -166,10 +166,11 @@ DEFAULT_DURATION = 20.0
 
 
 def _capacity(url: str, model: str, slo_text: str, rate: str | None, duration: float, min_queries: int, api_key: str | None,
-              json_out: Path | None, duration_given: bool) -> None:
-    """``servopt loadtest --slo``: the capacity search (``serve.capacity``), its steps as a table."""
+              json_out: Path | None, duration_given: bool, image: Path | None, texts: Path | None, sender: str) -> None:
+    """``servopt loadtest --slo``: the capacity search (``serve.ratesearch``), its steps as a table."""
     from servopt.results import write_json_atomic
-    from servopt.serve.capacity import SearchRules, measure_capacity, parse_slo
+    from servopt.serve.load.requests import image_files
+    from servopt.serve.ratesearch import SearchRules, measure_capacity, parse_slo
 
     bound = parse_slo(slo_text)
     if not url.startswith(("http://", "https://")):
@@ -184,33 +185,43 @@ def _capacity(url: str, model: str, slo_text: str, rate: str | None, duration: f
     # a long confirming run: near the knee a queue builds for seconds that short steps do not see (docs/serving.md)
     rules = SearchRules(min_seconds=seconds, min_queries=min_queries, confirm_seconds=4 * seconds, confirm_queries=4 * min_queries)
     table = Table(title=f"capacity of {model} at {url} within {bound}", title_style="bold")
-    for col in ("offered req/s", "achieved", "requests", "p50 ms", "p99 ms", "errors", "valid", "meets"):
+    for col in ("offered req/s", "achieved", "requests", "p50 ms", f"p{bound.percentile} ms", "claimed", "needed", "errors",
+                "client lag p99", "valid", "meets"):
         table.add_column(col, justify="right")
 
-    def show(st) -> None:
-        console.print(f"[dim]{'confirming ' if st.confirming else ''}{st.rate_rps:.1f} req/s: p50 "
-                      f"{st.p50_ms or float('nan'):.1f} ms, p99 {st.p99_ms or float('nan'):.1f} ms, {st.errors} errors"
-                      f" → {'meets' if st.meets else 'misses'} {bound}[/dim]")
-        table.add_row(f"{st.rate_rps:.1f}{' (confirm)' if st.confirming else ''}", f"{st.achieved_rps:.1f}", str(st.requests),
-                      f"{st.p50_ms:.1f}" if st.p50_ms is not None else "—", f"{st.p99_ms:.1f}" if st.p99_ms is not None else "—",
-                      str(st.errors), "yes" if st.valid else "no", "[green]yes[/green]" if st.meets else "[red]no[/red]")
+    def ms(v: float | None) -> str:
+        return f"{v:.1f}" if v is not None else "—"
 
-    result = measure_capacity(url, model, bound, start, rules, api_key, on_step=show)
+    def show(st) -> None:
+        console.print(f"[dim]{'confirming ' if st.confirming else ''}{st.rate_rps:.1f} req/s: p50 {ms(st.p50_ms)} ms, "
+                      f"p99 {ms(st.p99_ms)} ms, claimed {ms(st.claim_ms)} ms ({st.requests} of {st.needed} queries), "
+                      f"{st.errors} errors → {'meets' if st.meets else 'misses'} {bound}"
+                      f"{'' if st.valid else ' (not valid: ' + (st.invalid or '') + ')'}[/dim]")
+        table.add_row(f"{st.rate_rps:.1f}{' (confirm)' if st.confirming else ''}", f"{st.achieved_rps:.1f}", str(st.requests),
+                      ms(st.p50_ms), ms(st.p99_ms), ms(st.claim_ms), str(st.needed), str(st.errors), ms(st.lag_p99_ms),
+                      "yes" if st.valid else "[red]no[/red]", "[green]yes[/green]" if st.meets else "[red]no[/red]")
+
+    files = image_files(image) if image else None
+    result, what = measure_capacity(url, model, bound, start, rules, api_key, on_step=show, images=files, sender=sender,
+                                    texts=texts)
     console.print(table)
+    console.print(f"sent: {what} (sender {sender}); latency from each request's scheduled time; a step meets when "
+                  f"LoadGen's early-stopping rule claims its p{bound.percentile} within the bound "
+                  f"({rules.step_confidence:.0%} for a step, {rules.confirm_confidence:.0%} for the confirming run)")
     if result.confirmed:
         lower = "" if result.knee_found else " (at least: the step limit came before a failing rate)"
         knee = (f"; the short steps' knee: {result.knee_rps:.1f} requests/s, confirmed {rules.headroom:.0%} below it, where "
                 "a longer run holds" if result.knee_found else "")
         console.print(f"capacity within {bound}: [bold]{result.capacity_rps:.1f} requests/s[/bold]{lower}, confirmed by a "
-                      f"{rules.confirm_seconds:g} s run (its second half within the bound too){knee}")
+                      f"run of {result.steps[-1].requests} queries (its second half within the bound too){knee}")
     else:
         console.print(f"[red]no rate tried met {bound} with no errors[/red] (the lowest: "
                       f"{min((s.rate_rps for s in result.steps), default=start):.1f} req/s)")
     if result.stopped:
         console.print(f"the search stopped early: {result.stopped}")
     if json_out:
-        write_json_atomic(json_out, {"schema": "servopt.capacity/1", "url": url, "model": model, "slo": str(bound),
-                                     **result.model_dump(mode="json")})
+        write_json_atomic(json_out, {"schema": "servopt.capacity/2", "url": url, "model": model, "slo": str(bound),
+                                     "requests": what, "sender": sender, **result.model_dump(mode="json")})
         console.print(f"figures written to {json_out}")
 
 
@@ -226,14 +237,21 @@ def loadtest(
     max_requests: Annotated[int, typer.Option(help="at most this many requests per closed-loop step")] = 1_000_000,
     json_body: Annotated[bool, typer.Option("--json-body", help="send JSON tensors instead of Triton binary tensors")] = False,
     batch: Annotated[int, typer.Option(help="samples per request")] = 1,
-    image: Annotated[Path | None, typer.Option(help="send this image to the classify endpoint instead")] = None,
+    image: Annotated[Path | None, typer.Option(help="send this image, or the images of this folder (one a request, drawn "
+                                                    "at random), to the classify endpoint")] = None,
+    texts: Annotated[Path | None, typer.Option(help="send these texts (.txt one a line, .jsonl, .csv), one a request "
+                                                    "drawn at random, as OIP v2 BYTES")] = None,
+    sender: Annotated[str, typer.Option(help="how requests are sent: raw (keep-alive HTTP/1.1, the cheapest), aiohttp, "
+                                             "or grpc (with --grpc-url)")] = "raw",
+    grpc_url: Annotated[str | None, typer.Option(help="--sender grpc: the server's gRPC address, e.g. 127.0.0.1:8001")] = None,
     api_key: Annotated[str | None, typer.Option(help="bearer token (or SERVOPT_API_KEY)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
     slo: Annotated[str | None, typer.Option(
         help="find the capacity: the highest Poisson rate whose latency percentile meets this bound with no errors, "
              "e.g. p99=50ms (--rate: where the search starts [default 10]; --duration: each step's minimum seconds "
              "[default 3])")] = None,
-    min_queries: Annotated[int, typer.Option(help="--slo: each step's minimum query count (a confirming run: four times it)")] = 300,
+    min_queries: Annotated[int, typer.Option(help="--slo: each step's minimum query count, over what the early-stopping "
+                                                  "rule asks (a confirming run: four times it)")] = 0,
 ) -> None:
     """Load-test a v2 server: closed loop at fixed concurrencies, open loop at fixed rates, or (--slo) its capacity
     within a latency bound."""
@@ -243,9 +261,15 @@ def loadtest(
         from servopt.results import write_json_atomic
         from servopt.serve.loadtest import run_loadtest
 
+        if sender not in ("raw", "aiohttp", "grpc"):
+            raise UserError(f"unknown sender {sender!r}", fix="use raw, aiohttp or grpc")
+        if sender == "grpc" and not grpc_url:
+            raise UserError("--sender grpc needs the server's gRPC address", fix="add --grpc-url HOST:PORT")
         if slo is not None:
+            if sender == "grpc":
+                raise UserError("--slo searches over HTTP", fix="use --sender raw or aiohttp")
             _capacity(url, model, slo, rate, duration, min_queries, api_key or os.environ.get("SERVOPT_API_KEY"), json_out,
-                      duration_given=duration != DEFAULT_DURATION)
+                      duration != DEFAULT_DURATION, image, texts, sender)
             return
         if not concurrency and not rate:
             raise UserError("nothing to run", fix="pass --concurrency 1,8,32 and/or --rate 100,300, or --slo p99=50ms")
@@ -257,24 +281,30 @@ def loadtest(
         if any(r <= 0 for r in rates):
             raise UserError("rates must be positive", fix="e.g. --rate 100,300")
         table = Table(title=f"servopt loadtest {url} ({model})", title_style="bold")
-        for col in ("mode", "level", "ok", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors", "queue ms", "compute ms/batch", "batch"):
+        for col in ("mode", "level", "ok", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors", "client ms/req", "valid",
+                    "queue ms", "compute ms/batch", "batch"):
             table.add_column(col, justify="left" if col in ("mode", "errors") else "right")
+
+        def num(v: float | None, digits: int = 1) -> str:
+            return f"{v:.{digits}f}" if v is not None else "—"
 
         def add(s: dict) -> None:
             srv = s.get("server") or {}
             lat = s["latency_ms"]
-            level = s.get("concurrency", s.get("rate_rps"))
-            table.add_row(s["mode"], f"{level:g}", str(s["ok"]), f"{s['throughput_rps']:.0f}", f"{lat['p50']:.1f}", f"{lat['p90']:.1f}",
-                          f"{lat['p99']:.1f}", ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "—",
-                          f"{srv['mean_queue_ms']:.1f}" if srv.get("mean_queue_ms") is not None else "—",
-                          f"{srv['mean_compute_ms_per_batch']:.1f}" if srv else "—", f"{srv['mean_batch_size']:.1f}" if srv else "—")
-            console.print(f"[dim]{s['mode']} {level:g}: {s['throughput_rps']:.0f} req/s, p99 {lat['p99']:.1f} ms[/dim]")
+            level = s["concurrency"] if s["mode"] == "closed" else s["rate_rps"]
+            table.add_row(s["mode"], f"{level:g}", str(s["ok"]), f"{s['throughput_rps']:.0f}", num(lat["p50"]), num(lat["p90"]),
+                          num(lat["p99"]), ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "—",
+                          num(s["client"]["cpu_ms_per_request"], 2), "yes" if s["valid"] else "[red]no[/red]",
+                          num(srv.get("mean_queue_ms")), num(srv.get("mean_compute_ms_per_batch")), num(srv.get("mean_batch_size")))
+            console.print(f"[dim]{s['mode']} {level:g}: {s['throughput_rps']:.0f} req/s, p99 {num(lat['p99'])} ms"
+                          f"{'' if s['valid'] else ' (not valid: ' + s['invalid'] + ')'}[/dim]")
 
         report = asyncio.run(run_loadtest(url, model, concurrency=parse_int_list(concurrency, "--concurrency"), rate=rates,
                                           distribution=distribution, duration=duration, warmup=warmup, max_requests=max_requests,
-                                          binary=not json_body, batch=batch, image=image,
-                                          api_key=api_key or os.environ.get("SERVOPT_API_KEY"), on_step=add))
+                                          binary=not json_body, batch=batch, image=image, texts=texts, sender=sender,
+                                          grpc_url=grpc_url, api_key=api_key or os.environ.get("SERVOPT_API_KEY"), on_step=add))
         console.print(table)
+        console.print(f"sent: {report['requests']} (sender {sender}); latency from each request's scheduled time")
         if json_out:
             write_json_atomic(json_out, report)
             console.print(f"figures written to {json_out}")

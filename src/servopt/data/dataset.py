@@ -48,6 +48,9 @@ class Dataset:
     extras: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
     outputs: OutputKind = "logits"
+    # the file each sample was read from (image folders), in order: what a client of the image endpoint sends. Kept in
+    # the saved file's metadata, outside the arrays a data key hashes
+    files: list[str] | None = None
 
     def __len__(self) -> int:
         return len(next(iter(self.inputs.values())))
@@ -74,6 +77,7 @@ class Dataset:
             self.source,
             lengths=None if self.lengths is None else self.lengths[indices],
             outputs=self.outputs,
+            files=None if self.files is None else [self.files[i] for i in np.arange(len(self))[indices].reshape(-1)],
         )
 
     def save(self, path: Path) -> None:
@@ -84,7 +88,7 @@ class Dataset:
         if self.lengths is not None:
             arrays["lengths"] = self.lengths
         meta = {"class_names": self.class_names, "source": self.source, "skipped": self.skipped, "meta": self.meta,
-                "outputs": self.outputs}
+                "outputs": self.outputs, "files": self.files}
         tmp = path.with_suffix(".tmp.npz")
         np.savez(tmp, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
         os.replace(tmp, path)
@@ -98,7 +102,7 @@ class Dataset:
             labels = z["labels"] if "labels" in z.files else None
             lengths = z["lengths"] if "lengths" in z.files else None
         return cls(inputs, labels, meta["class_names"], meta["source"], meta.get("skipped", {}), lengths, extras, meta.get("meta", {}),
-                   meta.get("outputs", "logits"))
+                   meta.get("outputs", "logits"), meta.get("files"))
 
 
 HOLDOUT_SEED = 20240613  # fixed: the same folder always splits the same way (records' keys depend on the data)
@@ -224,13 +228,14 @@ def load_image_folder(
 
     with ThreadPoolExecutor(max_workers=workers or min(8, usable_cores() * 2)) as pool:
         results = list(pool.map(work, items))
-    arrays, labels, errors = [], [], []
-    for (_path, label), r in zip(items, results, strict=True):
+    arrays, labels, errors, files = [], [], [], []
+    for (path, label), r in zip(items, results, strict=True):
         if isinstance(r, str):
             errors.append(r)
         else:
             arrays.append(r)
             labels.append(label)
+            files.append(str(path))
     if errors:
         if strict:
             raise UserError(f"{len(errors)} image(s) could not be read, first: {errors[0]}", fix="remove them, or drop --strict to skip them")
@@ -241,7 +246,7 @@ def load_image_folder(
     if not arrays:
         raise UserError(f"no image in {folder} could be read", fix="check the files")
     source = str(folder) if part is None else f"{folder} ({part.side} side of a seeded split)"
-    return Dataset({input_name: np.stack(arrays)}, np.asarray(labels, dtype=np.int64), classes, source, skipped)
+    return Dataset({input_name: np.stack(arrays)}, np.asarray(labels, dtype=np.int64), classes, source, skipped, files=files)
 
 
 def synthetic_inputs(spec: ModelSpec, count: int = 64, seed: int = 0, shape_overrides: dict[str, int] | None = None) -> Dataset:

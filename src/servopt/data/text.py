@@ -404,3 +404,17 @@ def exact_length_texts(tok: TextTokenizer, words: Sequence[str], count: int, tok
                             fix="give more varied words, or a length the tokenizer can reach with them")
         rows.append(" ".join(cur))
     return rows
+
+
+def decode_texts(tokenizer_json: str | Path, inputs: dict[str, np.ndarray]) -> list[str] | None:
+    """Texts back from their token ids (``input_ids``, ``attention_mask`` of a tokenized dataset's inputs), decoded by
+    ``tokenizer_json`` with special tokens and padding dropped: what a client that sends strings would have sent (an
+    uncased tokenizer's texts come back lower-cased; they tokenize to the same ids). None without token ids."""
+    ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
+    if ids is None:
+        return None
+    from tokenizers import Tokenizer
+
+    mask = mask if mask is not None else np.ones_like(ids)
+    rows = [[int(t) for t, m in zip(row, keep, strict=True) if m] for row, keep in zip(ids, mask, strict=True)]
+    return Tokenizer.from_file(str(tokenizer_json)).decode_batch(rows, skip_special_tokens=True)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from servopt.bench.launcher import Interrupted, stopping
 from servopt.bench.scaling import ScalingJob
-from servopt.contracts import Capacity, Interleaved, Record, Scaling
+from servopt.contracts import Capacity, Interleaved, Record, Scaling, ServedData
 from servopt.optimize import racing
 from servopt.optimize.decide import Decision, interleave_candidates
 from servopt.optimize.executor import Lost
@@ -116,6 +116,12 @@ class SweepInstance:
                 out[t.name] = found
         return out
 
+    def served_data(self, t: Target) -> ServedData:
+        """What the capacity search sends: the user's evaluation data, as ``t``'s clients send it (issue 42)."""
+        tokenizer = (self.model.spec.preprocessing or {}).get("tokenizer")
+        images = (self.eval_data.files or []) if t.requests == "images" else []
+        return ServedData(eval_data=str(self.dir.eval_data), tokenizer=str(tokenizer) if tokenizer else None, images=images)
+
     def _capacity_of(self, t: Target, rec: Record, kind: str | None) -> Capacity | None:
         """One variant's capacity within ``t``'s SLO (cached), or None with the reason in ``problems``."""
         pick = rec.name
@@ -123,7 +129,7 @@ class SweepInstance:
             self.problems.append(f"{t.name}: {pick} runs on {rec.runtime}, which servopt serve does not run: priced offline")
             return None
         quick = self.settings.quick
-        cache_key = json.dumps([rec.key, t.max_p99_ms, quick, racing.CAPACITY_METHOD, INSTANCE_THREADING])
+        cache_key = json.dumps([rec.key, t.max_p99_ms, quick, racing.CAPACITY_METHOD, INSTANCE_THREADING, t.requests])
         path = self.dir.capacity(t.name, pick)
         if (previous := stored(path, lambda d: Capacity.model_validate(d["capacity"]), {cache_key})) is not None:
             return previous
@@ -144,7 +150,8 @@ class SweepInstance:
         self.progress.step(f"serving {pick}: its capacity within p99 <= {t.max_p99_ms:g} ms{self._for(kind)}")
         try:
             capacity = self.executor.submit(self.capacity_probe, self.out, pick, 99, t.max_p99_ms, start, seconds, quick,
-                                            per_sample, resources=self.kinds.get(kind), what=f"capacity {pick}").result()
+                                            per_sample, self.served_data(t), resources=self.kinds.get(kind),
+                                            what=f"capacity {pick}").result()
             if stopping():  # its servers were stopped mid-search: not a capacity to keep
                 raise Interrupted(f"the capacity search of {pick} was stopped")
         except Lost as e:

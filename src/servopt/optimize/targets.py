@@ -38,6 +38,11 @@ class Target(BaseModel):
     min_cosine: float | None = Field(None, ge=-1, le=1, description="embeddings: mean cosine similarity to the original's, at least")
     max_spearman_drop: NonNegativeFloat | None = Field(
         None, description="embeddings with scored pairs: Spearman points lost against the original, at most")
+    requests: Literal["tensors", "images"] = Field(
+        "tensors", description="what this target's clients send the served model, and so what its capacity is "
+                               "measured with: the preprocessed evaluation tensors (OIP v2 /infer), or an image "
+                               "classifier's evaluation image files as they are (/classify: the server decodes and "
+                               "preprocesses them). Text encoders are sent their evaluation texts either way")
     isa: Isa | None = Field(
         None, description="the target CPU's instruction set: its candidates are measured capped to it where a runtime allows")
     price_per_hour: PositiveFloat | None = Field(

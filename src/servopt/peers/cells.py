@@ -5,7 +5,7 @@ its findings).
 A cell is one load on one server: a closed loop at 1, 8 or 32 clients × 1 or 16 texts per request × short texts or
 texts of exactly 128 tokens, a Poisson loop of one short text per request, and one shipped text per request at 32
 clients (``served / offline``). Each request is OpenAI's ``POST /v1/embeddings`` with base64 answers, bodies encoded once
-(``make_bodies``), loaded by ``serve.rawhttp``'s cheap client; each cell's figures (``step_figures``) carry the server
+(``make_bodies``), loaded by ``serve.load``'s cheap raw sender; each cell's figures (``step_figures``) carry the server
 process tree's CPU per request, the client's, and the share of the machine other processes took. ``model_alone_workload``
 names the offline block (``bench.blocks``) that bounds a closed cell from above: what a server costing nothing but its
 model calls would serve. ``summarize`` turns rounds into medians and per-round ratios, ``print_report`` prints them.
@@ -32,7 +32,7 @@ from servopt.bench.cputime import machine_busy_s, own_cpu_s, tree_cpu_s, tree_kb
 from servopt.bench.rounds import per_round_ratios, round_order
 from servopt.families.metrics import cosine
 from servopt.peers.builtin.infinity import MODEL as MODEL_NAME  # every server serves the model under this name
-from servopt.serve import rawhttp
+from servopt.serve.load import Closed, Open, Pool, Request, Schedule, StepSummary, open_sender, run
 
 CONCURRENCY = (1, 8, 32)
 TEXTS_PER_REQUEST = (1, 16)
@@ -110,22 +110,23 @@ def median_ratio(a: list[float | None], b: list[float | None]) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
-def step_figures(raw: dict, texts_per_request: int, ncpu: int = 1) -> dict:
-    """One cell's figures. ``cpu_deltas``: the server's CPU seconds, then (when given) the machine's busy seconds and
-    the client's own: what is left is other processes' load, as a share of the machine (``others_share``)."""
-    server_cpu_s = raw["cpu_deltas"][0]
+def step_figures(step: StepSummary, texts_per_request: int, ncpu: int = 1) -> dict:
+    """One cell's figures from the load generator's step. Its ``probe``: the server's CPU seconds, then (when given) the
+    machine's busy seconds and the client's own: what is left is other processes' load, as a share of the machine
+    (``others_share``)."""
+    probe = step.probe or [0.0]
+    server_cpu_s, ok, wall = probe[0], step.ok, step.duration_s
     others = None
-    if len(raw["cpu_deltas"]) == 3 and raw["wall_s"] > 0:
-        others = round(max(0.0, raw["cpu_deltas"][1] - raw["cpu_deltas"][0] - raw["cpu_deltas"][2]) / (raw["wall_s"] * ncpu), 3)
-    lat = np.asarray(raw["latencies_ms"]) if raw["latencies_ms"] else np.asarray([np.nan])
-    ok, wall = raw["ok"], raw["wall_s"]
-    return {"ok": ok, "errors": raw["errors"], "wall_s": round(wall, 3), "req_per_s": ok / wall if wall else 0.0,
+    if len(probe) == 3 and wall > 0:
+        others = round(max(0.0, probe[1] - probe[0] - probe[2]) / (wall * ncpu), 3)
+    nan = float("nan")
+    return {"ok": ok, "errors": step.errors, "wall_s": round(wall, 3), "req_per_s": ok / wall if wall else 0.0,
             "texts_per_s": ok * texts_per_request / wall if wall else 0.0,
-            "p50_ms": float(np.nanpercentile(lat, 50)), "p99_ms": float(np.nanpercentile(lat, 99)),
+            "p50_ms": step.latency_ms.p50 if step.latency_ms.p50 is not None else nan,
+            "p99_ms": step.latency_ms.p99 if step.latency_ms.p99 is not None else nan,
             "server_cpu_s": round(server_cpu_s, 3), "server_cpu_ms_per_request": server_cpu_s * 1000 / ok if ok else None,
-            "client_cpu_ms_per_request": raw["cpu_deltas"][2] * 1000 / ok if ok and len(raw["cpu_deltas"]) == 3 else None,
-            "others_share": others,
-            **({"dropped_by_client": raw["dropped_by_client"]} if "dropped_by_client" in raw else {})}
+            "client_cpu_ms_per_request": probe[2] * 1000 / ok if ok and len(probe) == 3 else None,
+            "others_share": others, "unsent": step.client.unsent, "valid": step.valid}
 
 
 @dataclass
@@ -162,6 +163,14 @@ def texts_for(model_dir: Path, spec) -> dict:
                      "shipped_tokens_p50": float(np.percentile(lengths, 50)), "shipped_tokens_max": int(max(lengths))}}
 
 
+async def load(url: str, requests: list[Request], schedule: Schedule, seconds: float, warmup: float,
+               probe: Callable[[], tuple[float, ...]]) -> StepSummary:
+    """One cell's load (``serve.load``, the cheap raw sender): the requests in turn, as the cell's bodies were made."""
+    async with open_sender("raw", url) as sender:
+        step, _ = await run(sender, Pool(requests), schedule, seconds, warmup=warmup, probe=probe)
+    return step
+
+
 def selected(all_cells: list[dict], patterns: str) -> list[dict]:
     globs = [g.strip() for g in patterns.split(",") if g.strip()]
     return [c for c in all_cells if any(fnmatch.fnmatchcase(c["name"], g) for g in globs)]
@@ -176,12 +185,9 @@ def measure_server(srv: Running, label: str, pools: dict, round_no: int, *, rate
         def probe() -> tuple[float, float, float]:
             return srv.cpu_seconds(), machine_busy_s()[0], own_cpu_s()
 
-        url = srv.url + "/v1/embeddings"
-        if cell["mode"] == "closed":
-            raw = asyncio.run(rawhttp.closed_loop(url, bodies, cell["concurrency"], seconds, warmup, probe))
-        else:
-            raw = asyncio.run(rawhttp.poisson_loop(url, bodies, cell["rate"], seconds, warmup, round_no, probe))
-        fig = step_figures(raw, cell["texts"], os.cpu_count() or 1)
+        schedule = Closed(cell["concurrency"]) if cell["mode"] == "closed" else Open(cell["rate"], seed=round_no)
+        step = asyncio.run(load(srv.url, [Request("/v1/embeddings", b) for b in bodies], schedule, seconds, warmup, probe))
+        fig = step_figures(step, cell["texts"], os.cpu_count() or 1)
         out[cell["name"]] = fig
         print(f"  {label:9} {cell['name']:22} {fig['req_per_s']:8.1f} req/s {fig['texts_per_s']:8.1f} texts/s  p50 {fig['p50_ms']:7.1f} ms "
               f"p99 {fig['p99_ms']:7.1f} ms  CPU {fig['server_cpu_ms_per_request'] or float('nan'):6.2f} ms/req "

@@ -71,11 +71,15 @@ def instance_section(summary: Summary) -> InstanceSection | None:
             target=target, variant=c.variant, slo=c.slo, capacity=f"{c.capacity_rps:,.1f} requests/s on {c.cores} core(s)"
             + ("" if c.knee_found else " (at least: no failing rate reached)") + ("" if c.confirmed else " (not confirmed)")
             + (f", confirmed below the short steps' knee ({c.knee_rps:,.0f}/s)" if c.knee_rps and c.confirmed else "")
-            + (f"; the search stopped: {c.stopped}" if c.stopped else ""),
+            + (f"; the search stopped: {c.stopped}" if c.stopped else "")
+            + (f"; sent: {c.requests}, latency from each request's schedule" if c.requests else ""),
             config=c.config.label if c.config else "—",
             tried="; ".join(f"{cfg.label}: {cap:,.1f}/s" for cfg, cap in c.tried) or "—",
-            steps=[f"{s.rate_rps:,.1f}/s{' (confirming)' if s.confirming else ''}: p50 {_ms(s.p50_ms)}, p99 {_ms(s.p99_ms)}, "
-                   f"{s.errors} errors → {'meets' if s.meets else 'misses'}{'' if s.valid else ' (not valid)'}" for s in c.steps]))
+            steps=[f"{s.rate_rps:,.1f}/s{' (confirming)' if s.confirming else ''}: p50 {_ms(s.p50_ms)}, p99 {_ms(s.p99_ms)}"
+                   + (f", claimed {_ms(s.claim_ms)} at {s.confidence:.0%} ({s.requests} of {s.needed} queries)"
+                      if s.needed is not None and s.confidence is not None else "")
+                   + f", {s.errors} errors → {'meets' if s.meets else 'misses'}"
+                   + ("" if s.valid else f" (not valid: {s.invalid or 'the client fell behind'})") for s in c.steps]))
     layout = ("one single-thread instance per core (the layout servopt serve runs for throughput), all working at once; "
               "one request: one session with every core's thread")
     return InstanceSection(rows, caps, layout)

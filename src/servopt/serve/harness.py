@@ -47,24 +47,45 @@ def revision_src(rev: str, cache: Path, repo: Path | None = None) -> Path:
     return out / "src"
 
 
+# Linux: the command runs under this shim, which asks the kernel to send it SIGTERM when the process that started it
+# dies (prctl PR_SET_PDEATHSIG, kept across exec), then becomes the command (exec: same pid). A sweep killed with
+# kill -9 left the `servopt serve` of its capacity search running, beside whatever measured next. The signal comes when
+# the *thread* that started it ends: servers are started from the thread that uses them (the sweep's main thread).
+_PDEATHSIG_SHIM = ("import ctypes, os, signal, sys; ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "
+                   "os.getppid() == int(sys.argv[1]) or os._exit(1); os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def dies_with_this_process(cmd: list[str]) -> list[str]:
+    """``cmd`` run so that it ends with this process, even on kill -9 (Linux; elsewhere ``cmd`` as it is)."""
+    if not sys.platform.startswith("linux"):
+        return cmd
+    return [sys.executable, "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
+
+
 class AppProcess:
     """Any HTTP server in its own process (``cmd``, from any Python environment), ready once it answers: a GET of
     ``ready_path`` with 200, or a POST of ``ready_body`` there (a peer's server that has no health route is ready when
     it embeds). Its output goes to a temporary file, shown when it fails to start; ``start_s`` is how long it took to
     answer. ``with AppProcess(...) as s:`` stops it with SIGTERM (graceful) on the way out; a sweep stopped by
-    SIGINT/SIGTERM stops it too (``launcher.stop_all``)."""
+    SIGINT/SIGTERM stops it too (``launcher.stop_all``), and starts none after; it dies with this process, even on
+    kill -9 (``dies_with_this_process``)."""
 
     def __init__(self, cmd: list[str], port: int, *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
                  ready_path: str = "/v2/health/ready", ready_body: bytes | None = None, start_timeout_s: float = 120.0) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.command = cmd
+        from servopt.bench.launcher import Interrupted, stopping, track
+
+        if stopping():  # the sweep is stopping (SIGINT/SIGTERM): no server starts after stop_all has run
+            raise Interrupted(f"`{' '.join(cmd[:4])} …` not started: the run is stopping")
         self.log = tempfile.NamedTemporaryFile(prefix="servopt-app-", suffix=".log", delete=False)  # noqa: SIM115 - closed in stop
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT)
-        from servopt.bench.launcher import track
-
+        self.proc = subprocess.Popen(dies_with_this_process(cmd), env=env, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT)
         track(self.proc)
+        if stopping():  # stop_all ran while it was starting: it may have missed it
+            self.stop(timeout_s=5)
+            raise Interrupted(f"`{' '.join(cmd[:4])} …` stopped as it started: the run is stopping")
         self._wait_ready(ready_path, ready_body, start_timeout_s)
         self.start_s = time.monotonic() - t0
 

@@ -19,11 +19,17 @@ def parse_metrics(text: str, prefixes: tuple[str, ...] = ("servopt_",)) -> dict[
     return out
 
 
-def read_metrics(url: str, prefixes: tuple[str, ...] = ("servopt_",), timeout_s: float = 10.0) -> dict[str, float]:
-    """``parse_metrics`` of the server at ``url`` now."""
+def read_metrics(url: str, prefixes: tuple[str, ...] = ("servopt_",), timeout_s: float = 10.0,
+                 api_key: str | None = None) -> dict[str, float]:
+    """``parse_metrics`` of the server at ``url`` now ({} when it has no ``/metrics``, or it cannot be read)."""
     import httpx
 
-    return parse_metrics(httpx.get(f"{url.rstrip('/')}/metrics", timeout=timeout_s).text, prefixes)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/metrics", timeout=timeout_s, headers=headers)
+    except httpx.HTTPError:
+        return {}
+    return parse_metrics(r.text, prefixes) if r.status_code == 200 else {}
 
 
 def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -3,9 +3,9 @@
 servopt's pick runs under ``servopt serve RUN --target T`` (``serve.harness.ServerProcess``); a peer that has a server
 of its own (``Peer.serves``: Infinity …) runs under it (``Peer.serve``). Peers without a server have no served figure.
 Each round starts one server, loads it, stops it, then the next (the runner flips the order), so no two servers share
-the cores. The load is servopt's load generator (``serve.loadtest.LoadGenerator``: keep-alive connections, the body
-encoded once), one sample a request, in the API the peers' servers speak (``oip-v2``, or OpenAI's ``/v1/embeddings``
-for text embedding servers, which ``servopt serve`` answers too):
+the cores. The load is servopt's load generator (``serve.load``: its cheapest sender, keep-alive connections, the body
+encoded once, latency from each request's scheduled time), one sample a request, in the API the peers' servers speak
+(``oip-v2``, or OpenAI's ``/v1/embeddings`` for text embedding servers, which ``servopt serve`` answers too):
 
 - ``served``: a closed loop at ``CONCURRENCY`` clients: requests/s (``served-p50``, ``served-p99``: its latencies);
 - ``poisson``: an open loop with Poisson arrivals at ``RATE`` requests/s, below either server's capacity on a small
@@ -44,7 +44,7 @@ class ServedJob:
 
 
 class ServedMeasured(Contract):
-    """One round of one server: each load step's summary (``LoadGenerator``), its start time and CPU per request."""
+    """One round of one server: each load step's summary (``serve.load.StepSummary``), its start time and CPU per request."""
 
     status: Literal["ok", "failed"] = "ok"
     error: str | None = None
@@ -57,7 +57,7 @@ class ServedMeasured(Contract):
 
 
 class Served(Scenario):
-    """A figure of one load step of a served round: ``path`` into the step's summary (``LoadGenerator``'s)."""
+    """A figure of one load step of a served round: ``path`` into the step's summary (``serve.load.StepSummary``)."""
 
     served: ClassVar[bool] = True
     step: ClassVar[str]
@@ -95,18 +95,20 @@ def sentence() -> str:
     return sorted(lines, key=len)[len(lines) // 2]
 
 
-async def _payload(server: Server):
-    from servopt.serve.capacity import payload_for
-    from servopt.serve.loadtest import json_payload
+def _requests(server: Server) -> list:
+    """The request every server is loaded with, in the API it speaks: one typical sentence, or for a model of tensors
+    one sample made from its metadata."""
+    from servopt.serve.load.requests import json_request
+    from servopt.serve.ratesearch import server_requests
 
     if server.api == "openai-embeddings":
-        return json_payload("/v1/embeddings", {"model": server.model, "input": [sentence()]})
-    return await payload_for(server.url, server.model, None, sentence())
+        return [json_request("/v1/embeddings", {"model": server.model, "input": [sentence()]})]
+    return server_requests(server.url, server.model, None, sentence=sentence())[0]
 
 
 def measure(job: ServedJob, workdir: Path, *, seconds: float = 10.0, warmup: float = 2.0) -> ServedMeasured:
-    """Start the server, run the closed loop then the Poisson loop, stop it; a server that does not start, or answers
-    nothing, is a failed measurement with the reason."""
+    """Start the server, run the closed loop then the Poisson loop (``serve.load``, its cheapest sender), stop it; a
+    server that does not start, or answers nothing, is a failed measurement with the reason."""
     from servopt.bench.cputime import tree_cpu_s
 
     embed_error = None
@@ -117,21 +119,18 @@ def measure(job: ServedJob, workdir: Path, *, seconds: float = 10.0, warmup: flo
         return ServedMeasured(status="failed", error=f"its server did not start: {type(e).__name__}: {str(e)[-1500:]}")
     try:
         async def load() -> dict[str, dict[str, Any]]:
-            import aiohttp
+            from servopt.serve.load import Closed, Open, Pool, open_sender, run
 
-            from servopt.serve.loadtest import LoadGenerator
-
-            gen = LoadGenerator(server.url, await _payload(server))
+            pool = Pool(_requests(server))
+            probe = (lambda: (tree_cpu_s(server.pid),)) if server.pid else None
             steps: dict[str, dict[str, Any]] = {}
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                             timeout=aiohttp.ClientTimeout(total=gen.timeout_s)) as session:
-                for step, run in (("closed", lambda: gen.closed(session, CONCURRENCY, seconds, 10**9, warmup)),
-                                  ("poisson", lambda: gen.open(session, RATE, seconds, "poisson", 1024, warmup / 2))):
-                    cpu0 = tree_cpu_s(server.pid) if server.pid else None
-                    summary = await run()
-                    if cpu0 is not None and summary["ok"]:
-                        summary["server_cpu_ms_per_request"] = (tree_cpu_s(server.pid) - cpu0) * 1000 / summary["ok"]
-                    steps[step] = summary
+            async with open_sender("raw", server.url) as sender:
+                for step, schedule, warm in (("closed", Closed(CONCURRENCY), warmup), ("poisson", Open(RATE), warmup / 2)):
+                    summary, _ = await run(sender, pool, schedule, seconds, warmup=warm, probe=probe)
+                    figures = summary.model_dump(mode="json")
+                    if summary.probe and summary.ok:
+                        figures["server_cpu_ms_per_request"] = summary.probe[0] * 1000 / summary.ok
+                    steps[step] = figures
             return steps
 
         steps = asyncio.run(load())
@@ -166,24 +165,15 @@ def embed(server: Server, texts: list[str], batch: int = 32) -> list[list[float]
 
 def eval_texts(folder: str | Path, data: Path) -> list[str] | None:
     """The run's evaluation samples as texts: its token ids decoded by the model folder's ``tokenizer.json`` (or that
-    file itself; special tokens and padding dropped), so a tool that tokenizes for itself embeds the same sentences;
-    None without one."""
-    import numpy as np
-
+    file itself; ``data.text.decode_texts``), so a tool that tokenizes for itself embeds the same sentences; None
+    without one."""
     from servopt.data.dataset import Dataset
+    from servopt.data.text import decode_texts
 
     path = Path(folder) if Path(folder).suffix == ".json" else Path(folder) / "tokenizer.json"
     if not path.exists():
         return None
-    from tokenizers import Tokenizer
-
-    ds = Dataset.load(data)
-    ids, mask = ds.inputs.get("input_ids"), ds.inputs.get("attention_mask")
-    if ids is None:
-        return None
-    mask = mask if mask is not None else np.ones_like(ids)
-    return Tokenizer.from_file(str(path)).decode_batch([[int(t) for t, m in zip(row, keep, strict=True) if m]
-                                                        for row, keep in zip(ids, mask, strict=True)], skip_special_tokens=True)
+    return decode_texts(path, Dataset.load(data).inputs)
 
 
 def pick_server(run_dir: Path, target: str, nearest: bool, api: ServedApi) -> Server:
