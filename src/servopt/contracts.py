@@ -70,6 +70,18 @@ class SessionInfo(Contract):
     details: dict[str, Any] = Field(default_factory=dict)  # runtime-specific: graph level, hint, streams, mode …
 
 
+class Topology(Contract):
+    """How the logical CPUs a process may use sit on physical cores (sysfs: each CPU's ``topology/thread_siblings_list``,
+    what lscpu's "Thread(s) per core" is read from). A 2-vCPU cloud VM is often one core's two hyperthreads: a second
+    instance there adds what SMT adds, not a core (``optimize.layout``)."""
+
+    cpus: int  # logical CPUs usable here (the affinity mask)
+    cores: int  # the physical cores they sit on
+    threads_per_core: int  # the most usable logical CPUs one core holds
+    siblings: list[list[int]] = Field(default_factory=list)  # the usable logical CPUs grouped by core
+    source: Literal["sysfs", "unknown"] = "sysfs"  # unknown: no sysfs (not Linux): each CPU read as a core
+
+
 class Environment(Contract):
     cpu: str
     cpu_flags: list[str] = Field(default_factory=list)
@@ -87,6 +99,7 @@ class Environment(Contract):
     cpu_read_as: str | None = None
     runtime_env: str | None = None  # the runtime's own Python environment it ran in (servopt.envs: name-key)
     session: SessionInfo | None = None
+    topology: Topology | None = None  # cores × threads of the CPUs it ran on (None: a record of an older servopt)
 
 
 class Accuracy(Contract):
