@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from servopt.contracts import Topology
 from servopt.machine import read_topology
+from servopt.optimize.targets import PRESETS, Target, load_targets
 
 
 # ---------------------------------------------------------------------------------------------------- the host's topology
@@ -34,3 +37,23 @@ def test_every_measurement_records_its_topology():
 
     topo = environment().topology
     assert topo is not None and topo.cpus >= 1 and topo.cores * topo.threads_per_core >= topo.cpus
+
+
+# ---------------------------------------------------------------------------------------------------- the target's instance
+def test_a_target_instance_is_cores_times_threads_with_the_cloud_default():
+    assert (PRESETS["cpu-server"].instance_cores, PRESETS["cpu-server"].instance_threads) == (4, 2)
+    base = {"name": "t", "hardware": "x", "device": "cpu"}
+    assert Target(**base, instance_vcpus=16).instance_threads == 2  # AWS's ThreadsPerCore default
+    assert "set threads_per_core" in Target(**base, instance_vcpus=16).layout_words
+    assert Target(**base, instance_vcpus=3).instance_cores == 3  # an odd count cannot be 2 threads a core
+    graviton = Target(**base, instance_vcpus=8, threads_per_core=1)
+    assert graviton.instance_cores == 8 and "(stated)" in graviton.layout_words
+
+
+def test_a_vcpu_count_that_is_no_whole_number_of_cores_is_refused(tmp_path):
+    from servopt.errors import UserError
+
+    f = tmp_path / "t.yaml"
+    f.write_text("targets:\n  - preset: cpu-server\n    name: odd\n    instance_vcpus: 7\n")
+    with pytest.raises(UserError, match="instance_vcpus 7 is not a whole number of cores of 2 threads"):
+        load_targets(str(f))
