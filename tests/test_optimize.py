@@ -375,7 +375,8 @@ def test_the_ties_the_rounds_left_are_settled_block_by_block(quick_run):
     for stored in summary.targets:
         if stored.target.isa in summary.capped:  # decided on the capped re-measure (a CPU richer than AVX2)
             continue
-        d = decide(stored.target, records, ref, family, il)
+        # decided as the sweep did: with the scaling and the served capacity its instance's bounds were judged on
+        d = decide(stored.target, records, ref, family, il, summary.scaling, stored.capacity)
         assert (d.recommended, d.nearest, d.tied) == (stored.recommended, stored.nearest, stored.tied)
     assert ("Close calls settled block by block" in (quick_run / "report.md").read_text()) == bool(il.duels)
     assert ("Close calls settled block by block" in (quick_run / "report.html").read_text()) == bool(il.duels)

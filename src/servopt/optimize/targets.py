@@ -19,9 +19,9 @@ from servopt.machine import Device, Isa
 
 # Where a target's threads per core come from when it does not say: AWS EC2's CPU options default to 2 threads per core
 # on its x86 instances (each vCPU one hyperthread of a core; ``ThreadsPerCore``: "A value of 1 disables multithreading
-# for the instance. The default value is 2"), as GCP's and Azure's x86 sizes do: an even vCPU count is read so.
+# for the instance. The default value is 2"), as GCP's and most Azure x86 sizes do: an even vCPU count is read so.
 SMT_DEFAULT = ("2 for an even vCPU count (AWS EC2's x86 default, ThreadsPerCore 2: each vCPU a hyperthread of a core; GCP "
-               "and Azure x86 sizes alike), else 1; set 1 for an instance without SMT (AWS Graviton, SMT disabled)")
+               "and most Azure x86 sizes alike), else 1; set 1 for an instance without SMT (AWS Graviton, SMT disabled)")
 
 
 class Target(BaseModel):
