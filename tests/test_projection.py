@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -259,3 +260,32 @@ def test_a_share_is_taken_only_like_with_like():
     assert both.basis == "estimated" and "90%" in both.note
     ort = _estimated({"ort": ("onnxruntime", 540.0)}, scaling_cap="avx2")  # ORT cannot be capped: neither side was
     assert ort.basis == "estimated"
+
+
+def test_the_pick_is_served_under_the_cap_its_curve_was_held_to(monkeypatch, tmp_path):
+    """The sweep hands the probe the runtime's cap for the target's ISA where this machine is richer, so the server
+    runs what the scaling curve ran; a runtime that cannot be capped, or a host no richer, gets none."""
+    from servopt.machine import CpuFeatures
+    from servopt.optimize import instance
+    from servopt.optimize.instance import SweepInstance, server_cap
+
+    monkeypatch.setattr(instance, "cpu_features", lambda: CpuFeatures(frozenset(VNNI.cpu_flags)))
+    avx2_target = _target(isa="avx2")
+    ov, ort = _rec("ov", "openvino"), _rec("ort", "onnxruntime")
+    assert server_cap(avx2_target, ov) == {"ONEDNN_MAX_CPU_ISA": "AVX2"} and server_cap(avx2_target, ort) is None
+    assert server_cap(_target(isa="avx512_vnni"), ov) is None
+    calls = []
+
+    def submit(fn, *args, **kw):
+        calls.append(args)
+        return SimpleNamespace(result=lambda: _searches(100.0, variant="ov")[0])
+
+    from conftest import no_budget
+
+    sweep = SimpleNamespace(problems=[], settings=SimpleNamespace(quick=True, budget=None), budget=no_budget(),
+                            dir=SimpleNamespace(capacity=lambda t, v: tmp_path / f"{t}-{v}.json"), out=tmp_path,
+                            progress=SimpleNamespace(step=lambda m: None), executor=SimpleNamespace(submit=submit),
+                            kinds={}, _for=lambda kind: "", capacity_probe=object())
+    SweepInstance._capacity_of(sweep, avx2_target, ov.model_copy(update={"artifact": {"format": "openvino", "path": "/m.xml"}}),
+                               None)
+    assert calls and calls[0][-1] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}

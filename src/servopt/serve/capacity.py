@@ -348,11 +348,12 @@ def neighbours(cfg: ServeConfig, cores: int) -> list[ServeConfig]:
 
 def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: float, cores: int, budget_s: float | None,
                           rules: SearchRules | None = None, log: Callable[[str], None] = lambda m: None,
-                          first: ServeConfig | None = None) -> Capacity:
+                          first: ServeConfig | None = None, env: dict[str, str] | None = None) -> Capacity:
     """The serving configuration of ``variant`` (a run directory's) with the most capacity within ``slo``: the default
     first, then its neighbours (``neighbours``) one by one, moving to a better one and going on from there (Triton
     model_analyzer's quick search), until none is better by more than the search's precision or ``budget_s`` is
-    spent. Each configuration is a fresh ``servopt serve`` process; the load generator runs here."""
+    spent. Each configuration is a fresh ``servopt serve`` process (``env`` added to its environment: an instruction-set
+    cap, which the Capacity's environment records); the load generator runs here."""
     from servopt.serve.harness import ServerProcess
 
     rules = rules or SearchRules()
@@ -365,7 +366,7 @@ def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: floa
             log(f"capacity of {variant} within {slo}: {cfg.label}")
             args = ["--variant", variant, *cfg.serve_args(), "--name", "m"]
             until = None if budget_s is None else started + budget_s
-            with ServerProcess(run_dir, *args) as server:
+            with ServerProcess(run_dir, *args, env=env) as server:
                 tried[key] = (cfg, measure_capacity(server.url, "m", slo, start, rules, until=until))
         return tried[key][1]
 
@@ -394,11 +395,12 @@ def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: floa
         return Capacity(variant=variant, slo=str(slo), capacity_rps=0.0, tried=done, cores=cores, error=str(e)[:500])
     from servopt.machine import environment
 
+    cap = (env or {}).get("ONEDNN_MAX_CPU_ISA") or (env or {}).get("ATEN_CPU_CAPABILITY")  # the server's, not this process's
     return Capacity(variant=variant, slo=str(slo), capacity_rps=result.capacity_rps, config=best, steps=result.steps,
                     tried=[(c, r.capacity_rps) for c, r in tried.values()], confirmed=result.confirmed, cores=cores,
                     knee_found=result.knee_found, knee_rps=result.knee_rps or None, stopped=result.stopped,
                     timed_out=result.timed_out and not result.confirmed,
-                    environment=environment())
+                    environment=environment().model_copy(update={"isa_cap": cap}) if cap else environment())
 
 
 # Each step of a sweep's search: long enough for a p99 of a few hundred answers, short enough that a configuration's
@@ -413,13 +415,14 @@ QUICK_RULES = SearchRules(min_seconds=0.3, min_queries=20, confirm_seconds=0.5, 
 
 
 def probe(run_dir: Path, variant: str, percentile: int, limit_ms: float, start_rps: float, budget_s: float | None,
-          quick: bool = False, per_sample_ms: float | None = None) -> Capacity:
+          quick: bool = False, per_sample_ms: float | None = None, env: dict[str, str] | None = None) -> Capacity:
     """``servopt optimize``'s capacity search for a target's pick (``Sweep.capacity_probe``): plain arguments, so the
     sweep (a layer below the server) can hand it to any executor. ``per_sample_ms``: one instance's time a sample in
-    a batch (the search starts from the batch bound that fits the SLO, ``slo_max_batch``)."""
+    a batch (the search starts from the batch bound that fits the SLO, ``slo_max_batch``); ``env``: the server's
+    instruction-set cap, as its scaling curve was held (a served/offline share is then like with like)."""
     from servopt.bench.scaling import machine_cores
 
     slo, cores = Slo(percentile, limit_ms), machine_cores()
     first = default_config(cores, max_batch=slo_max_batch(per_sample_ms, slo))
     return search_configurations(Path(run_dir), variant, slo, start_rps, cores, budget_s,
-                                 QUICK_RULES if quick else SWEEP_RULES, first=first)
+                                 QUICK_RULES if quick else SWEEP_RULES, first=first, env=env)
