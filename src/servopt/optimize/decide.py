@@ -211,7 +211,7 @@ BASIS_WORDS = {"served": "served capacity", "estimated": "estimated served capac
 
 def _projection_words(proj: Projection, unit: str) -> str:
     what = BASIS_WORDS.get(proj.basis) or ("throughput" if proj.figure == "throughput_ips" else "one request's p50")
-    return (f"{what} on the instance's {proj.to_cores} vCPUs {proj.value:.3g}{unit} (95 %: {proj.low:.3g}–{proj.high:.3g}), "
+    return (f"{what} on the instance's {proj.to_cores} vCPUs {proj.value:.3g}{unit} (band: {proj.low:.3g}–{proj.high:.3g}), "
             f"{proj.note} ({proj.model}); judged at the pessimistic end")
 
 
@@ -448,7 +448,7 @@ def _on_instance(b: Bound) -> str:
         return ""
     what = BASIS_WORDS.get(b.projection.basis, "")
     end = "high" if b.upper else "low"
-    where = "measured" if b.projection.measured else f"projected, the 95 % interval's {end} end; central {b.projection.value:.3g}"
+    where = "measured" if b.projection.measured else f"projected, the band's {end} end; central {b.projection.value:.3g}"
     return f" ({what + ', ' if what else ''}instance of {b.projection.to_cores} vCPUs, {where})"
 
 

@@ -106,7 +106,8 @@ def band_notes(summary: Summary) -> list[str]:
         if tp is None:
             continue
         held = "; ".join([*tp.assumed, *(a.words for a in tp.allowances)]) or "the scaling rounds' noise alone"
-        out.append(f"{d.target.name} ({pick}): {tp.value:,.0f}/s, band {tp.low:,.0f}–{tp.high:,.0f}/s — {tp.layout}. "
+        layout = f" — {tp.layout}" if tp.layout else ""  # a summary of an older servopt: no layout recorded
+        out.append(f"{d.target.name} ({pick}): {tp.value:,.0f}/s, band {tp.low:,.0f}–{tp.high:,.0f}/s{layout}. "
                    f"The band holds: {held}" + (". Held at the figure measured on fewer vCPUs" if tp.floored else ""))
     return out
 
