@@ -80,6 +80,7 @@ def test_two_instances_read_as_cores_or_as_a_cores_two_threads():
     assert (smt.kind, smt.cores, smt.threads) == ("smt-like", 1, 2) and "hypervisor" in smt.words
     assert read_host(ONE_CORE_TWO_THREADS, 1.9, 2).kind == "siblings"  # the sibling lists decide where they say so
     assert read_host(TWO_CORES, 0.93, 2).kind == "contended"  # nncf-int8-accuracy-control: 105/s then 98/s
+    assert read_host(TWO_CORES, 1.03, 2).kind == "contended"  # less than a second thread adds: a neighbour, not SMT
     assert read_host(None, 1.9, 2).kind == "unknown"
 
 
