@@ -111,6 +111,18 @@ def test_real_cores_project_the_instances_second_threads_as_an_assumed_smt_facto
     assert project_throughput(c, Shape(8, 1), TWO_CORES).value == pytest.approx(100.0 * 8 / (1 + sigma * 7))
 
 
+def test_one_requests_latency_counts_a_second_thread_as_smts_share_of_a_core():
+    from servopt.optimize.scaling import project_latency
+
+    c = curve({1: [100.0] * 3, 2: [195.0] * 3}).model_copy(update={"points": [
+        ScalingPoint(cores=1, instances=1, threads_per_instance=1, throughput_ips=[100.0] * 3, p50_ms=[10.0] * 3),
+        ScalingPoint(cores=2, instances=2, threads_per_instance=1, throughput_ips=[195.0] * 3, p50_ms=[6.0] * 3)]})
+    lat = project_latency(c, CPU_SERVER, TWO_CORES)  # p = 0.8 from two cores; 8 threads on 4 cores = 4 + 4 (s − 1)
+    assert lat.value == pytest.approx(10 * (0.2 + 0.8 / (4 + 4 * (SMT.central - 1))))
+    assert lat.high == pytest.approx(10 * (0.2 + 0.8 / 4)), "pessimistic: the second threads add nothing"
+    assert project_latency(c, Shape(8, 1), TWO_CORES).value == pytest.approx(10 * (0.2 + 0.8 / 8))
+
+
 def test_a_projection_never_falls_below_a_figure_measured_on_fewer_vcpus():
     c = curve({1: [105.0] * 3, 2: [98.0] * 3})  # two instances slower than one: a neighbour or a stall
     tp = project_throughput(c, CPU_SERVER, TWO_CORES)
