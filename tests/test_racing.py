@@ -258,9 +258,9 @@ def test_prices_never_take_this_machine_for_the_instance():
     assert d.verdict.price is None and all(b.status == "not measured" for b in d.verdict.bounds if b.kind == "speed")
     mine = t.model_copy(update={"instance_vcpus": None})
     p = pricing.priced(decide(mine, [r], r, IMAGES), [r], load_ips=1000).verdict.price
-    assert p.per_million_usd == pytest.approx(0.306 / (400 * 3600) * 1e6) and p.basis == "offline" and not p.projected
+    assert p.per_million_central_usd == pytest.approx(0.306 / (400 * 3600) * 1e6) and p.basis == "offline" and not p.projected
     low, high = p.per_million_range_usd
-    assert low < p.per_million_usd < high
+    assert low < p.per_million_central_usd < high == p.per_million_usd, "priced at the capacity's pessimistic end"
     assert p.instances == math.ceil(1000 / (400 / 1.02)) and p.monthly_usd == pytest.approx(p.instances * 0.306 * 730)
     assert "0.306 USD/h (list)" in p.note and "names no instance_vcpus" in p.note
     edge = decide(PRESETS["edge"], [r], r, IMAGES)

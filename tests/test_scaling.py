@@ -6,7 +6,17 @@ import pytest
 
 from conftest import no_budget
 from servopt.contracts import ScalingCurve, ScalingPoint
-from servopt.optimize.scaling import Amdahl, Usl, band, fit_amdahl, fit_usl, project_latency, project_throughput, why_not
+from servopt.optimize.scaling import (
+    Amdahl,
+    Served,
+    Usl,
+    band,
+    fit_amdahl,
+    fit_usl,
+    project_latency,
+    project_throughput,
+    why_not,
+)
 
 
 def curve(throughput: dict[int, list[float]], p50: dict[int, list[float]] | None = None) -> ScalingCurve:
@@ -47,7 +57,7 @@ def test_projection_of_a_noiseless_curve_is_exact_and_its_interval_collapses():
     c = curve({1: [law(1)] * 3, 2: [law(2)] * 3}, {1: [10.0] * 3, 2: [6.0] * 3})
     tp = project_throughput(c, 8)
     assert tp is not None and tp.value == pytest.approx(law(8)) and tp.low == pytest.approx(tp.high)
-    assert not tp.measured and tp.cores_measured == [1, 2] and "projected from 2 core counts" in tp.note
+    assert not tp.measured and tp.cores_measured == [1, 2] and "projected from 2 vCPU counts" in tp.note
     lat = project_latency(c, 8)  # T2/T1 = 0.6 → p = 0.8 → T(8) = 10 (0.2 + 0.1)
     assert lat is not None and lat.value == pytest.approx(3.0) and lat.pessimistic == pytest.approx(lat.high)
 
@@ -63,12 +73,12 @@ def test_noise_in_the_rounds_widens_the_interval_around_the_central_projection()
 
 def test_a_measured_core_count_is_not_projected():
     tp = project_throughput(curve({1: [100.0, 101.0], 2: [190.0, 192.0]}), 2)
-    assert tp is not None and tp.measured and tp.value == pytest.approx(191.0) and "measured at 2 cores" in tp.note
+    assert tp is not None and tp.measured and tp.value == pytest.approx(191.0) and "measured at 2 vCPUs" in tp.note
 
 
 def test_served_capacity_scales_with_the_fitted_ratio():
     c = curve({1: [100.0] * 3, 2: [200.0] * 3})  # linear
-    tp = project_throughput(c, 8, served_rps=150.0, served_cores=2)
+    tp = project_throughput(c, 8, served=Served((150.0,), 2))
     assert tp is not None and tp.basis == "served" and tp.value == pytest.approx(600.0) and not tp.measured
 
 
@@ -124,6 +134,7 @@ def _decision_inputs(tp_rounds: dict[int, list[float]], p50_rounds: dict[int, li
 def _target(**kw):
     from servopt.optimize.targets import Target
 
+    kw = {"threads_per_core": 1, **kw}  # 8 cores: the law across cores alone (SMT has tests of its own)
     return Target(name="srv", hardware="8-vCPU server", device="cpu", objective="throughput", min_throughput_ips=1000,
                   max_p50_ms=3.0, instance_vcpus=8, price_per_hour=0.5, **kw)
 
@@ -144,7 +155,9 @@ def test_a_bound_only_the_projection_meets_passes_and_says_projected():
     assert tp.projection is not None and tp.value == tp.projection.low and tp.value >= 1000
     priced = pricing.priced(d, [ref, pick], load_ips=5000)
     price = priced.verdict.price
-    assert price.capacity_ips == tp.projection.value and price.projected and price.basis == "offline"
+    assert price.capacity_ips == tp.projection.low == tp.value, "priced where the verdict was judged: the band's low end"
+    assert price.capacity_central_ips == tp.projection.value and price.projected and price.basis == "offline"
+    assert price.per_million_usd == price.per_million_range_usd[1] > price.per_million_central_usd
     assert price.instances == __import__("math").ceil(5000 / tp.projection.low), "provisioned at the pessimistic end"
 
 
@@ -171,7 +184,7 @@ def test_the_verdict_and_the_price_quote_the_same_served_capacity():
     d = pricing.priced(decide(_target(), [ref, pick], ref, family, scaling=scaling, capacity=capacity), [ref, pick], None)
     tp = next(b for b in d.verdict.bounds if b.bound == "throughput_ips")
     # served 250/s on 2 cores, scaled by the fitted curve's X(8)/X(2): about 880/s, short of 1000
-    assert tp.projection.basis == "served" and d.verdict.price.capacity_ips == tp.projection.value
+    assert tp.projection.basis == "served" and d.verdict.price.capacity_ips == tp.projection.low == tp.value
     assert tp.status == "fail" and d.capacity == capacity and "served capacity" in d.shortfall
 
 

@@ -71,6 +71,18 @@ class SessionInfo(Contract):
     details: dict[str, Any] = Field(default_factory=dict)  # runtime-specific: graph level, hint, streams, mode …
 
 
+class Topology(Contract):
+    """How the logical CPUs a process may use sit on physical cores (sysfs: each CPU's ``topology/thread_siblings_list``,
+    what lscpu's "Thread(s) per core" is read from). A 2-vCPU cloud VM is often one core's two hyperthreads: a second
+    instance there adds what SMT adds, not a core (``optimize.layout``)."""
+
+    cpus: int  # logical CPUs usable here (the affinity mask)
+    cores: int  # the physical cores they sit on
+    threads_per_core: int  # the most usable logical CPUs one core holds
+    siblings: list[list[int]] = Field(default_factory=list)  # the usable logical CPUs grouped by core
+    source: Literal["sysfs", "unknown"] = "sysfs"  # unknown: no sysfs (not Linux): each CPU read as a core
+
+
 class Environment(Contract):
     cpu: str
     cpu_flags: list[str] = Field(default_factory=list)
@@ -94,6 +106,7 @@ class Environment(Contract):
         return CpuFeatures(frozenset(self.cpu_flags)).level
     runtime_env: str | None = None  # the runtime's own Python environment it ran in (servopt.envs: name-key)
     session: SessionInfo | None = None
+    topology: Topology | None = None  # cores × threads of the CPUs it ran on (None: a record of an older servopt)
 
 
 class Accuracy(Contract):
@@ -596,6 +609,32 @@ class Scaling(Contract):
     isa_cap: str | None = None  # the instruction set the runtimes were held to, where they could be
 
 
+class Allowance(Contract):
+    """Something the band of a projected figure holds beyond the scaling rounds' noise (``optimize.allowance``), as
+    factors of the central figure its two ends were multiplied by: the served capacity's spread from one search to the
+    next, the CPU change where the figures could not be held to the target's instruction set."""
+
+    what: Literal["served", "cpu"]
+    low: float  # the factor at the band's low end (≤ 1)
+    high: float  # at its high end (≥ 1)
+    measured: bool  # measured here (the searches' own spread); False: stated, with its source in ``words``
+    words: str
+
+
+class ProjectionCheck(Contract):
+    """The law checked where it can be: fitted on the one-vCPU rounds alone (the host read from its sibling lists,
+    each unmeasured factor at its stated range), the two-vCPU figure predicted and compared with the one measured
+    (held out)."""
+
+    predicted: float
+    low: float
+    high: float
+    measured: float
+    error: float  # measured / predicted − 1
+    within: bool  # the measured figure lies in the prediction's band
+    reading: str  # how the second vCPU was read for the prediction
+
+
 class Projection(Contract):
     """A figure of the target's instance, projected from the cores measured here (``optimize.scaling``)."""
 
@@ -606,11 +645,20 @@ class Projection(Contract):
     to_cores: int
     cores_measured: list[int]
     value: float
-    low: float  # the 95 % interval's ends (bootstrap over the rounds, refitting each time)
+    # the band's ends: the 95 % bootstrap interval over the rounds (and the repeated capacity searches), each unmeasured
+    # factor at its range's end, times the allowances
+    low: float
     high: float
     model: str  # the fitted law and its parameters, in words
     measured: bool = False  # the target's core count was measured: no extrapolation
     note: str = ""
+    # the instance as physical cores × threads and the host as read (``optimize.layout``), e.g. "4 cores × 2 threads
+    # from 2 cores × 1 thread here"; the factors not measured here, each with its range and source
+    layout: str = ""
+    assumed: list[str] = Field(default_factory=list)
+    allowances: list[Allowance] = Field(default_factory=list)  # folded into low/high
+    floored: bool = False  # the law went below a figure measured on fewer vCPUs: held there (a projection is monotone)
+    check: ProjectionCheck | None = None  # throughput: the law fitted on 1 vCPU against the 2 measured
 
     @property
     def pessimistic(self) -> float:

@@ -16,8 +16,10 @@ import subprocess
 from enum import StrEnum
 from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
+from typing import Literal
 
-from servopt.contracts import Environment, SessionInfo
+from servopt.contracts import Environment, SessionInfo, Topology
 from servopt.cpu import RUNG_FEATURES as RUNG_FEATURES
 from servopt.cpu import CpuFeatures as CpuFeatures
 from servopt.cpu import Int8Kernel as Int8Kernel
@@ -130,6 +132,48 @@ def gpu_present() -> bool:
     return gpu_name() is not None
 
 
+SYSFS_CPU = Path("/sys/devices/system/cpu")
+
+
+def _cpu_list(text: str) -> list[int]:
+    """A sysfs CPU list (``0-3,8,10-11``) as CPU numbers."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out += range(int(a), int(b) + 1)
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def read_topology(cpus: set[int] | None = None, root: Path = SYSFS_CPU) -> Topology:
+    """How the logical CPUs ``cpus`` (this process's affinity by default) sit on physical cores: from each CPU's
+    ``topology/thread_siblings_list`` in sysfs — the kernel's own reading, which lscpu's "Thread(s) per core" comes from
+    (no lscpu run: it is the same file, and may be absent). A CPU whose files cannot be read counts as a core of its
+    own, and the source says ``unknown`` when none could be."""
+    if cpus is None:
+        cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    groups: dict[tuple[int, ...], list[int]] = {}
+    read = 0
+    for cpu in sorted(cpus):
+        try:
+            siblings = _cpu_list((root / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text())
+            read += 1
+        except (OSError, ValueError):
+            siblings = [cpu]
+        groups.setdefault(tuple(sorted(set(siblings) | {cpu})), []).append(cpu)
+    cores = [sorted(g) for g in groups.values()]
+    return Topology(cpus=len(cpus), cores=len(cores), threads_per_core=max((len(g) for g in cores), default=1),
+                    siblings=sorted(cores), source="sysfs" if read else "unknown")
+
+
+@lru_cache(maxsize=1)
+def topology() -> Topology:
+    """This process's ``read_topology()``, read once."""
+    return read_topology()
+
+
 def library_versions(names: tuple[str, ...] | list[str]) -> dict[str, str]:
     out = {}
     for lib in dict.fromkeys([*BASE_LIBRARIES, *names]):
@@ -164,7 +208,7 @@ def environment(session: SessionInfo | None = None, libraries: tuple[str, ...] |
         gpu=gpu_present(), gpu_name=gpu_name(), node=node_name(), python=platform.python_version(),
         platform=platform.platform(), libraries=library_versions(libraries),
         isa_cap=os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("ATEN_CPU_CAPABILITY"),
-        runtime_env=os.environ.get("SERVOPT_RUNTIME_ENV"), session=session, cpu_read_as=read_as(),
+        runtime_env=os.environ.get("SERVOPT_RUNTIME_ENV"), session=session, cpu_read_as=read_as(), topology=topology(),
     )
 
 
@@ -182,6 +226,9 @@ def header(env: Environment | None = None) -> str:
     env = env or environment()
     cores = f"{env.cores} cores" + (f" ({env.cores_usable} usable)" if env.cores_usable and env.cores_usable != env.cores else "")
     features = CpuFeatures(frozenset(env.cpu_flags)).describe() if env.cpu_flags else "flags unknown"
+    topo = env.topology
+    if topo is not None and topo.threads_per_core > 1:  # hyperthreads: a second instance adds SMT's share, not a core's
+        cores += f" ({topo.cores} physical × {topo.threads_per_core} threads)"
     cap = f", capped at {env.isa_cap}" if env.isa_cap else ""
     read_as = f", read by servopt as {env.cpu_read_as} ({READ_AS_ENV})" if env.cpu_read_as else ""
     return f"{env.cpu}, {cores}, {features}{cap}{read_as}"

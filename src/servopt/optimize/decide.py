@@ -48,7 +48,8 @@ from servopt.optimize.noise import (
     rounds_won,
     surely_ahead_side_by_side,
 )
-from servopt.optimize.scaling import ServedShare, project_estimated, project_latency, project_throughput, served_share, why_not
+from servopt.optimize.projection import instance_projections, served_shares, share_for
+from servopt.optimize.scaling import ServedShare, why_not
 from servopt.optimize.targets import Target
 from servopt.passes.base import get_pass
 from servopt.runtimes.base import get_runtime
@@ -96,9 +97,13 @@ class Figures(Contract):
 class Price(Contract):
     """One variant's cost on one target's instance."""
 
-    per_million_usd: float  # at the instance's capacity (the projection's central figure)
-    per_million_range_usd: list[float] | None = None  # from the capacity's 95 % interval (low, high)
-    capacity_ips: float | None = None  # the instance's samples/s that was priced
+    # at the capacity's pessimistic end (the band's low end: what a verdict is judged on and a load provisioned on);
+    # summaries written before issue 42 priced the central figure here
+    per_million_usd: float
+    per_million_range_usd: list[float] | None = None  # over the capacity's band: (at its high end, at its low end)
+    per_million_central_usd: float | None = None  # at the central figure
+    capacity_ips: float | None = None  # the instance's samples/s that was priced (the band's low end)
+    capacity_central_ips: float | None = None
     basis: Literal["served", "estimated", "offline"] = "offline"  # served within the SLO, offline × a served share, or offline
     projected: bool = False  # projected from this machine's cores to the instance's (else measured there)
     instances: int | None = None  # for the stated load, at the capacity's pessimistic end
@@ -197,29 +202,15 @@ def isa_note(target: Target, rec: Record, fig: Figures) -> str | None:
 
 
 def instance_figures(target: Target, rec: Record, fig: Figures, scaling: Scaling | None,
-                     capacity: Capacity | None, share: ServedShare | None = None) -> Figures:
-    """``fig`` with the target's instance projected from this machine's cores, where the target names an instance
-    (``instance_vcpus``) whose kind of device computes here: its throughput — the served capacity within the SLO when
-    ``capacity`` measured this variant; else, where another variant was served (``share``), the offline figure × the
-    share of it serving kept there; else the offline batch loop's — and one request's p50 with the instance's
-    threads."""
-    env = rec.environment
-    if target.instance_vcpus is None or not target.device.measurable_on(env) or target.device.computes_on is not Device.CPU:
+                     capacity: Capacity | list[Capacity] | None, share: ServedShare | None = None) -> Figures:
+    """``fig`` with the target's instance projected from this machine's cores (``projection.instance_projections``):
+    its throughput (served, estimated from a served share, or offline) and one request's p50 with the instance's
+    threads; ``fig`` itself where the target names no instance computed here."""
+    served = [capacity] if isinstance(capacity, Capacity) else capacity or []
+    tp, p50 = instance_projections(target, rec, scaling, served, share)
+    if tp is None and p50 is None:
         return fig
-    curve = scaling.curves.get(rec.name) if scaling else None
-    if curve is None or why_not(curve) is not None:
-        return fig
-    # a capacity of 0 (no rate tried met the SLO) is a served figure too: the instance serves nothing within it
-    served = capacity if capacity is not None and capacity.variant == rec.name and capacity.error is None else None
-    if served is None and share is not None and share.variant != rec.name:
-        tp = project_estimated(curve, target.instance_vcpus, share)
-        return fig.model_copy(update={"instance_throughput": tp, "instance_p50": project_latency(curve, target.instance_vcpus)})
-    tp = project_throughput(curve, target.instance_vcpus, served.capacity_rps * served.batch_size if served else None,
-                            served.cores if served else None)
-    if tp is not None and served is not None:
-        tp = tp.model_copy(update={"note": f"served within {served.slo} on {served.cores} core(s) here ({served.capacity_rps:.0f} "
-                                           f"requests/s), scaled by the fitted curve: {tp.note}"})
-    return fig.model_copy(update={"instance_throughput": tp, "instance_p50": project_latency(curve, target.instance_vcpus)})
+    return fig.model_copy(update={"instance_throughput": tp, "instance_p50": p50})
 
 
 BASIS_WORDS = {"served": "served capacity", "estimated": "estimated served capacity"}  # a projection's basis, as a bound says it
@@ -227,12 +218,13 @@ BASIS_WORDS = {"served": "served capacity", "estimated": "estimated served capac
 
 def _projection_words(proj: Projection, unit: str) -> str:
     what = BASIS_WORDS.get(proj.basis) or ("throughput" if proj.figure == "throughput_ips" else "one request's p50")
-    return (f"{what} on the instance's {proj.to_cores} vCPUs {proj.value:.3g}{unit} (95 %: {proj.low:.3g}–{proj.high:.3g}), "
+    return (f"{what} on the instance's {proj.to_cores} vCPUs {proj.value:.3g}{unit} (band: {proj.low:.3g}–{proj.high:.3g}), "
             f"{proj.note} ({proj.model}); judged at the pessimistic end")
 
 
 def judge(target: Target, rec: Record, ref: Record | None, family: Family, interleaved: Interleaved | None = None,
-          scaling: Scaling | None = None, capacity: Capacity | None = None, share: ServedShare | None = None) -> Verdict:
+          scaling: Scaling | None = None, capacity: Capacity | list[Capacity] | None = None,
+          share: ServedShare | None = None) -> Verdict:
     """The verdict of one variant against one target, bound by bound. A target naming its instance's vCPUs has its
     speed bounds judged on the projection to that instance (``instance_figures``), at the interval's pessimistic end,
     and never on this machine's own figures."""
@@ -463,7 +455,7 @@ def _on_instance(b: Bound) -> str:
         return ""
     what = BASIS_WORDS.get(b.projection.basis, "")
     end = "high" if b.upper else "low"
-    where = "measured" if b.projection.measured else f"projected, the 95 % interval's {end} end; central {b.projection.value:.3g}"
+    where = "measured" if b.projection.measured else f"projected, the band's {end} end; central {b.projection.value:.3g}"
     return f" ({what + ', ' if what else ''}instance of {b.projection.to_cores} vCPUs, {where})"
 
 
@@ -475,15 +467,6 @@ def projected_words(verdict: Verdict | None) -> str | None:
     measured = all(p.measured for p in projs)
     cores = max(max(p.cores_measured) for p in projs)
     return f"measured at {projs[0].to_cores} cores" if measured else f"projected from {cores} cores to {projs[0].to_cores} vCPUs"
-
-
-def best_share(served: dict[str, Capacity], scaling: Scaling | None) -> ServedShare | None:
-    """The largest share of its offline throughput a served variant kept (``served_share``): the variants that were not
-    served are judged at that share of theirs — the most favourable one seen, so a variant not yet served is not
-    ruled out by another's heavier serving costs, and still never judged on a figure no server could reach."""
-    shares = [s for c in served.values() if c.error is None and c.capacity_rps > 0 and scaling is not None
-              and (s := served_share(scaling.curves.get(c.variant), c.capacity_rps * c.batch_size, c.cores, c.variant))]
-    return max(shares, key=lambda s: s.share, default=None)
 
 
 def decide(target: Target, records: list[Record], ref: Record | None, family: Family,
@@ -499,9 +482,12 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     if target.device is Device.GPU and not candidates:
         return Decision(target=target, status="not measured",
                         reason=f"no GPU variant was measured on a GPU; skipped: {', '.join(skipped) or 'none'}")
-    served = {c.variant: c for c in ([capacity] if isinstance(capacity, Capacity) else capacity or [])}  # per variant
-    share = best_share(served, scaling)
-    verdicts = [judge(target, r, ref, family, interleaved, scaling, served.get(r.name), share) for r in candidates]
+    served: dict[str, list[Capacity]] = {}  # per variant, each search (repeated searches: their spread is in the band)
+    for c in [capacity] if isinstance(capacity, Capacity) else capacity or []:
+        served.setdefault(c.variant, []).append(c)
+    shares = served_shares(served, scaling, by_name)
+    verdicts = [judge(target, r, ref, family, interleaved, scaling, served.get(r.name), share_for(r, shares))
+                for r in candidates]
     # Decide on one source of figures: when the top candidates were re-measured side by side, pick among them
     # (comparing a sweep figure with an interleaved one would compare two different moments of a noisy machine).
     side_by_side = [v for v in verdicts if v.figures.source == "interleaved"]
@@ -545,7 +531,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
         status = "pass" if not pending else "pass (pending device)" if target.device is not Device.CPU else "undecided (not projected)"
         return Decision(target=target, status=status, recommended=best.variant, verdict=best, verdicts=verdicts,
                         tied=[v.variant for v in equal], reason=reason, result=by_name[best.variant], projected=projected,
-                        capacity=served.get(best.variant))
+                        capacity=(served.get(best.variant) or [None])[-1])
     if not verdicts:
         return Decision(target=target, status="no candidate", reason="no variant ran successfully for this target")
     closest = min(pool, key=lambda v: (v.total_miss, _objective_key(target, v)))
@@ -565,7 +551,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     projected = projected_words(nearest)
     return Decision(target=target, status="fail", nearest=nearest.variant, shortfall=misses, verdict=nearest, verdicts=verdicts,
                     tied=[v.variant for v in equal], reason=reason, result=by_name[nearest.variant], projected=projected,
-                    capacity=served.get(nearest.variant))
+                    capacity=(served.get(nearest.variant) or [None])[-1])
 
 
 def pareto_front(records: list[Record], ref: Record | None, family: Family) -> list[str]:

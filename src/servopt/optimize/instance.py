@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from servopt.bench.launcher import Interrupted, stopping
 from servopt.bench.scaling import ScalingJob
 from servopt.contracts import Capacity, Interleaved, Record, Scaling, ServedData
+from servopt.machine import Isa, cpu_features, richer
 from servopt.optimize import racing
 from servopt.optimize.decide import Decision, interleave_candidates
 from servopt.optimize.executor import Lost
@@ -29,6 +30,15 @@ def instance_sample_ms(rec: Record) -> float | None:
     env = rec.environment
     cores = (env.cores_usable or env.cores) if env else None
     return 1000.0 * cores / rec.batch_ips if cores and rec.batch_ips else None
+
+
+def server_cap(target: Target, rec: Record) -> dict[str, str] | None:
+    """The instruction-set cap ``rec``'s server runs under for ``target``: the one its scaling curve was held to
+    (``run_scaling``: the target's rung, where this machine is richer and the runtime can be held), so the share of
+    its offline figure a served capacity kept is like with like, and the capacity priced is the target's CPU's."""
+    if target.isa is None or not richer(cpu_features().level, target.isa):
+        return None
+    return get_runtime(rec.runtime).isa_cap_env(Isa(target.isa))
 
 
 class SweepInstance:
@@ -129,7 +139,8 @@ class SweepInstance:
             self.problems.append(f"{t.name}: {pick} runs on {rec.runtime}, which servopt serve does not run: priced offline")
             return None
         quick = self.settings.quick
-        cache_key = json.dumps([rec.key, t.max_p99_ms, quick, racing.CAPACITY_METHOD, INSTANCE_THREADING, t.requests])
+        cache_key = json.dumps([rec.key, t.max_p99_ms, quick, racing.CAPACITY_METHOD, INSTANCE_THREADING, t.requests,
+                                server_cap(t, rec)])
         path = self.dir.capacity(t.name, pick)
         if (previous := stored(path, lambda d: Capacity.model_validate(d["capacity"]), {cache_key})) is not None:
             return previous
@@ -150,7 +161,7 @@ class SweepInstance:
         self.progress.step(f"serving {pick}: its capacity within p99 <= {t.max_p99_ms:g} ms{self._for(kind)}")
         try:
             capacity = self.executor.submit(self.capacity_probe, self.out, pick, 99, t.max_p99_ms, start, seconds, quick,
-                                            per_sample, self.served_data(t), resources=self.kinds.get(kind),
+                                            per_sample, self.served_data(t), server_cap(t, rec), resources=self.kinds.get(kind),
                                             what=f"capacity {pick}").result()
             if stopping():  # its servers were stopped mid-search: not a capacity to keep
                 raise Interrupted(f"the capacity search of {pick} was stopped")

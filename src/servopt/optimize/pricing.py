@@ -4,9 +4,12 @@ A target may carry the hourly price of the instance it stands for (``price_per_h
 where the number comes from and when) and that instance's vCPUs (``instance_vcpus``). The figure priced is the one the
 verdict judged the throughput bound on (``decide.instance_figures``): the instance's capacity projected from this
 machine's cores (``optimize.scaling``) — the served capacity within the target's SLO where the pick's was measured
-(``Target.max_p99_ms``), else the offline batch loop's — so the verdict and the price quote the same figure:
-- the price of a million at its central value, with the range its 95 % interval gives;
-- the instances a load needs at its pessimistic end (what to provision so the load is met even there).
+(``Target.max_p99_ms``), else the offline batch loop's — so the verdict and the price quote the same figure, at the
+same end of its band: the pessimistic one, which holds the rounds' noise, the served capacity's spread between
+searches and the CPU change (``optimize.allowance``), so a manager who provisions on it is not short when the next
+search, or the target's CPU, gives less:
+- the price of a million at the band's low capacity, with the range its band gives and the central figure's price;
+- the instances a load needs at that same end.
 A target without ``instance_vcpus`` is priced on this machine's own throughput, one machine for one instance, and
 says so; a target naming vCPUs whose figures could not be projected is not priced (a figure of this machine is never
 priced as if it were the instance's). No cloud price list is fetched (servopt runs offline): the presets' prices are
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from servopt.contracts import Record
+from servopt.contracts import Projection, Record
 from servopt.optimize.decide import Decision, Price, Verdict
 from servopt.optimize.targets import Target
 
@@ -32,6 +35,17 @@ def _capacity_interval(rec: Record, throughput: float) -> tuple[float, float] | 
         return None
     lo, hi = lat.p50_ci95[:2]
     return throughput * lat.p50 / hi, throughput * lat.p50 / lo
+
+
+def band_words(proj: Projection) -> str:
+    """What a projection's band holds, in short: the rounds' noise, each unmeasured factor, each allowance."""
+    parts = ["the scaling rounds' noise"]
+    parts += [a.split(" assumed ")[0] + " (assumed)" for a in proj.assumed]
+    parts += [{"served": "the served capacity's spread between searches", "cpu": "the CPU change"}[a.what]
+              + f" ×{a.low:.2f}" for a in proj.allowances]
+    if "drawn from" in proj.note:
+        parts.append("the repeated capacity searches")
+    return ", ".join(parts)
 
 
 def price(target: Target, verdict: Verdict, rec: Record, load_ips: float | None) -> Price | None:
@@ -51,7 +65,8 @@ def price(target: Target, verdict: Verdict, rec: Record, load_ips: float | None)
         where = "measured there" if proj.measured else f"projected from {max(proj.cores_measured)} cores here ({proj.model})"
         what = {"served": "served within the SLO", "estimated": "offline × the share another variant kept served"}.get(
             proj.basis, "offline batch loop")
-        note = f"{hourly:g} USD/h ({target.price_source or 'your price'}); capacity of {proj.to_cores} vCPUs, {what}, {where}"
+        note = (f"{hourly:g} USD/h ({target.price_source or 'your price'}); capacity of {proj.to_cores} vCPUs, {what}, {where}; "
+                f"priced at its band's low end, which holds {band_words(proj)}")
         basis, projected = proj.basis, not proj.measured
     elif target.instance_vcpus is None and verdict.figures.throughput_ips:
         capacity = verdict.figures.throughput_ips
@@ -63,12 +78,12 @@ def price(target: Target, verdict: Verdict, rec: Record, load_ips: float | None)
         basis, projected = "offline", False
     else:
         return None
-    if capacity <= 0:  # served within the SLO at no rate tried: nothing to price (the verdict's bound says so)
+    if capacity <= 0 or low <= 0:  # served within the SLO at no rate tried: nothing to price (the verdict's bound says so)
         return None
-    instances = math.ceil(load_ips / low) if load_ips and low > 0 else None
-    return Price(per_million_usd=per_million(capacity),
-                 per_million_range_usd=[per_million(high), per_million(low)] if low > 0 else None,
-                 capacity_ips=capacity, basis=basis, projected=projected, instances=instances,
+    instances = math.ceil(load_ips / low) if load_ips else None
+    return Price(per_million_usd=per_million(low), per_million_range_usd=[per_million(high), per_million(low)],
+                 per_million_central_usd=per_million(capacity), capacity_ips=low, capacity_central_ips=capacity, basis=basis,
+                 projected=projected, instances=instances,
                  monthly_usd=instances * hourly * HOURS_PER_MONTH if instances else None, note=note)
 
 

@@ -1,31 +1,37 @@
-"""From the cores measured here to the target's instance: fit how a variant scales, and project with an interval.
+"""From the cores measured here to the target's instance: fit how a variant scales, and project with a band.
 
-A target names an instance (``Target.instance_vcpus``); servopt runs on a machine with fewer (or other) cores. The
-scaling job (``bench.scaling``) measures each candidate at 1, 2, … cores of this machine in the layout ``servopt
-serve`` runs for throughput (one single-thread instance per core) and, for one request, one session with that many
-threads. Two laws are fitted to those points:
+A target names an instance (``Target.instance_vcpus``, as physical cores × ``threads_per_core``); servopt runs on a
+machine with fewer (or other) cores. The scaling job (``bench.scaling``) measures each candidate at 1, 2, … vCPUs of
+this machine in the layout ``servopt serve`` runs for throughput (one single-thread instance per vCPU) and, for one
+request, one session with that many threads. The law is fitted per physical core (``optimize.layout``):
 
-- throughput: the Universal Scalability Law (Gunther), X(N) = λN / (1 + σ(N−1) + κN(N−1)): σ the share serialized
-  (memory bandwidth, a shared cache), κ the cost of keeping the instances coherent. With two points κ cannot be told
-  apart from σ and is taken as 0 (Amdahl's law for throughput), and the report says so; a superlinear measurement
-  is held to linear (σ ≥ 0), so a projection never promises more than the cores;
-- one request's latency: Amdahl's law, T(N) = T₁(1 − p + p/N), p the parallel share of a call.
+- throughput: the Universal Scalability Law (Gunther) across physical cores, X(N) = λN / (1 + σ(N−1) + κN(N−1)): σ
+  the share serialized (memory bandwidth, a shared cache), κ the cost of keeping the instances coherent. With two
+  points κ cannot be told apart from σ and is taken as 0 (Amdahl's law for throughput), and the report says so; a
+  superlinear measurement is held to linear (σ ≥ 0). A core's second thread adds the SMT factor, measured where the
+  host has siblings, else assumed with its range. The instance's figure is never below one measured on fewer vCPUs;
+- one request's latency: Amdahl's law, T(N) = T₁(1 − p + p/N), N the core-equivalents its threads give (a core's
+  second thread counts as SMT's share of a core).
 
-The interval is a bootstrap over the rounds (each point's rounds resampled, the law refitted, the instance's figure
-projected again): it carries the measurement's noise into the projection, not the law's own error — with two points
-nothing can. A projection covers the core count, not another CPU: the verdict keeps saying where the figures came from.
-Pure functions of the stored curves, like ``decide``.
+The band: a bootstrap over the rounds (each point's rounds resampled, the law refitted, the instance's figure
+projected again; a served figure drawn from the repeated capacity searches), its low end with every unmeasured factor
+at its pessimistic end and its high end at its optimistic one, then widened by the allowances (``optimize.allowance``:
+one search's spread, the CPU change). It does not carry the law's own error: ``check`` tests the law where the host
+can — fitted on one vCPU, the second predicted and compared with the one measured. A projection covers the core
+count, not another CPU: the verdict keeps saying where the figures came from. Pure functions of the stored curves,
+like ``decide``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from servopt.contracts import Projection, ScalingCurve
+from servopt.contracts import Allowance, Projection, ProjectionCheck, ScalingCurve, Topology
+from servopt.optimize.layout import CORES, SMT, CoreLaw, HostReading, read_host, topology_reading
 
 BOOTSTRAP = 400
 SEED = 20261127
@@ -119,15 +125,6 @@ def medians(curve: ScalingCurve, which: str, rng: np.random.Generator | None = N
     return cores, values
 
 
-def _bootstrap(curve: ScalingCurve, which: str, project: Callable[[list[int], list[float]], float]) -> tuple[float, float, float]:
-    """The projection on the medians, and its 95 % bootstrap interval."""
-    central = project(*medians(curve, which))
-    rng = np.random.default_rng(SEED)
-    draws = [project(*medians(curve, which, rng)) for _ in range(BOOTSTRAP)]
-    lo, hi = np.percentile(draws, [2.5, 97.5])
-    return central, float(min(lo, central)), float(max(hi, central))
-
-
 def noise_words(curve: ScalingCurve) -> str:
     """"; noisy: …" when other processes used the machine during the curve's rounds, else ""."""
     from servopt.bench.scaling import noisy_rounds
@@ -161,61 +158,227 @@ def offline_at(curve: ScalingCurve, cores: int) -> float | None:
     return values[counts.index(cores)] if cores in counts else fit_usl(counts, values)(cores)
 
 
+def host_reading(curve: ScalingCurve, topology: Topology | None) -> HostReading:
+    """How this machine's points are read (``layout.read_host``): its sibling lists, and the 1 → 2 step's ratio."""
+    counts, values = medians(curve, "throughput_ips")
+    ratio = values[counts.index(2)] / values[counts.index(1)] if 1 in counts and 2 in counts and values[counts.index(1)] else None
+    cpus = topology.cpus if topology is not None else max(counts, default=1)
+    return read_host(topology, ratio, cpus)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    law: CoreLaw
+    sigma_measured: bool  # two points across physical cores at least
+    smt_measured: bool  # a point on a core's second thread
+
+
+def fit_law(counts: list[int], values: list[float], host: HostReading, smt: float = SMT.central,
+            sigma: float = CORES.central) -> Fitted:
+    """The per-core law through the points: the USL across the points that each added a core (``host``), ``sigma``
+    where only one core was measured; the SMT factor from the highest point on second threads, ``smt`` where none."""
+    pts = dict(zip(counts, values, strict=True))
+    cross = sorted(n for n in pts if n <= host.cores)
+    if len(cross) >= 2:
+        usl = fit_usl(cross, [pts[n] for n in cross])
+        sigma_measured = True
+    else:
+        usl, sigma_measured = Usl(pts[1], sigma, 0.0), False
+    law = CoreLaw(usl.lam, usl.sigma, usl.kappa, smt)
+    second = [n for n in pts if host.cores < n <= host.cores * host.threads]
+    if not second:
+        return Fitted(law, sigma_measured, False)
+    cores, vcpus = host.layout(max(second))
+    measured = (pts[max(second)] / law.cores_only(cores) - 1) * cores / (vcpus - cores) + 1
+    return Fitted(CoreLaw(usl.lam, usl.sigma, usl.kappa, measured), sigma_measured, True)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The target's instance: ``vcpus`` on ``vcpus / threads`` physical cores."""
+
+    vcpus: int
+    threads: int = 1
+
+    @property
+    def cores(self) -> int:
+        return max(1, self.vcpus // self.threads)
+
+    @property
+    def words(self) -> str:
+        return f"{self.cores} core{'s' if self.cores > 1 else ''} × {self.threads} thread{'s' if self.threads > 1 else ''}"
+
+
+@dataclass(frozen=True)
+class Served:
+    """A served capacity to project (samples/s on ``cores`` vCPUs here): one search's, or each of repeated searches'
+    (at least three are drawn from as measured; fewer stand for their median, their spread an allowance)."""
+
+    figures: tuple[float, ...]
+    cores: int
+
+    @property
+    def central(self) -> float:
+        return float(np.median(self.figures))
+
+    @property
+    def drawn(self) -> bool:
+        return len(self.figures) >= 3
+
+
+def _shape(to: Shape | int) -> Shape:
+    return to if isinstance(to, Shape) else Shape(to, 1)
+
+
+def _assumed(fit: Fitted, to: Shape, host: HostReading) -> list[str]:
+    """The factors the projection to ``to`` takes from assumptions, in words."""
+    out = []
+    if not fit.sigma_measured and to.cores > 1:
+        out.append(CORES.words("contention across cores σ (one core measured here)"))
+    if not fit.smt_measured and to.vcpus > to.cores:
+        out.append(SMT.words("a core's second thread"))
+    return out
+
+
+def _layout_words(to: Shape, host: HostReading, fit: Fitted) -> str:
+    smt = f"; SMT ×{fit.law.smt:.2f} measured" if fit.smt_measured else ""
+    return f"{to.vcpus} vCPUs = {to.words}, projected per physical core; here: {host.words}{smt}"
+
+
+def _band(central: float, pess: list[float], opt: list[float], allowances: Sequence[Allowance], higher_is_better: bool
+          ) -> tuple[float, float]:
+    """The band's ends: the pessimistic draws' 2.5 % and the optimistic draws' 97.5 % (the other way round for a
+    latency), holding the central figure, times the allowances."""
+    if higher_is_better:
+        lo, hi = float(np.percentile(pess, 2.5)), float(np.percentile(opt, 97.5))
+    else:
+        lo, hi = float(np.percentile(opt, 2.5)), float(np.percentile(pess, 97.5))
+    lo, hi = min(lo, central), max(hi, central)
+    for a in allowances:
+        lo, hi = (lo * a.low, hi * a.high) if higher_is_better else (lo / a.high, hi / a.low)
+    return lo, hi
+
+
+def project_throughput(curve: ScalingCurve, to: Shape | int, topology: Topology | None = None, served: Served | None = None,
+                       allowances: Sequence[Allowance] = ()) -> Projection | None:
+    """The instance's throughput: the per-core law fitted to the curve at ``to``'s cores × threads; with ``served`` (a
+    served capacity measured here), that capacity scaled by the law's X(instance) / X(the layout it was served on).
+    Never below a figure measured (or served) on fewer vCPUs. None when the curve cannot be projected from
+    (``why_not``)."""
+    if why_not(curve) is not None:
+        return None
+    to = _shape(to)
+    host = host_reading(curve, topology)
+    counts = sorted({p.cores for p in curve.points})
+    measured = to.vcpus in counts and host.layout(to.vcpus) == (to.cores, to.vcpus) and served is None
+
+    def figure(cores: list[int], values: list[float], smt: float, sigma: float, served_rps: float | None) -> tuple[float, float]:
+        """(the law's figure, the floor it may not go below)."""
+        if measured:
+            return values[cores.index(to.vcpus)], 0.0
+        law = fit_law(cores, values, host, smt, sigma).law
+        x = law(to.cores, to.vcpus)
+        if served_rps is not None and served is not None:
+            return served_rps * x / law(*host.layout(served.cores)), served_rps if served.cores < to.vcpus else 0.0
+        # strictly fewer vCPUs: the host's 2 cores may outrun an instance's 2 vCPUs on one core
+        return x, max((v for n, v in zip(cores, values, strict=True) if n < to.vcpus), default=0.0)
+
+    central_rps = served.central if served is not None else None
+    raw, floor = figure(*medians(curve, "throughput_ips"), SMT.central, CORES.central, central_rps)
+    value = max(raw, floor)
+    rng = np.random.default_rng(SEED)
+    pess, opt = [], []
+    for _ in range(BOOTSTRAP):
+        cores, values = medians(curve, "throughput_ips", rng)
+        rps = float(rng.choice(served.figures)) if served is not None and served.drawn else central_rps
+        pess.append(figure(cores, values, SMT.pessimistic, CORES.pessimistic, rps))
+        opt.append(max(figure(cores, values, SMT.optimistic, CORES.optimistic, rps)))
+    floored = raw < floor or float(np.percentile([x - f for x, f in pess], 2.5)) < 0  # the band's low end was held
+    low, high = _band(value, [max(d) for d in pess], opt, allowances, True)
+    fit = fit_law(*medians(curve, "throughput_ips"), host)
+    basis: Literal["served", "offline"] = "served" if served is not None else "offline"
+    note = (f"measured at {to.vcpus} vCPUs" if measured else
+            f"projected from {len(counts)} vCPU counts ({', '.join(map(str, counts))}) to {to.vcpus}")
+    if floored:
+        note += f" (held at the figure {'served' if served else 'measured'} on fewer vCPUs where the law went below it)"
+    if served is not None and served.drawn:
+        note += f"; drawn from {len(served.figures)} capacity searches ({', '.join(f'{f:,.0f}' for f in served.figures)}/s)"
+    return Projection(figure="throughput_ips", basis=basis, to_cores=to.vcpus, cores_measured=counts, value=value, low=low,
+                      high=high, model=_describe(fit, len([n for n in counts if n <= host.cores])), measured=measured,
+                      note=note + noise_words(curve), layout=_layout_words(to, host, fit),
+                      assumed=[] if measured else _assumed(fit, to, host), allowances=list(allowances), floored=floored,
+                      check=check(curve, topology))
+
+
+def _describe(fit: Fitted, cross_points: int) -> str:
+    law = fit.law
+    usl = Usl(law.lam, law.sigma, law.kappa).describe(cross_points) if fit.sigma_measured else \
+        f"one core measured: σ assumed {law.sigma:g}; λ = {law.lam:.1f}/s per core"
+    return usl + (f"; SMT ×{law.smt:.2f} (measured)" if fit.smt_measured else "")
+
+
+def check(curve: ScalingCurve, topology: Topology | None) -> ProjectionCheck | None:
+    """The law where it can be checked: fitted on the one-vCPU rounds alone, the host read from its sibling lists only
+    (a second vCPU is a core, or a core's second thread, with its factor at its stated range), the two-vCPU figure
+    predicted and compared with the one measured, which the fit never saw. None without both points."""
+    counts, values = medians(curve, "throughput_ips")
+    if 1 not in counts or 2 not in counts:
+        return None
+    host = topology_reading(topology, topology.cpus if topology is not None else max(counts))
+    layout = host.layout(2)
+
+    def predict(lam: float, smt: float, sigma: float) -> float:
+        return max(fit_law([1], [lam], host, smt, sigma).law(*layout), lam)  # never below the one vCPU measured
+
+    one = next(p for p in curve.points if p.cores == 1)
+    predicted = predict(values[counts.index(1)], SMT.central, CORES.central)
+    rng = np.random.default_rng(SEED)
+    lams = [float(np.median(rng.choice(one.throughput_ips, size=len(one.throughput_ips)))) for _ in range(BOOTSTRAP)]
+    low = min(predicted, float(np.percentile([predict(x, SMT.pessimistic, CORES.pessimistic) for x in lams], 2.5)))
+    high = max(predicted, float(np.percentile([predict(x, SMT.optimistic, CORES.optimistic) for x in lams], 97.5)))
+    measured = values[counts.index(2)]
+    what = "a core's second thread" if layout[0] == 1 else "a second core"
+    return ProjectionCheck(predicted=predicted, low=low, high=high, measured=measured, error=measured / predicted - 1,
+                           within=low <= measured <= high, reading=f"the second vCPU read as {what} ({host.words})")
+
+
+def check_words(c: ProjectionCheck) -> str:
+    """"1 → 2 vCPUs: predicted 190/s (182–200) from one, measured 195/s (+2.6 %): within its band"."""
+    return (f"1 → 2 vCPUs: predicted {c.predicted:,.0f}/s ({c.low:,.0f}–{c.high:,.0f}) from one, measured "
+            f"{c.measured:,.0f}/s ({c.error:+.1%}): {'within' if c.within else 'OUTSIDE'} its band; {c.reading}")
+
+
 @dataclass(frozen=True)
 class ServedShare:
     """What serving kept of a variant's offline throughput here: its served capacity within the SLO over its offline
     figure at the same cores (HTTP, batching and the latency bound take the rest). A variant that was not served is
     judged at its offline figure × this share, so it is compared like with like beside a served one (an offline figure
-    beside a served one always looks better, and would move the pick to whatever was not served)."""
+    beside a served one always looks better, and would move the pick to whatever was not served). At most 1: a server
+    adds no throughput to the model's own."""
 
     share: float
     variant: str
     cores: int  # the cores here it was served on
+    runtime: str | None = None
+    spread: Allowance | None = None  # its searches' spread (``allowance.served_spread``): an estimate from it carries it
 
 
-def served_share(curve: ScalingCurve | None, served_rps: float, cores: int | None, variant: str) -> ServedShare | None:
-    """The share ``variant``'s served capacity (``served_rps`` samples/s on ``cores``) kept of its offline figure."""
+def served_share(curve: ScalingCurve | None, served_rps: float, cores: int | None, variant: str,
+                 runtime: str | None = None) -> ServedShare | None:
+    """The share ``variant``'s served capacity (``served_rps`` samples/s on ``cores``) kept of its offline figure,
+    held to 1 (a served figure over the offline one is the machine's noise between the two, not a server's gain)."""
     offline = offline_at(curve, cores or 1) if curve is not None else None
     if not offline or offline <= 0:
         return None
-    return ServedShare(share=served_rps / offline, variant=variant, cores=cores or 1)
+    return ServedShare(share=min(1.0, served_rps / offline), variant=variant, cores=cores or 1, runtime=runtime)
 
 
-def project_throughput(curve: ScalingCurve, to_cores: int, served_rps: float | None = None, served_cores: int | None = None
-                       ) -> Projection | None:
-    """The instance's throughput: the USL fitted to the curve at ``to_cores``; with ``served_rps`` (a served capacity
-    measured on ``served_cores`` here), that capacity scaled by the fit's X(to) / X(served_cores). None when the curve
-    cannot be projected from (``why_not``)."""
-    if why_not(curve) is not None:
-        return None
-    counts = sorted({p.cores for p in curve.points})
-    measured = to_cores in counts
-
-    def offline(cores: list[int], values: list[float]) -> float:
-        if measured:
-            return values[cores.index(to_cores)]
-        return fit_usl(cores, values)(to_cores)
-
-    def served(cores: list[int], values: list[float]) -> float:
-        assert served_rps is not None and served_cores is not None
-        law = fit_usl(cores, values)
-        return served_rps * law(to_cores) / law(served_cores)
-
-    basis: Literal["served", "offline"] = "served" if served_rps is not None else "offline"
-    value, low, high = _bootstrap(curve, "throughput_ips", served if basis == "served" else offline)
-    law = fit_usl(*medians(curve, "throughput_ips"))
-    note = (f"measured at {to_cores} cores" if measured and basis == "offline" else
-            f"projected from {len(counts)} core counts ({', '.join(map(str, counts))}) to {to_cores}")
-    return Projection(figure="throughput_ips", basis=basis, to_cores=to_cores, cores_measured=counts, value=value, low=low,
-                      high=high, model=law.describe(len(counts)), measured=measured and basis == "offline",
-                      note=note + noise_words(curve))
-
-
-def project_estimated(curve: ScalingCurve, to_cores: int, share: ServedShare) -> Projection | None:
+def project_estimated(curve: ScalingCurve, to: Shape | int, share: ServedShare, topology: Topology | None = None,
+                      allowances: Sequence[Allowance] = ()) -> Projection | None:
     """A variant that was not served, its instance's throughput as if served: its offline figure on the cores the
     share was measured on × ``share`` (another variant's), projected like a served capacity."""
     offline = offline_at(curve, share.cores)
-    proj = project_throughput(curve, to_cores, offline * share.share, share.cores) if offline else None
+    proj = project_throughput(curve, to, topology, Served((offline * share.share,), share.cores), allowances) if offline else None
     if proj is None:
         return None
     return proj.model_copy(update={"basis": "estimated", "note": (
@@ -223,31 +386,57 @@ def project_estimated(curve: ScalingCurve, to_cores: int, share: ServedShare) ->
         f"within the SLO; {proj.note}")})
 
 
-def project_latency(curve: ScalingCurve, to_cores: int) -> Projection | None:
-    """One request's p50 on the instance, its call given ``to_cores`` threads: Amdahl's law fitted to the curve."""
+def project_latency(curve: ScalingCurve, to: Shape | int, topology: Topology | None = None) -> Projection | None:
+    """One request's p50 on the instance, its call given every vCPU's thread: Amdahl's law over the core-equivalents
+    the threads give (a core's second thread counts as the SMT factor's share of a core), fitted to the curve."""
     if why_not(curve) is not None:
         return None
+    to = _shape(to)
+    host = host_reading(curve, topology)
     counts = sorted({p.cores for p in curve.points})
-    measured = to_cores in counts
+    measured = to.vcpus in counts and host.layout(to.vcpus) == (to.cores, to.vcpus)
+    tp = medians(curve, "throughput_ips")
 
-    def at(cores: list[int], values: list[float]) -> float:
+    def at(cores: list[int], values: list[float], smt: float) -> float:
         if measured:
-            return values[cores.index(to_cores)]
-        return fit_amdahl(cores, values)(to_cores)
+            return values[cores.index(to.vcpus)]
+        law = fit_law(*tp, host, smt).law
+        fit = fit_amdahl([law.effective(*host.layout(n)) for n in cores], values)
+        return fit(law.effective(to.cores, to.vcpus))
 
-    value, low, high = _bootstrap(curve, "p50_ms", at)
-    law = fit_amdahl(*medians(curve, "p50_ms"))
-    note = f"measured with {to_cores} threads" if measured else \
-        f"projected from {len(counts)} thread counts ({', '.join(map(str, counts))}) to {to_cores}"
-    return Projection(figure="p50_ms", to_cores=to_cores, cores_measured=counts, value=value, low=low, high=high,
-                      model=law.describe(), measured=measured, note=note + noise_words(curve))
-
-
-def band(curve: ScalingCurve, up_to: int) -> tuple[list[int], list[float], list[float], list[float]]:
-    """Cores 1…``up_to`` and the fitted throughput with its 95 % band (the report's scaling chart)."""
-    cores = list(range(1, max(up_to, 1) + 1))
-    fits = [fit_usl(*medians(curve, "throughput_ips"))]
+    value = at(*medians(curve, "p50_ms"), SMT.central)
     rng = np.random.default_rng(SEED)
-    draws = np.array([[fit_usl(*medians(curve, "throughput_ips", rng))(n) for n in cores] for _ in range(BOOTSTRAP)])
-    lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
-    return cores, [fits[0](n) for n in cores], [float(v) for v in lo], [float(v) for v in hi]
+    pess, opt = [], []
+    for _ in range(BOOTSTRAP):
+        cores, values = medians(curve, "p50_ms", rng)
+        pess.append(at(cores, values, SMT.pessimistic))
+        opt.append(at(cores, values, SMT.optimistic))
+    low, high = _band(value, pess, opt, (), False)
+    fit = fit_law(*tp, host)
+    law = fit_amdahl([fit.law.effective(*host.layout(n)) for n in counts], medians(curve, "p50_ms")[1])
+    note = f"measured with {to.vcpus} threads" if measured else \
+        f"projected from {len(counts)} thread counts ({', '.join(map(str, counts))}) to {to.vcpus}"
+    return Projection(figure="p50_ms", to_cores=to.vcpus, cores_measured=counts, value=value, low=low, high=high,
+                      model=law.describe(), measured=measured, note=note + noise_words(curve),
+                      layout=_layout_words(to, host, fit), assumed=[] if measured or fit.smt_measured or to.vcpus == to.cores
+                      else [SMT.words("a core's second thread")])
+
+
+def band(curve: ScalingCurve, up_to: int, topology: Topology | None = None, threads: int = 1
+         ) -> tuple[list[int], list[float], list[float], list[float]]:
+    """vCPUs 1…``up_to`` of an instance with ``threads`` per core, and the fitted throughput with its 95 % band (the
+    report's scaling chart)."""
+    vcpus = list(range(1, max(up_to, 1) + 1))
+    shapes = [(max(1, -(-n // threads)), n) for n in vcpus]
+    host = host_reading(curve, topology)
+    central = fit_law(*medians(curve, "throughput_ips"), host).law
+    rng = np.random.default_rng(SEED)
+    lows, highs = [], []
+    for _ in range(BOOTSTRAP):
+        cores, values = medians(curve, "throughput_ips", rng)
+        pess = fit_law(cores, values, host, SMT.pessimistic, CORES.pessimistic).law
+        opt = fit_law(cores, values, host, SMT.optimistic, CORES.optimistic).law
+        lows.append([pess(c, n) for c, n in shapes])
+        highs.append([opt(c, n) for c, n in shapes])
+    lo, hi = np.percentile(lows, 2.5, axis=0), np.percentile(highs, 97.5, axis=0)
+    return vcpus, [central(c, n) for c, n in shapes], [float(v) for v in lo], [float(v) for v in hi]

@@ -12,11 +12,17 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from servopt.cpu import Isa
 from servopt.errors import UserError
 from servopt.machine import Device
+
+# Where a target's threads per core come from when it does not say: AWS EC2's CPU options default to 2 threads per core
+# on its x86 instances (each vCPU one hyperthread of a core; ``ThreadsPerCore``: "A value of 1 disables multithreading
+# for the instance. The default value is 2"), as GCP's and most Azure x86 sizes do: an even vCPU count is read so.
+SMT_DEFAULT = ("2 for an even vCPU count (AWS EC2's x86 default, ThreadsPerCore 2: each vCPU a hyperthread of a core; GCP "
+               "and most Azure x86 sizes alike), else 1; set 1 for an instance without SMT (AWS Graviton, SMT disabled)")
 
 
 class Target(BaseModel):
@@ -52,9 +58,40 @@ class Target(BaseModel):
     instance_vcpus: PositiveInt | None = Field(
         None, description="that instance's vCPUs: its speed bounds are judged, and its price taken, on figures projected "
                           "from the cores measured here to this many (optimize.scaling), never on this machine's own")
+    threads_per_core: Literal[1, 2] | None = Field(
+        None, description="that instance's threads per physical core (SMT, hyperthreads): its vCPUs are instance_vcpus / "
+                          "threads_per_core cores × this many threads, and the projection counts a second thread of a core "
+                          f"as SMT adds, not as a core. Unset: {SMT_DEFAULT}")
     ray_resources: dict[str, PositiveFloat] | None = Field(
         None, description="a distributed sweep (--ray): the Ray resources of the nodes this target's candidates are "
                           "measured on, e.g. {'epyc-7763': 1} or {'GPU': 1}; ignored on one machine")
+
+    @model_validator(mode="after")
+    def _instance_layout(self) -> Target:
+        if self.threads_per_core and self.instance_vcpus and self.instance_vcpus % self.threads_per_core:
+            raise ValueError(f"instance_vcpus {self.instance_vcpus} is not a whole number of cores of "
+                             f"{self.threads_per_core} threads: set threads_per_core to 1, or the vCPUs the instance has")
+        return self
+
+    @property
+    def instance_threads(self) -> int:
+        """Threads per physical core of the instance: stated, else ``SMT_DEFAULT``'s."""
+        if self.threads_per_core is not None:
+            return self.threads_per_core
+        return 2 if self.instance_vcpus and self.instance_vcpus % 2 == 0 else 1
+
+    @property
+    def instance_cores(self) -> int | None:
+        """The instance's physical cores: its vCPUs over its threads per core."""
+        return self.instance_vcpus // self.instance_threads if self.instance_vcpus else None
+
+    @property
+    def layout_words(self) -> str:
+        """"4 cores × 2 threads (…)": the instance as the projection reads it, and where its threads come from."""
+        if not self.instance_vcpus:
+            return ""
+        why = "stated" if self.threads_per_core is not None else "the cloud default for an even vCPU count: set threads_per_core"
+        return f"{self.instance_cores} cores × {self.instance_threads} thread{'s' if self.instance_threads > 1 else ''} ({why})"
 
     @property
     def kind(self) -> str | None:
@@ -87,14 +124,15 @@ def kind_slug(kind: str) -> str:
 
 # Prices are list prices a user can check, with their source and date; no price list is fetched (servopt runs offline),
 # so put your own (negotiated, reserved, spot) in a target YAML.
-CPU_SERVER_PRICE = ("AWS EC2 c6a.2xlarge on-demand, us-east-1, Linux: 8 vCPUs of AMD EPYC 7R13, the 7763's Zen 3 generation; "
+CPU_SERVER_PRICE = ("AWS EC2 c6a.2xlarge on-demand, us-east-1, Linux: 8 vCPUs (4 cores × 2 threads, AWS's default CPU options) "
+                    "of AMD EPYC 7R13, the 7763's Zen 3 generation; "
                     "AWS's published rate, 2024 (check the current one)")
 GPU_SERVER_PRICE = ("AWS EC2 p4d.24xlarge on-demand, us-east-1: 32.77 USD/h for 8 × A100 40 GB, per GPU; AWS's published "
                     "rate, 2024 (check the current one)")
 PRESETS: dict[str, Target] = {
     "cpu-server": Target(name="cpu-server", hardware="AMD EPYC 7763", device="cpu", objective="throughput",
                          max_p50_ms=3.0, min_throughput_ips=1000, isa="avx2", price_per_hour=0.306, instance_vcpus=8,
-                         max_p99_ms=50.0, price_source=CPU_SERVER_PRICE),
+                         max_p99_ms=50.0, price_source=CPU_SERVER_PRICE, threads_per_core=2),
     "gpu-server": Target(name="gpu-server", hardware="NVIDIA A100", device="gpu", objective="throughput",
                          max_p50_ms=1.0, min_throughput_ips=5000, price_per_hour=4.10, price_source=GPU_SERVER_PRICE),
     "edge": Target(name="edge", hardware="ARM Cortex-A76", device="edge", objective="latency",

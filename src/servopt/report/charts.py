@@ -116,6 +116,8 @@ def instance_charts(summary: Summary) -> dict[str, str]:
     out: dict[str, str] = {}
     scaling = scaling_curves(summary)
     vcpus = max((d.target.instance_vcpus or 0 for d in summary.targets), default=0)
+    threads = max((d.target.instance_threads for d in summary.targets if d.target.instance_vcpus), default=1)
+    topology = scaling.environment.topology if scaling and scaling.environment else None
     curves = [c for c in (scaling.curves.values() if scaling else []) if why_not(c) is None]
     if curves and vcpus:
         fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -123,14 +125,15 @@ def instance_charts(summary: Summary) -> dict[str, str]:
             colour = f"C{i % 10}"
             for p in c.points:
                 ax.scatter([p.cores] * len(p.throughput_ips), p.throughput_ips, s=14, color=colour, alpha=0.6, zorder=3)
-            cores, fit, lo, hi = band(c, max(vcpus, max(p.cores for p in c.points)))
+            cores, fit, lo, hi = band(c, max(vcpus, max(p.cores for p in c.points)), topology, threads)
             ax.plot(cores, fit, color=colour, label=c.variant)
             ax.fill_between(cores, lo, hi, color=colour, alpha=0.15)
         ax.axvline(max(p.cores for p in curves[0].points), color="grey", ls=":", lw=1)
         for d in summary.targets:
             if d.target.min_throughput_ips and d.target.instance_vcpus:
                 ax.axhline(d.target.min_throughput_ips, color="#d62728", ls="--", lw=1, label=f"{d.target.name}: ≥ {d.target.min_throughput_ips:g}/s")
-        ax.set_xlabel("cores (measured up to the dotted line; beyond it the fitted law and its 95 % band)")
+        ax.set_xlabel(f"vCPUs ({threads} per core on the instance; measured here up to the dotted line, the fitted per-core "
+                      "law and its band beyond)")
         ax.set_ylabel("offline throughput, samples/s")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -1,5 +1,6 @@
 """The report's "What it costs": per target with a price, the pick (or nearest) first and the other candidates that
-pass, each priced at the instance's capacity the verdict judged (``pricing``), with where the price comes from."""
+pass, each priced at the instance's capacity the verdict judged — its band's pessimistic end (``pricing``) —, with
+where the price comes from and what the band holds."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ class PriceRow:
     target: str
     variant: str
     pick: bool
-    per_million: str  # at the instance's capacity (and its interval)
+    per_million: str  # at the capacity's pessimistic end (and the range over its band)
     capacity: str  # what was priced: the instance's samples/s, served or offline, measured or projected
     instances: str
     monthly: str
@@ -40,7 +41,9 @@ def capacity_words(p: Price) -> str:
     if p.capacity_ips is None:  # a summary written before projections
         return f"{p.throughput_at_bound_ips:,.0f}/s at the latency bound × {p.scale:g} (assumed)" if p.throughput_at_bound_ips and p.scale else "—"
     how = "projected" if p.projected else "measured"
-    return f"{p.capacity_ips:,.0f}/s {p.basis}, {how}"
+    central = f" (band's low end; central {p.capacity_central_ips:,.0f}/s)" if p.capacity_central_ips is not None \
+        and p.capacity_central_ips != p.capacity_ips else ""
+    return f"{p.capacity_ips:,.0f}/s{central} {p.basis}, {how}"
 
 
 def price_section(summary: Summary, limit: int = 6) -> PriceSection | None:
@@ -55,6 +58,8 @@ def price_section(summary: Summary, limit: int = 6) -> PriceSection | None:
         for v in ordered:
             p = v.price
             span = f" ({usd(p.per_million_range_usd[0])}–{usd(p.per_million_range_usd[1])})" if p.per_million_range_usd else ""
+            if p.per_million_central_usd is not None and p.per_million_range_usd:
+                span = f" (central {usd(p.per_million_central_usd)}; band {span.strip(' ()')})"
             rows.append(PriceRow(target=d.target.name, variant=v.variant + ("" if v.passes else " (misses a bound)"), pick=v.variant == pick,
                                  per_million=usd(p.per_million_usd) + span, capacity=capacity_words(p),
                                  instances=str(p.instances) if p.instances else "—", monthly=usd(p.monthly_usd)))

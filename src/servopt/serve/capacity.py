@@ -91,9 +91,11 @@ def configurations(first: ServeConfig, cores: int, precision: float = 0.1) -> Ge
 
 def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: float, cores: int, budget_s: float | None,
                           rules: SearchRules | None = None, log: Callable[[str], None] = lambda m: None,
-                          first: ServeConfig | None = None, data: ServedData | None = None) -> Capacity:
+                          first: ServeConfig | None = None, data: ServedData | None = None,
+                          env: dict[str, str] | None = None) -> Capacity:
     """The serving configuration of ``variant`` (a run directory's) with the most capacity within ``slo``
-    (``configurations``), each in a fresh ``servopt serve`` process, loaded from here with ``data`` as requests; a
+    (``configurations``), each in a fresh ``servopt serve`` process (``env`` added to its environment: an
+    instruction-set cap, which the Capacity's environment records), loaded from here with ``data`` as requests; a
     configuration starts only if the first's search time still fits ``budget_s``. A SIGTERM of the sweep
     (``launcher.stop_all``) ends the step under way and raises ``Interrupted``."""
     from servopt.bench.launcher import Interrupted, stopping
@@ -107,7 +109,7 @@ def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: floa
 
     def capacity_of(cfg: ServeConfig, start: float) -> SearchResult:
         log(f"capacity of {variant} within {slo}: {cfg.label}")
-        with ServerProcess(run_dir, "--variant", variant, *cfg.serve_args(), "--name", "m") as server:
+        with ServerProcess(run_dir, "--variant", variant, *cfg.serve_args(), "--name", "m", env=env) as server:
             result, sent = measure_capacity(server.url, "m", slo, start, rules, until=until, data=data, stop=stopping)
         what[:] = [sent]
         tried.append((cfg, result))
@@ -144,11 +146,12 @@ def search_configurations(run_dir: Path, variant: str, slo: Slo, start_rps: floa
         return Capacity(variant=variant, slo=str(slo), capacity_rps=0.0, tried=done_, cores=cores, error=str(e)[:500])
     from servopt.machine import environment
 
+    cap = (env or {}).get("ONEDNN_MAX_CPU_ISA") or (env or {}).get("ATEN_CPU_CAPABILITY")  # the server's, not this process's
     return Capacity(variant=variant, slo=str(slo), capacity_rps=result.capacity_rps, config=best, steps=result.steps,
                     tried=[(c, r.capacity_rps) for c, r in tried], confirmed=result.confirmed, cores=cores,
                     knee_found=result.knee_found, knee_rps=result.knee_rps or None, stopped=result.stopped,
                     timed_out=result.timed_out and not result.confirmed, requests=what[0] if what else None, sender="raw",
-                    environment=environment())
+                    environment=environment().model_copy(update={"isa_cap": cap}) if cap else environment())
 
 
 # Each step of a sweep's search: as long as its claim needs (a p99 step: 473 queries, at least 1.5 s, at most 12 s), so
@@ -166,14 +169,16 @@ QUICK_RULES = SearchRules(min_seconds=0.3, step_confidence=0.5, step_over=0, con
 
 
 def probe(run_dir: Path, variant: str, percentile: int, limit_ms: float, start_rps: float, budget_s: float | None,
-          quick: bool = False, per_sample_ms: float | None = None, data: ServedData | None = None) -> Capacity:
+          quick: bool = False, per_sample_ms: float | None = None, data: ServedData | None = None,
+          env: dict[str, str] | None = None) -> Capacity:
     """``servopt optimize``'s capacity search for a target's pick (``Sweep.capacity_probe``): plain arguments and a
     typed contract (``data``: the user's evaluation data, what is sent), so the sweep (a layer below the server) can
     hand it to any executor. ``per_sample_ms``: one instance's time a sample in a batch (the search starts from the
-    batch bound that fits the SLO, ``slo_max_batch``)."""
+    batch bound that fits the SLO, ``slo_max_batch``); ``env``: the server's instruction-set cap, as its scaling curve
+    was held (a served/offline share is then like with like)."""
     from servopt.bench.scaling import machine_cores
 
     slo, cores = Slo(percentile, limit_ms), machine_cores()
     first = default_config(cores, max_batch=slo_max_batch(per_sample_ms, slo))
     return search_configurations(Path(run_dir), variant, slo, start_rps, cores, budget_s,
-                                 QUICK_RULES if quick else SWEEP_RULES, first=first, data=data)
+                                 QUICK_RULES if quick else SWEEP_RULES, first=first, data=data, env=env)
