@@ -17,7 +17,6 @@ from enum import StrEnum
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Literal
 
 from servopt.contracts import Environment, SessionInfo, Topology
 from servopt.cpu import RUNG_FEATURES as RUNG_FEATURES
