@@ -298,7 +298,7 @@ def test_the_pick_is_served_under_the_cap_its_curve_was_held_to(monkeypatch, tmp
     sweep = SimpleNamespace(problems=[], settings=SimpleNamespace(quick=True, budget=None), budget=no_budget(),
                             dir=SimpleNamespace(capacity=lambda t, v: tmp_path / f"{t}-{v}.json"), out=tmp_path,
                             progress=SimpleNamespace(step=lambda m: None), executor=SimpleNamespace(submit=submit),
-                            kinds={}, _for=lambda kind: "", capacity_probe=object())
+                            kinds={}, _for=lambda kind: "", capacity_probe=object(), served_data=lambda t: None)
     SweepInstance._capacity_of(sweep, avx2_target, ov.model_copy(update={"artifact": {"format": "openvino", "path": "/m.xml"}}),
                                None)
     assert calls and calls[0][-1] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
