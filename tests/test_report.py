@@ -132,19 +132,36 @@ def test_a_new_int8_pass_needs_no_edit_in_the_report(run_v1):
         PASSES.classes.pop("four-bit-test")
 
 
-def test_the_comparison_section_shows_every_figure_the_peers_have_even_one_it_has_no_label_for():
-    """The texts scenarios came as one file each; the report's labels did not know their figures and dropped them from
-    the section (they were in compare.json and the terminal only)."""
+def test_the_comparison_columns_are_the_scenarios_own_labels():
+    """One table of labels, the scenarios' (``Scenario.label``, carried in each ratio): a scenario added as one file
+    brings its column heading; a compare.json from before labels reads the registered scenario's; a figure of a
+    scenario no longer registered keeps its column under its metric name (the texts scenarios once vanished from the
+    section for want of a label in the report's own table)."""
     from servopt.peers.contracts import Comparison, PeerRatio, PeerResult
+    from servopt.peers.scenario import SCENARIOS, Scenario, register_scenario
+    from servopt.peers.runner import ratios
     from servopt.report.compare import markdown
 
-    def ratio(metric: str, better: str) -> PeerRatio:
-        return PeerRatio(metric=metric, scenario=metric, better=better, ratio=0.4, low=0.35, high=0.45, confidence=0.75,
-                         rounds=[0.35, 0.4, 0.45], pick_median=2.0, peer_median=0.8)
+    def ratio(metric: str, scenario: str, label: str = "") -> PeerRatio:
+        return PeerRatio(metric=metric, scenario=scenario, label=label, better="lower", ratio=0.4, low=0.35, high=0.45,
+                         confidence=0.75, rounds=[0.35, 0.4, 0.45], pick_median=2.0, peer_median=0.8)
 
-    peer = PeerResult(name="sentence-transformers", status="ok", ratios=[ratio("texts_per_s", "higher"),
-                                                                         ratio("p50_ms", "lower"), ratio("brand_new", "lower")])
-    c = Comparison(created="2026-11-28", run_dir="r", target="cpu-server", pick="ort-int8", scenarios=["texts"], rounds=3,
-                   order=[["a"]], peers=[peer])
-    head = markdown(c).splitlines()[4]
-    assert head.index("p50 (single request)") < head.index("texts in: texts/s (batches)") < head.index("brand_new"), head
+    class Warm(Scenario):
+        name, metric, better, label = "warm-test", "warm_ms", "lower", "warm p50 (after a pause)"
+
+        def figure(self, m):
+            return m
+
+    register_scenario(Warm)
+    try:
+        rounds = type("R", (), {"measured": {"peer": [2.0, 3.0], "pick": [4.0, 6.0]}})()
+        (new,) = ratios(rounds, "pick", "peer", [Warm()])
+        assert new.label == "warm p50 (after a pause)" and new.ratio == 0.5
+        peer = PeerResult(name="sentence-transformers", status="ok",
+                          ratios=[ratio("texts_per_s", "texts"), new, ratio("gone_ms", "retired")])
+        c = Comparison(created="2026-11-28", run_dir="r", target="cpu-server", pick="ort-int8", scenarios=["texts"],
+                       rounds=3, order=[["a"]], peers=[peer])
+        head = markdown(c).splitlines()[4]
+        assert head.index("texts in: texts/s (batches)") < head.index("warm p50 (after a pause)") < head.index("gone_ms"), head
+    finally:
+        SCENARIOS.classes.pop("warm-test")

@@ -27,7 +27,7 @@ def compare(
     def go() -> None:
         from servopt.peers.base import PEERS
         from servopt.peers.compare import compare as run_compare
-        from servopt.report.compare import METRICS, metrics_of, ratio_text
+        from servopt.report.compare import columns, ratio_text
 
         if list_peers:
             for name in PEERS.names():
@@ -42,8 +42,8 @@ def compare(
         write_reports(run_dir)  # the run's report, with the comparison's section
         table = Table(title=f"against servopt's pick {result.pick} for {result.target} (peer ÷ pick, median of "
                             f"{result.rounds} rounds, interval)")
-        metrics = metrics_of(result)  # the report's columns and words: one table of labels
-        for col in ("peer", "status", "quality", *(METRICS.get(m, m) for m in metrics)):
+        metrics = columns(result)  # the scenarios' own labels, as the report's columns
+        for col in ("peer", "status", "quality", *metrics.values()):
             table.add_column(col)
         for p in result.peers:
             by = {r.metric: r for r in p.ratios}

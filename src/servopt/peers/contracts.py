@@ -20,6 +20,7 @@ class PeerRatio(Contract):
 
     metric: str  # the scenario's figure: p50_ms, throughput_ips
     scenario: str
+    label: str = ""  # the scenario's own words for the figure, its column heading (an older compare.json: none)
     better: Literal["lower", "higher"]
     ratio: float
     low: float

@@ -52,7 +52,7 @@ def ratios(rounds: Rounds, pick: str, peer: str, scenarios: list[Scenario]) -> l
             continue
         per_round = [a / b for a, b in pairs]
         median, lo, hi, conf = ratio_interval(per_round)
-        out.append(PeerRatio(metric=sc.metric, scenario=sc.name, better=sc.better, ratio=median, low=lo, high=hi,
+        out.append(PeerRatio(metric=sc.metric, scenario=sc.name, label=sc.label or sc.metric, better=sc.better, ratio=median, low=lo, high=hi,
                              confidence=conf, rounds=per_round, pick_median=statistics.median(b for _, b in pairs),
                              peer_median=statistics.median(a for a, _ in pairs)))
     return out

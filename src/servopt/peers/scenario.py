@@ -21,6 +21,7 @@ class Scenario:
     metric: ClassVar[str]  # the figure's name in PeerRatio
     better: ClassVar[Literal["lower", "higher"]]
     description: ClassVar[str] = ""
+    label: ClassVar[str] = ""  # the report's and the terminal's column heading for the figure (default: the metric)
 
     def figure(self, m: Measured) -> float | None:
         """The figure of one measurement, None when it has none."""

@@ -10,18 +10,22 @@ from servopt.optimize.rundir import RunDir
 from servopt.peers.contracts import Comparison, PeerRatio, PeerResult
 
 TITLE = "Against the tools you would use instead"
-METRICS = {"p50_ms": "p50 (single request)", "throughput_ips": "throughput (offline batches)",
-           "served_rps": "served requests/s (closed loop)", "served_p50_ms": "served p50", "served_p99_ms": "served p99",
-           "served_cpu_ms": "server CPU per request",
-           "poisson_p99_ms": "p99 at a Poisson rate", "texts_p50_ms": "texts in: p50 (one text a call)",
-           "texts_per_s": "texts in: texts/s (batches)"}
 
 
-def metrics_of(c: Comparison) -> list[str]:
-    """The figures the peers' ratios have, in METRICS' order, then any a newer scenario added (under its own name: a
-    scenario is one file, and its figure must not vanish from the report for want of a label here)."""
-    seen = list(dict.fromkeys(r.metric for p in c.peers for r in p.ratios))
-    return [m for m in METRICS if m in seen] + [m for m in seen if m not in METRICS] or list(METRICS)
+def columns(c: Comparison) -> dict[str, str]:
+    """The figures the peers' ratios have, in the order the runner measured the scenarios, each with its scenario's own
+    label (``Scenario.label``, carried in each ``PeerRatio``): a new scenario is one file, and its column comes with
+    it. A compare.json written before ratios carried labels reads them from the registered scenario."""
+    out: dict[str, str] = {}
+    for r in (r for p in c.peers for r in p.ratios):
+        out.setdefault(r.metric, r.label or _registered_label(r.scenario) or r.metric)
+    return out
+
+
+def _registered_label(scenario: str) -> str:
+    from servopt.peers.scenario import SCENARIOS
+
+    return SCENARIOS.get(scenario).label if scenario in SCENARIOS.names() else ""
 
 
 def load_comparison(out: Path) -> Comparison | None:
@@ -46,7 +50,7 @@ def ratio_text(r: PeerRatio | None) -> str:
     return f"{r.ratio:.2f}× ({r.low:.2f}–{r.high:.2f}): {verdict(r)}"
 
 
-def _row(p: PeerResult, metrics: list[str]) -> list[str]:
+def _row(p: PeerResult, metrics: dict[str, str]) -> list[str]:
     if p.status != "ok":
         return [p.name, f"{p.status}: {p.why or ''}", *(["—"] * (1 + len(metrics)))]
     by = {r.metric: r for r in p.ratios}
@@ -66,16 +70,16 @@ def _intro(c: Comparison) -> str:
 
 
 def markdown(c: Comparison) -> str:
-    metrics = metrics_of(c)
-    head = ["peer", "what it ran", "quality", *(METRICS.get(m, m) for m in metrics)]
+    metrics = columns(c)
+    head = ["peer", "what it ran", "quality", *metrics.values()]
     lines = [f"## {TITLE}", "", _intro(c), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(p, metrics)) + " |" for p in c.peers]
     return "\n".join(lines) + "\n"
 
 
 def html(c: Comparison) -> str:
-    metrics = metrics_of(c)
-    head = ["peer", "what it ran", "quality", *(METRICS.get(m, m) for m in metrics)]
+    metrics = columns(c)
+    head = ["peer", "what it ran", "quality", *metrics.values()]
     rows = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in _row(p, metrics)) + "</tr>" for p in c.peers)
     return (f"<h2>{TITLE}</h2><p>{escape(_intro(c))}</p><table><tr>"
             + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr>{rows}</table>\n")

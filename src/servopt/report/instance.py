@@ -105,7 +105,7 @@ def band_notes(summary: Summary) -> list[str]:
     threads, each factor assumed with its range, each allowance."""
     out = []
     for d in summary.targets:
-        pick = d.recommended or d.nearest
+        pick = d.pick
         v = next((v for v in d.verdicts if v.variant == pick), None)
         tp = v.figures.instance_throughput if v else None
         if tp is None:

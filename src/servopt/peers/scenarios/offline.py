@@ -11,6 +11,7 @@ class Offline(Scenario):
     name = "offline"
     metric = "throughput_ips"
     better = "higher"
+    label = "throughput (offline batches)"
     description = "batches of the run's batch size back to back: samples per second"
 
     def figure(self, m: Measured) -> float | None:

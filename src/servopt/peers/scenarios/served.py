@@ -73,17 +73,18 @@ class Served(Scenario):
 
 
 CLOSED = f"served, closed loop at {CONCURRENCY} clients"
-# (name, metric, better, step, path in the step's summary, what it is)
-FIGURES = (("served", "served_rps", "higher", "closed", ("throughput_rps",), f"{CLOSED}: requests/s"),
-           ("served-p50", "served_p50_ms", "lower", "closed", ("latency_ms", "p50"), f"{CLOSED}: p50 latency"),
-           ("served-p99", "served_p99_ms", "lower", "closed", ("latency_ms", "p99"), f"{CLOSED}: p99 latency"),
+# (name, metric, better, step, path in the step's summary, what it is, its column heading)
+FIGURES = (("served", "served_rps", "higher", "closed", ("throughput_rps",), f"{CLOSED}: requests/s",
+            "served requests/s (closed loop)"),
+           ("served-p50", "served_p50_ms", "lower", "closed", ("latency_ms", "p50"), f"{CLOSED}: p50 latency", "served p50"),
+           ("served-p99", "served_p99_ms", "lower", "closed", ("latency_ms", "p99"), f"{CLOSED}: p99 latency", "served p99"),
            ("served-cpu", "served_cpu_ms", "lower", "closed", ("server_cpu_ms_per_request",),
-            f"{CLOSED}: the server process tree's CPU per request"),
+            f"{CLOSED}: the server process tree's CPU per request", "server CPU per request"),
            ("poisson", "poisson_p99_ms", "lower", "poisson", ("latency_ms", "p99"),
-            f"served, Poisson arrivals at {RATE:g} requests/s: p99 latency"))
-for _name, _metric, _better, _step, _path, _what in FIGURES:
+            f"served, Poisson arrivals at {RATE:g} requests/s: p99 latency", "p99 at a Poisson rate"))
+for _name, _metric, _better, _step, _path, _what, _label in FIGURES:
     register_scenario(type(f"Served_{_metric}", (Served,), {"name": _name, "metric": _metric, "better": _better, "step": _step,
-                                                           "path": _path, "description": _what}))
+                                                           "path": _path, "description": _what, "label": _label}))
 SERVED = [f[0] for f in FIGURES]
 
 

@@ -12,6 +12,7 @@ class Single(Scenario):
     metric = "p50_ms"
     better = "lower"
     description = "one sample per call, one call at a time: the median latency"
+    label = "p50 (single request)"
 
     def figure(self, m: Measured) -> float | None:
         return m.latency_ms.p50 if m.latency_ms else None

@@ -69,15 +69,16 @@ class Texts(Scenario):
         return getattr(m, self.field, None) if isinstance(m, TextsMeasured) else None
 
 
-# (name, metric, better, TextsMeasured's attribute, what it is)
+# (name, metric, better, TextsMeasured's attribute, what it is, its column heading)
 FIGURES = (("texts", "texts_per_s", "higher", "texts_per_s",
-            "the run's evaluation texts in, embeddings out, in batches of the run's batch size: texts/s"),
+            "the run's evaluation texts in, embeddings out, in batches of the run's batch size: texts/s",
+            "texts in: texts/s (batches)"),
            ("texts-single", "texts_p50_ms", "lower", "single_p50_ms",
-            "one evaluation text in, its embedding out, one call at a time: the median latency"))
+            "one evaluation text in, its embedding out, one call at a time: the median latency", "texts in: p50 (one text a call)"))
 TEXTS = [f[0] for f in FIGURES]
-for _name, _metric, _better, _field, _what in FIGURES:
+for _name, _metric, _better, _field, _what, _label in FIGURES:
     register_scenario(type(f"Texts_{_metric}", (Texts,), {"name": _name, "metric": _metric, "better": _better, "field": _field,
-                                                          "description": _what}))
+                                                          "description": _what, "label": _label}))
 
 
 @register_job
