@@ -138,8 +138,8 @@ def test_the_comparison_columns_are_the_scenarios_own_labels():
     scenario no longer registered keeps its column under its metric name (the texts scenarios once vanished from the
     section for want of a label in the report's own table)."""
     from servopt.peers.contracts import Comparison, PeerRatio, PeerResult
-    from servopt.peers.scenario import SCENARIOS, Scenario, register_scenario
     from servopt.peers.runner import ratios
+    from servopt.peers.scenario import SCENARIOS, Scenario, register_scenario
     from servopt.report.compare import markdown
 
     def ratio(metric: str, scenario: str, label: str = "") -> PeerRatio:
