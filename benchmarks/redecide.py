@@ -23,7 +23,8 @@ from servopt.bench.launcher import launch
 from servopt.contracts import Interleaved, Record
 from servopt.families import FAMILIES
 from servopt.families.base import Family
-from servopt.optimize.decide import decide, unsettled
+from servopt.optimize.candidates import unsettled
+from servopt.optimize.decide import decide
 from servopt.optimize.racing import DUEL_RIVALS, DUEL_SECONDS_PER_FIGURE
 from servopt.optimize.rundir import RunDir, load_run
 from servopt.optimize.sweep import duel_job

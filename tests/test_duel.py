@@ -12,7 +12,8 @@ from servopt.bench import duel
 from servopt.bench.jobs import DuelJob
 from servopt.contracts import Duel, Interleaved
 from servopt.families import FAMILIES
-from servopt.optimize.decide import decide, unsettled
+from servopt.optimize.candidates import unsettled
+from servopt.optimize.decide import decide
 from servopt.optimize.targets import Target
 from test_racing import _int8, _rounds, rec
 

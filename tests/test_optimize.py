@@ -22,7 +22,8 @@ from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families import FAMILIES
 from servopt.models.sources import load_model
-from servopt.optimize.decide import decide, judge, pareto_front
+from servopt.optimize.candidates import pareto_front
+from servopt.optimize.decide import decide, judge
 from servopt.optimize.targets import PRESETS, Target, load_targets
 from servopt.passes import BuildContext, build_chain, source_artifact
 from servopt.runtimes import open_session
@@ -301,7 +302,8 @@ def test_the_ties_the_rounds_left_are_settled_block_by_block(quick_run):
     decided on it — a rerun of the decision finds nothing left to settle."""
     from servopt.contracts import Capacity, Interleaved
     from servopt.families import FAMILIES
-    from servopt.optimize.decide import decide, unsettled
+    from servopt.optimize.candidates import unsettled
+    from servopt.optimize.decide import decide
     from servopt.optimize.rundir import RunDir, load_run
 
     summary, records = load_run(quick_run)

@@ -81,7 +81,7 @@ speed = st.floats(min_value=0.5, max_value=20)
 
 def decide_as_full(target: Target, records: list[Record], ref: Record) -> Decision:
     """The decision as a ``--full`` sweep can make it: every variant within ``noise.SELECTION_DRIFT`` of the leader is
-    re-measured side by side (``decide.interleave_candidates``), may be found tied with it there, and is then picked if
+    re-measured side by side (``candidates.interleave_candidates``), may be found tied with it there, and is then picked if
     it is the simpler recipe. Without side-by-side figures, that is the decision with ties judged at the selection's
     drift (``decide.surely_ahead``'s ``drift``)."""
     real = decide_module.surely_ahead
@@ -487,7 +487,7 @@ def test_side_by_side_a_lead_counts_in_every_round_and_by_three_percent(leader_r
 def test_the_side_by_side_re_measure_takes_the_simplest_tied_variant_with_the_leader():
     """interleave_candidates: the leader, then the simplest of those tied with it (the pick if the side-by-side run
     finds them equal too), even where three others lead it on the sweep's figures."""
-    from servopt.optimize.decide import interleave_candidates
+    from servopt.optimize.candidates import interleave_candidates
 
     ref = rec("ort-fp32", 6.0, 200)
     chosen = interleave_candidates([TARGETS[0]], [ref, *_tied_image_int8()], ref, IMAGES, per_target=3)
@@ -497,7 +497,7 @@ def test_the_side_by_side_re_measure_takes_the_simplest_tied_variant_with_the_le
 def test_a_variant_the_leader_is_ahead_of_beyond_noise_is_not_re_measured_beside_it():
     """Issue 40: a 5-minute demo on an AVX2 Zen 3 had measured five variants and filled the third slot of the
     side-by-side re-measure with PyTorch eager, 7x slower than the leader: 80 s re-measuring it, 41 s scaling it."""
-    from servopt.optimize.decide import interleave_candidates
+    from servopt.optimize.candidates import interleave_candidates
 
     ref = rec("ort-fp32", 6.0, 200)
     eager = rec("torch-eager", 40.0, 28, runtime="torch")
@@ -536,7 +536,7 @@ def test_an_edge_target_is_decided_on_the_side_by_side_figures_and_refinements_t
     nncf = _int8("ort-int8-nncf", 310, ["nncf-quantize-onnx"], "ort-int8-static-qop-u8s8", p50=3.3)
     rr, nncf = rr.model_copy(update={"catalogue_index": 20}), nncf.model_copy(update={"catalogue_index": 21})
     edge = TARGETS[1]
-    from servopt.optimize.decide import interleave_candidates
+    from servopt.optimize.candidates import interleave_candidates
 
     assert interleave_candidates([edge], [ref, rr, nncf], ref, IMAGES)[:2] == ["ort-int8-nncf", "ort-int8-static-qop-u8s8-rr"]
     il = Interleaved(reference="ort-fp32", rounds=3, order=[], variants={

@@ -104,7 +104,7 @@ def test_alternating_ratios_are_medians_of_per_round_ratios_scaled_to_the_anchor
 def test_a_variant_in_its_own_environment_is_compared_process_by_process(tmp_path, monkeypatch):
     """The sweep cannot run the OpenVINO EP in its interleaved process: it is re-measured alternately with the baseline
     and decided on like any other candidate. (On this 8×8 model the EP's call costs it 5× ONNX Runtime's own p50, so the
-    sweep leaves it out of the re-measure as beaten beyond noise, ``decide.interleave_candidates``; it is made a
+    sweep leaves it out of the re-measure as beaten beyond noise, ``candidates.interleave_candidates``; it is made a
     candidate here: how a candidate in an environment of its own is re-measured is what is tested.)"""
     import servopt.optimize.sweep
     from conftest import channel_mean_onnx

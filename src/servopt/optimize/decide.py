@@ -35,7 +35,6 @@ from servopt.families.base import Family
 from servopt.machine import Device, machine_label
 from servopt.optimize.noise import (
     DRIFT,
-    SELECTION_DRIFT,
     SIDE_NOISE,
     SIGN_ROUNDS,
     TIE_GAP,
@@ -44,7 +43,6 @@ from servopt.optimize.noise import (
     duel_lead,
     gap,
     interval,
-    points_apart,
     rounds_won,
     surely_ahead_side_by_side,
 )
@@ -296,20 +294,20 @@ def saturates_without_vnni(rec: Record) -> bool:
         return True
 
 
-def _objective_key(target: Target, verdict: Verdict) -> float:
+def objective_key(target: Target, verdict: Verdict) -> float:
     f = verdict.figures
     if target.objective == "throughput":
         return -(f.throughput_ips or 0.0)
     return f.p50_ms if f.p50_ms is not None else float("inf")
 
 
-def _objective_dim(target: Target) -> str:
+def objective_dim(target: Target) -> str:
     return "throughput_ips" if target.objective == "throughput" else "p50_ms"
 
 
 def speed_dims(target: Target) -> list[str]:
     """The speed figures a target uses: its objective's, and those it bounds."""
-    dims = {_objective_dim(target)}
+    dims = {objective_dim(target)}
     if target.max_p50_ms is not None:
         dims.add("p50_ms")
     if target.min_throughput_ips is not None:
@@ -364,7 +362,7 @@ def tied(target: Target, passing: list[Verdict], by_name: dict[str, Record], int
     """The passing verdicts no other passing one is surely faster than on the objective: the fastest, and those this
     machine cannot tell from it. (Whatever beats a variant beyond noise in the race's screening is surely faster on
     the objective too, so a screened-out variant is never among them.)"""
-    dim = _objective_dim(target)
+    dim = objective_dim(target)
     return [v for v in passing if not any(surely_ahead(dim, w, v, by_name, interleaved) for w in passing if w is not v)]
 
 
@@ -373,7 +371,7 @@ def _fixed_misses(v: Verdict) -> dict[str, float]:
     return {b.bound: b.miss or 0.0 for b in v.bounds if b.kind != "speed"}
 
 
-def _no_worse_fixed(a: Verdict, b: Verdict) -> bool:
+def no_worse_fixed(a: Verdict, b: Verdict) -> bool:
     mb = _fixed_misses(b)
     return all(m <= mb.get(k, 0.0) + 1e-12 for k, m in _fixed_misses(a).items())
 
@@ -391,10 +389,10 @@ def tied_nearest(target: Target, nearest: Verdict, pool: list[Verdict], by_name:
         return any(surely_ahead(d, w, v, by_name, interleaved) for d in dims)
 
     def dominated(v: Verdict) -> bool:
-        return any(w is not v and _no_worse_fixed(w, v) and all(surely_ahead(d, w, v, by_name, interleaved) for d in dims)
+        return any(w is not v and no_worse_fixed(w, v) and all(surely_ahead(d, w, v, by_name, interleaved) for d in dims)
                    for w in pool)
 
-    near = [v for v in pool if v is nearest or (_no_worse_fixed(v, nearest) and not ahead(nearest, v) and not dominated(v))]
+    near = [v for v in pool if v is nearest or (no_worse_fixed(v, nearest) and not ahead(nearest, v) and not dominated(v))]
     best = [v for v in near if not any(w is not v and ahead(w, v) and not ahead(v, w) for w in near)]
     return best or [nearest]
 
@@ -492,7 +490,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     # (comparing a sweep figure with an interleaved one would compare two different moments of a noisy machine).
     side_by_side = [v for v in verdicts if v.figures.source == "interleaved"]
     pool = side_by_side if target.device.computes_on is Device.CPU and side_by_side else verdicts
-    passing = sorted((v for v in pool if v.passes), key=lambda v: _objective_key(target, v))
+    passing = sorted((v for v in pool if v.passes), key=lambda v: objective_key(target, v))
     objective = "highest batch throughput" if target.objective == "throughput" else "lowest p50 latency"
     if passing:
         fastest = passing[0]
@@ -508,7 +506,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
             elif rest:
                 reason += f" (next: {rest[0]})"
         elif not others:  # the rounds' medians put another first, but a duel found this one ahead beyond noise
-            dim = _objective_dim(target)
+            dim = objective_dim(target)
             duel = deciding_duel(interleaved, dim, best.variant, fastest.variant, by_name)
             how = (f"block by block ({duel.pairs} pairs): {best.variant} {duel_lead(duel, best.variant):.1%} ahead"
                    if duel is not None else "beyond this machine's noise")
@@ -516,7 +514,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
                       f"though {fastest.variant} had the better median over the rounds")
         else:
             reason = (f"{best.variant}: meets every bound here, tied on the {objective} "
-                      f"({_why_tied(_objective_dim(target), best, fastest, interleaved, by_name)}); "
+                      f"({_why_tied(objective_dim(target), best, fastest, interleaved, by_name)}); "
                       f"the simplest recipe of the {len(equal)} tied ({', '.join(others)})")
         projected = projected_words(best)
         if pending:
@@ -534,7 +532,7 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
                         capacity=(served.get(best.variant) or [None])[-1])
     if not verdicts:
         return Decision(target=target, status="no candidate", reason="no variant ran successfully for this target")
-    closest = min(pool, key=lambda v: (v.total_miss, _objective_key(target, v)))
+    closest = min(pool, key=lambda v: (v.total_miss, objective_key(target, v)))
     equal = tied_nearest(target, closest, pool, by_name, interleaved)
     nearest = min(equal, key=lambda v: simplicity(by_name[v.variant]))
     misses = shortfall(nearest)
@@ -552,110 +550,3 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     return Decision(target=target, status="fail", nearest=nearest.variant, shortfall=misses, verdict=nearest, verdicts=verdicts,
                     tied=[v.variant for v in equal], reason=reason, result=by_name[nearest.variant], projected=projected,
                     capacity=(served.get(nearest.variant) or [None])[-1])
-
-
-def pareto_front(records: list[Record], ref: Record | None, family: Family) -> list[str]:
-    """Variants no other variant beats on all of p50, batch throughput, size and accuracy."""
-    pts = []
-    for r in records:
-        if r.status != "ok" or r.needs_gpu:
-            continue
-        drop = family.quality_drop(r, ref)
-        if drop is None or r.p50_ms is None or r.batch_ips is None or r.size_mb is None:
-            continue
-        pts.append((r.name, (r.p50_ms, -r.batch_ips, r.size_mb, drop)))
-
-    def dominates(a: tuple, b: tuple) -> bool:
-        return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
-
-    return [n for n, p in pts if not any(dominates(q, p) for _, q in pts)]
-
-
-def _far_behind(t: Target, lead: Verdict, v: Verdict, by_name: dict[str, Record]) -> bool:
-    """The leader's point figures ahead of ``v``'s by more than the drift between two moments of this machine on every
-    speed figure ``t`` uses: a figure timed briefly under load can have an interval too wide to rule anything out
-    (PyTorch eager's p50 over 10 calls on a loaded machine: 15-261 ms), its point still says it cannot be the pick."""
-    return all(points_apart(d, by_name[lead.variant], by_name[v.variant]) > SELECTION_DRIFT for d in speed_dims(t))
-
-
-def interleave_candidates(targets: list[Target], records: list[Record], ref: Record | None, family: Family,
-                          per_target: int = 3) -> list[str]:
-    """Per target computing on a CPU (a server CPU's, and an edge device's whose figures rank its candidates here):
-    the leader on the sweep's figures (passing first, else meeting the quality bounds), then the simplest of those
-    within this machine's drift between two moments of it (``SELECTION_DRIFT``) — the pick if the side-by-side run
-    finds them equal —, then the next fastest that the leader is not ahead of beyond the noise on every speed figure
-    the target uses; re-measured side by side. (On an AVX2 Zen 3 a 5-minute demo that had measured five variants
-    re-measured PyTorch eager, 7x slower than the leader, as the "next": 80 s of its budget, and 41 s more scaling it.)"""
-    chosen: list[str] = []
-    for t in targets:
-        if t.device.computes_on is not Device.CPU:  # a GPU target's figures are not taken here
-            continue
-        mine = [r for r in for_target(t, records) if eligible(t, r)]
-        by_name = {r.name: r for r in mine}
-        verdicts = [judge(t, r, ref, family) for r in mine]
-        acc_ok = [v for v in verdicts if all(b.status != "fail" for b in v.bounds if b.kind == "quality")]
-        ranked = sorted(acc_ok, key=lambda v: (not v.passes, _objective_key(t, v)))
-        if not ranked:
-            continue
-        lead = ranked[0]
-        peers = [v for v in ranked if v.passes == lead.passes and _no_worse_fixed(v, lead)]
-        near = [v for v in peers if v is lead or not (_far_behind(t, lead, v, by_name) or any(
-            surely_ahead(d, lead, v, by_name, None, SELECTION_DRIFT) for d in speed_dims(t)))]
-        simplest = sorted(near, key=lambda v: simplicity(by_name[v.variant]))
-        within = [v for v in ranked if not _far_behind(t, lead, v, by_name)
-                  and not all(surely_ahead(d, lead, v, by_name, None) for d in speed_dims(t))]
-        ordered = list(dict.fromkeys(v.variant for v in [lead, *simplest, *within]))
-        for name in ordered[:per_target]:
-            if name not in chosen:
-                chosen.append(name)
-    return chosen
-
-
-def unsettled(targets: list[Target], records: list[Record], ref: Record | None, family: Family, interleaved: Interleaved,
-              rivals: int, most: int = 4) -> tuple[list[str], list[str]]:
-    """The close calls a duel should settle: per target computing on a CPU, its pick and up to ``rivals`` variants that
-    could be it — tied with it, or as good on the fixed bounds (passing where it passes; missing no quality or size
-    bound by more where nothing passes) and within ``SELECTION_DRIFT`` of it on a speed figure's medians over the
-    rounds (three rounds seconds apart put two equal INT8 models 20 % apart on p50 in each, 2026-11-27: a lead of the
-    rounds is no more settled than a tie) —, the tied first, then the closest on the objective; each in the
-    interleaved process, not alternated from an environment of its own, and **on the pick's runtime**: two runtimes'
-    thread pools taking turns every 0.1 s in one process time each other's idle workers (ONNX Runtime fp32 against
-    OpenVINO fp32 of a real EfficientNet-Lite0: the duel put OpenVINO 13-19 % ahead on p50 in two runs, where the
-    rounds found 0.995-0.998 and each in its own process, alternating, 1.03× [0.98, 1.06]; 2026-11-28, Xeon) — such
-    a close call stays as the rounds left it; ``most`` in all; and the speed figures those targets use. ([], []) when
-    there is none."""
-    picks: list[str] = []
-    others: list[str] = []
-    figures: set[str] = set()
-    runtime_of = {r.name: r.runtime for r in records}
-
-    def joined(name: str | None) -> bool:
-        v = interleaved.variants.get(name or "")
-        return v is not None and v.method == "interleaved"
-
-    def apart(dim: str, pick: str, other: str) -> float:
-        """How many times slower ``other`` is than ``pick`` on the rounds' medians (below 1: faster)."""
-        a, b = interleaved.variants[pick], interleaved.variants[other]
-        return b.p50_ms / a.p50_ms if dim == "p50_ms" else a.throughput_ips / b.throughput_ips
-
-    for t in targets:
-        if t.device.computes_on is not Device.CPU:
-            continue
-        d = decide(t, records, ref, family, interleaved)
-        pick = d.pick
-        if not joined(pick) or d.verdict is None:
-            continue
-        dims = speed_dims(t)
-        runtime = runtime_of.get(pick)
-        close = [v.variant for v in d.verdicts if v.variant != pick and joined(v.variant) and runtime_of.get(v.variant) == runtime
-                 and (v.variant in d.tied or (
-                 (v.passes if d.recommended else _no_worse_fixed(v, d.verdict))
-                 and any(apart(dim, pick, v.variant) <= SELECTION_DRIFT for dim in dims)))]
-        close.sort(key=lambda n: (n not in d.tied, apart(_objective_dim(t), pick, n)))
-        if not close:
-            continue
-        picks.append(pick)
-        others += close[:rivals]
-        figures.update(dims)
-    names = list(dict.fromkeys([*picks, *others]))[:most]  # every target's pick first; one process takes them all in turn
-    return names, [f for f in ("p50_ms", "throughput_ips") if f in figures]

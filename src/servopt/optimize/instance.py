@@ -12,7 +12,8 @@ from servopt.bench.scaling import ScalingJob
 from servopt.contracts import Capacity, Interleaved, Record, Scaling, ServedData
 from servopt.machine import Isa, cpu_features, richer
 from servopt.optimize import racing
-from servopt.optimize.decide import Decision, interleave_candidates
+from servopt.optimize.candidates import interleave_candidates
+from servopt.optimize.decide import Decision
 from servopt.optimize.executor import Lost
 from servopt.optimize.remeasure import _joining, _one_process
 from servopt.optimize.rundir import stored

@@ -21,7 +21,8 @@ from servopt.cpu import richer
 from servopt.errors import UserError
 from servopt.machine import Device, cpu_features
 from servopt.optimize import noise, racing
-from servopt.optimize.decide import Decision, interleave_candidates, unsettled
+from servopt.optimize.candidates import interleave_candidates, unsettled
+from servopt.optimize.decide import Decision
 from servopt.optimize.executor import Lost
 from servopt.optimize.rundir import load_profile, stored
 from servopt.optimize.targets import Target
@@ -299,7 +300,7 @@ class SweepRemeasures:
                     kind: str | None) -> Interleaved:
         """The close calls the interleaved rounds leave (the rounds are seconds apart, and a round moves a figure by
         more than the gaps that matter): each CPU or edge target's pick and up to ``racing.DUEL_RIVALS`` rivals
-        (``decide.unsettled``: tied with it, or within the drift) take turns block by block in one process
+        (``candidates.unsettled``: tied with it, or within the drift) take turns block by block in one process
         (``bench.duel``) on the target's speed figures; the duels' verdicts replace the rounds' for the pairs they
         cover (``decide.surely_ahead``). Stored with the rounds, with how many duel jobs ran (a resumed run measures
         nothing the first run settled or stopped at); under a time budget, only in the time it leaves."""

@@ -43,7 +43,8 @@ from servopt.models.sources import LoadedModel
 from servopt.optimize import pricing, racing
 from servopt.optimize.budget import Budget
 from servopt.optimize.builds import BUILD_ROUND, SweepBuilds, Unit, measure_variant, runtime_available  # noqa: F401 (re-exported)
-from servopt.optimize.decide import Decision, decide, interleave_candidates, pareto_front
+from servopt.optimize.candidates import interleave_candidates, pareto_front
+from servopt.optimize.decide import Decision, decide
 from servopt.optimize.executor import LOST, Executor, LocalExecutor
 from servopt.optimize.instance import SweepInstance
 from servopt.optimize.remeasure import (  # noqa: F401 (re-exported: tests and the duel benchmark import them here)
