@@ -69,7 +69,7 @@ def test_what_fits_keeps_every_later_stage_s_reserve(monkeypatch):
     the re-measure's reserve stops growing at six candidates)."""
     import servopt.bench.scaling
     import servopt.optimize.budget
-    from servopt.machine import CpuFeatures
+    from servopt.cpu import CpuFeatures
 
     monkeypatch.setattr(servopt.bench.scaling, "machine_cores", lambda: 2)  # the scaling's reserve grows with the cores
     units = [type("U", (), {"variant": Variant(f"v{i}", "int8", "onnxruntime")})() for i in range(10)]

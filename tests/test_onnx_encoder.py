@@ -118,7 +118,7 @@ def test_the_appended_pooling_is_sentence_transformers_for_every_mode_and_opset(
 
 
 def test_an_optimum_folder_is_a_text_encoder_of_a_graph_already_in_onnx(tmp_path):
-    from servopt.machine import CpuFeatures
+    from servopt.cpu import CpuFeatures
     from servopt.optimize.variants import catalogue
 
     model = load_model(_folder(tmp_path / "optimum"))

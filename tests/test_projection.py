@@ -278,7 +278,7 @@ def test_a_share_is_taken_only_like_with_like():
 def test_the_pick_is_served_under_the_cap_its_curve_was_held_to(monkeypatch, tmp_path):
     """The sweep hands the probe the runtime's cap for the target's ISA where this machine is richer, so the server
     runs what the scaling curve ran; a runtime that cannot be capped, or a host no richer, gets none."""
-    from servopt.machine import CpuFeatures
+    from servopt.cpu import CpuFeatures
     from servopt.optimize import instance
     from servopt.optimize.instance import SweepInstance, server_cap
 

@@ -19,12 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from servopt.contracts import Environment, SessionInfo, Topology
-from servopt.cpu import RUNG_FEATURES as RUNG_FEATURES
-from servopt.cpu import CpuFeatures as CpuFeatures
-from servopt.cpu import Int8Kernel as Int8Kernel
-from servopt.cpu import Isa as Isa
-from servopt.cpu import capped_features as capped_features
-from servopt.cpu import richer as richer
+from servopt.cpu import CpuFeatures, Isa, capped_features
 
 # The /proc/cpuinfo flags (x86) and Features (ARM) that change which variant wins.
 KNOWN_FEATURES = (

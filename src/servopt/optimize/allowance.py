@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from servopt.contracts import Allowance, Capacity, Environment, Record
-from servopt.machine import CpuFeatures, Isa, richer
+from servopt.cpu import CpuFeatures, Isa, richer
 
 # One capacity search's spread, where it was not repeated: the text demo's pick searched three times on one machine
 # (docs/serving.md, runs 7-9, an Intel Xeon shared with other work) gave 666.9, 823.7 and 979.5 requests/s, 0.81-1.19 of

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from servopt.bench.launcher import Interrupted, stopping
 from servopt.bench.scaling import ScalingJob
 from servopt.contracts import Capacity, Interleaved, Record, Scaling, ServedData
-from servopt.machine import Isa, cpu_features, richer
+from servopt.cpu import Isa, richer
+from servopt.machine import cpu_features
 from servopt.optimize import racing
 from servopt.optimize.candidates import interleave_candidates
 from servopt.optimize.decide import Decision

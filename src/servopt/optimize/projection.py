@@ -12,8 +12,9 @@ it is divided by are like with like: both held to the target's instruction set, 
 from __future__ import annotations
 
 from servopt.contracts import Capacity, Projection, Record, Scaling, ScalingCurve
+from servopt.cpu import Isa
 from servopt.errors import UserError
-from servopt.machine import Device, Isa
+from servopt.machine import Device
 from servopt.optimize.allowance import cpu_change, held_to, served_figures, served_spread
 from servopt.optimize.scaling import (
     Served,

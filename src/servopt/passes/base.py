@@ -97,7 +97,7 @@ class Pass(ABC):
 
     @classmethod
     def int8_kernel(cls, params: Any) -> Int8Kernel | None:
-        """The INT8 product its model holds (``machine.Int8Kernel``), known before it is built: the race ranks recipes
+        """The INT8 product its model holds (``cpu.Int8Kernel``), known before it is built: the race ranks recipes
         by what the CPU computes fast and right (``CpuFeatures.int8_trouble``). None: not a quantizer, or it cannot
         tell."""
         return None

@@ -55,7 +55,7 @@ class PeerInputs(Contract):
     evaluation: str  # data/eval.npz: held out; peers judge nothing on it
     out: str  # the peer's own folder for what it builds
     quick: bool = False  # a smoke run: the least work that still builds a real answer
-    isa: str | None = None  # the compared target's instruction set (machine.Isa), None: this CPU's
+    isa: str | None = None  # the compared target's instruction set (cpu.Isa), None: this CPU's
 
     @property
     def out_dir(self) -> Path:
