@@ -194,7 +194,7 @@ def _capacity(url: str, model: str, slo_text: str, rate: str | None, duration: f
 
     def show(st) -> None:
         console.print(f"[dim]{'confirming ' if st.confirming else ''}{st.rate_rps:.1f} req/s: p50 {ms(st.p50_ms)} ms, "
-                      f"p99 {ms(st.p99_ms)} ms, claimed {ms(st.claim_ms)} ms ({st.requests} of {st.needed} queries), "
+                      f"p99 {ms(st.p99_ms)} ms, claimed {ms(st.claim_ms)} ms ({st.requests} queries, {st.needed} needed for the claim), "
                       f"{st.errors} errors → {'meets' if st.meets else 'misses'} {bound}"
                       f"{'' if st.valid else ' (not valid: ' + (st.invalid or '') + ')'}[/dim]")
         table.add_row(f"{st.rate_rps:.1f}{' (confirm)' if st.confirming else ''}", f"{st.achieved_rps:.1f}", str(st.requests),

@@ -88,7 +88,7 @@ def instance_section(summary: Summary) -> InstanceSection | None:
             config=c.config.label if c.config else "—",
             tried="; ".join(f"{cfg.label}: {cap:,.1f}/s" for cfg, cap in c.tried) or "—",
             steps=[f"{s.rate_rps:,.1f}/s{' (confirming)' if s.confirming else ''}: p50 {_ms(s.p50_ms)}, p99 {_ms(s.p99_ms)}"
-                   + (f", claimed {_ms(s.claim_ms)} at {s.confidence:.0%} ({s.requests} of {s.needed} queries)"
+                   + (f", claimed {_ms(s.claim_ms)} at {s.confidence:.0%} ({s.requests} queries, {s.needed} needed for the claim)"
                       if s.needed is not None and s.confidence is not None else "")
                    + f", {s.errors} errors → {'meets' if s.meets else 'misses'}"
                    + ("" if s.valid else f" (not valid: {s.invalid or 'the client fell behind'})") for s in c.steps]))
