@@ -138,6 +138,7 @@ def test_compare_end_to_end_with_fake_peers(tiny_run, fake_peers):
     assert "Against the tools you would use instead" in (tiny_run / "report.html").read_text()
 
 
+@pytest.mark.slow  # tiny_run is a finished sweep: 9 s of the quick suite's minute
 def test_compare_refuses_what_it_cannot_do_with_the_fix(tiny_run):
     from servopt.cli import app
 
