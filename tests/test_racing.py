@@ -196,6 +196,34 @@ def test_without_vnni_the_recipes_that_cannot_saturate_go_first_and_full_range_u
     assert "ort-int8-static-qdq" in rest, "S8S8 is slow without AVX-VNNI-INT8, VNNI or not"
 
 
+def test_bf16_a_target_lacks_goes_after_int8_even_where_history_here_favours_it(tmp_path, monkeypatch):
+    """A 5-minute demo on a Zen 4 with AVX512-BF16 and an AVX2 cpu-server target measured ``ov-bf16-throughput`` second
+    (its history here said fast) and ran out before any INT8 under load: ranked for the target's view of this CPU
+    (``capped_features``: no bf16 at AVX2), bf16 falls to its prior there, after OpenVINO fp32 and INT8; ranked for
+    this CPU alone it keeps the place its history gives. A recipe troubled there goes last even with a history here."""
+    from servopt.cpu import Isa, capped_features
+    from servopt.families.catalogue import CatalogueContext
+    from servopt.spec import ModelSpec, TensorSpec
+
+    monkeypatch.setenv("SERVOPT_HOME", str(tmp_path))
+    here = CpuFeatures(frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}))
+    there = capped_features(here, Isa.AVX2)
+    assert not there.bf16 and there.int8_saturates
+    spec = ModelSpec(inputs=[TensorSpec(name="input", dtype="float32", shape=["batch", 3, 224, 224])],
+                     outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", 10])])
+    wanted = ["ort-fp32", "ov-bf16-throughput", "ov-int8-qdq", "ov-fp32-latency", "ort-int8-static-qop-u8s8"]
+    ctx = CatalogueContext(spec=spec, is_torch=True, linear_heavy=False, cpu=here, deploy_without_vnni=False)
+    vs = sorted((v for v in IMAGES.catalogue(ctx) if v.name in wanted), key=lambda v: wanted.index(v.name))
+    assert [v.name for v in vs] == wanted
+    racing.remember("image-classification", here, [rec("ort-fp32", 4, 240), rec("ov-bf16-throughput", 2, 900),
+                                                   rec("ort-int8-static-qop-u8s8", 1.8, 570)], "ort-fp32")
+    names = lambda cpu_for: [u.variant.name for u in racing.order([_U(v) for v in vs], "image-classification", here, cpu_for)]  # noqa: E731
+    assert names(here)[:2] == ["ort-fp32", "ov-bf16-throughput"], "its history here"
+    ranked = names(there)
+    assert ranked.index("ov-int8-qdq") < ranked.index("ov-fp32-latency") < ranked.index("ov-bf16-throughput"), ranked
+    assert set(ranked[-2:]) == {"ort-int8-static-qop-u8s8", "ov-bf16-throughput"}, "U8S8 saturates there, whatever it did here"
+
+
 @pytest.mark.isa
 def test_the_likely_winners_come_before_the_rest_and_history_moves_a_variant_across(tmp_path, monkeypatch):
     """A racing sweep screens what is expected to be at least as fast as the baseline, refines its quality, then the

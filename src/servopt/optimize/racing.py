@@ -113,14 +113,17 @@ def learned(family: str, cpu: CpuFeatures) -> dict[str, float]:
 
 def expected(variant, history: dict[str, float], cpu: CpuFeatures, int8_cpu: CpuFeatures | None = None) -> float:
     """A variant's expected log throughput ratio to the baseline: what earlier runs on this CPU measured, else its
-    prior — below the baseline for an INT8 recipe ``int8_cpu`` (the CPU its INT8 must run right on: this one or a
-    target's, ``CatalogueContext.int8_cpu``) computes wrongly or slowly."""
+    prior — below the baseline for an INT8 recipe ``int8_cpu`` (the CPU the race ranks for: this one or the poorest CPU
+    target's view of it, ``Sweep.int8_cpu``) computes wrongly or slowly, and no more than its prior there for bf16 or
+    fp16 arithmetic this CPU has and that one lacks (a 5-minute demo on a Zen 4 with AVX512-BF16 and an AVX2 target
+    measured ``ov-bf16-throughput`` second, on its history here, and ran out before any INT8 under load, 2026-11-29)."""
     if variant.is_baseline:
         return math.inf
-    if variant.name in history:
-        return history[variant.name]
-    value = prior(variant.name, variant.group, cpu)
-    return min(value, TROUBLED_PRIOR) if (int8_cpu or cpu).int8_trouble(int8_kernel(variant)) else value
+    value = history[variant.name] if variant.name in history else prior(variant.name, variant.group, cpu)
+    there = int8_cpu or cpu
+    if ("bf16" in variant.name and cpu.bf16 and not there.bf16) or ("fp16" in variant.name and cpu.fp16 and not there.fp16):
+        value = min(value, prior(variant.name, variant.group, there))
+    return min(value, TROUBLED_PRIOR) if there.int8_trouble(int8_kernel(variant)) else value
 
 
 def _ranked(units: list, family: str, cpu: CpuFeatures, int8_cpu: CpuFeatures | None = None) -> list[tuple[object, float]]:

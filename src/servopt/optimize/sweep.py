@@ -34,7 +34,7 @@ from pathlib import Path
 from servopt.bench.launcher import Interrupted, stopping
 from servopt.bench.protocol import Protocol
 from servopt.contracts import Capacity, ChainStep, Interleaved, Record, Scaling
-from servopt.cpu import Isa
+from servopt.cpu import Isa, capped_features
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
 from servopt.families.base import Family, family_of
@@ -204,8 +204,10 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance):
         # a CPU target naming an ISA without 8-bit dot products (cpu-server: AVX2) gets dynamic INT8 weights it computes
         # right (7 bits), even where this machine has VNNI (decide also fails a model that would overflow there)
         poorer = any(t.device is Device.CPU and t.isa is not None and t.isa < Isa.AVX512_VNNI for t in self.targets)
-        # the CPU the INT8 variants must compute right on (the race puts last what it computes wrongly or slowly)
-        self.int8_cpu = cpu_features().without_dot_products() if poorer else cpu_features()
+        # the CPU the race ranks for: this one, or the poorest CPU target's view of it where that lacks VNNI — its INT8
+        # must compute right there, and bf16/fp16 pay nothing there (the race puts both after what can win)
+        poorest = min((t.isa for t in self.targets if t.device is Device.CPU and t.isa is not None), default=None)
+        self.int8_cpu = capped_features(cpu_features(), poorest) if poorer and poorest is not None else cpu_features()
         self.all_variants = catalogue(self.model, linear_heavy=_linear_heavy(self.model), accuracy_drop=drop, cpu=cpu_features(),
                                       deploy_without_vnni=poorer)
         self.original = original_of(self.all_variants)
