@@ -161,6 +161,24 @@ def test_a_bound_only_the_projection_meets_passes_and_says_projected():
     assert price.instances == __import__("math").ceil(5000 / tp.projection.low), "provisioned at the pessimistic end"
 
 
+def test_a_variant_not_projected_is_not_picked_over_those_the_projection_judged():
+    """The original is never a scaling candidate: with the others projected to the instance and failing, it used to
+    "pass" with its speed bounds unjudged, and a 5-minute demo with a busy process on each core recommended PyTorch
+    eager (72 ms a request) for cpu-server's 3 ms and served it. Now the projected ones decide; with none projected
+    the decision is undecided, as before."""
+    from servopt.optimize.decide import decide
+    from test_racing import rec
+
+    ref, pick, scaling, family = _decision_inputs({1: [215.0] * 3, 2: [420.0] * 3}, {1: [4.0] * 3, 2: [2.2] * 3})
+    eager = rec("torch-eager", 72.0, 40)
+    target = _target().model_copy(update={"min_throughput_ips": 100000})  # nothing projected meets it
+    d = decide(target, [ref, pick, eager], ref, family, scaling=scaling)
+    assert d.recommended is None and d.status == "fail" and d.nearest in ("int8", "ort-fp32"), d.reason
+    assert d.nearest != "torch-eager"
+    none = decide(target, [ref, pick, eager], ref, family)  # nothing projected: nothing judged the instance's bounds
+    assert none.status == "undecided (not projected)"
+
+
 def test_a_bound_met_only_by_the_central_projection_fails():
     from servopt.optimize.decide import decide
 

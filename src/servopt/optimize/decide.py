@@ -467,6 +467,11 @@ def projected_words(verdict: Verdict | None) -> str | None:
     return f"measured at {projs[0].to_cores} cores" if measured else f"projected from {cores} cores to {projs[0].to_cores} vCPUs"
 
 
+def _unprojected(target: Target, v: Verdict) -> bool:
+    """Whether ``v`` has a speed bound of ``target``'s instance that no projection judged."""
+    return target.instance_vcpus is not None and any(b.kind == "speed" and b.status == "not measured" for b in v.bounds)
+
+
 def decide(target: Target, records: list[Record], ref: Record | None, family: Family,
            interleaved: Interleaved | None = None, scaling: Scaling | None = None,
            capacity: Capacity | list[Capacity] | None = None) -> Decision:
@@ -490,6 +495,12 @@ def decide(target: Target, records: list[Record], ref: Record | None, family: Fa
     # (comparing a sweep figure with an interleaved one would compare two different moments of a noisy machine).
     side_by_side = [v for v in verdicts if v.figures.source == "interleaved"]
     pool = side_by_side if target.device.computes_on is Device.CPU and side_by_side else verdicts
+    # An instance's speed bound nothing projected is not met: where some variants were projected to the instance, one
+    # that was not (the original, never a scaling candidate) is not among them, or it "passes" what the projected
+    # ones fail (a 5-minute demo with a busy process on each core recommended PyTorch eager, 72 ms a request, for
+    # cpu-server's 3 ms, and served it). With none projected, the decision stays "undecided (not projected)".
+    judged = [v for v in pool if not _unprojected(target, v)]
+    pool = judged or pool
     passing = sorted((v for v in pool if v.passes), key=lambda v: objective_key(target, v))
     objective = "highest batch throughput" if target.objective == "throughput" else "lowest p50 latency"
     if passing:
