@@ -269,6 +269,14 @@ def test_optimize_records_every_variant(quick_run):
     int8 = by["ort-int8-static-qop-u8s8"]
     assert int8["status"] == "failed" and int8["error"].startswith("verification failed: top-1 agreement")
     assert int8["quality"]["agreement"]["top1_agreement"] < 0.9 and int8["quality"]["accuracy"]["total"] == 120 and int8["latency_ms"] is None
+    # the original's judgement on the tuning samples came from a job of its own beside the first builds, not from its
+    # timed measurement, and is in its record as read back (race.jsonl), with the outputs the others are judged against
+    from servopt.optimize.rundir import RunDir
+
+    original = next(r for r in RunDir(quick_run).read_results() if r["name"] == "ort-fp32")  # an ONNX source: the original
+    assert original["tuning_quality"]["accuracy"]["total"] > 0 and (quick_run / "reference_outputs-tuning.npy").exists()
+    assert json.loads((quick_run / "work" / "ort-fp32" / "measure" / "job.json").read_text())["tuning_data"] is None
+    assert json.loads((quick_run / "work" / "ort-fp32" / "tuning" / "job.json").read_text())["tuning_only"] is True
 
 
 @pytest.mark.slow

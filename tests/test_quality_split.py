@@ -227,6 +227,12 @@ def test_the_measure_job_judges_the_tuning_samples_too(tmp_path):
     assert again.tuning_quality.accuracy.lost == 0
     rec = Record(name="again", runtime="onnxruntime", status="ok", **again.model_dump(exclude={"status", "error"}))
     assert Record.model_validate_json(rec.model_dump_json(by_alias=True)).tuning_quality.accuracy.total == 9
+    # the original's tuning judgement alone (the sweep runs it beside the first builds): the same, nothing timed
+    (tmp_path / "ref-tuning.npy").unlink()
+    alone = run_measure(MeasureJob(session=session, save_tuning_outputs=str(tmp_path / "ref-tuning.npy"), tuning_only=True,
+                                   **common))
+    assert alone.tuning_quality == original.tuning_quality and (tmp_path / "ref-tuning.npy").exists()
+    assert alone.quality is None and alone.latency_ms is None and alone.throughput_ips is None
 
 
 def test_a_text_encoders_spearman_drop_comes_with_a_seeded_paired_interval():

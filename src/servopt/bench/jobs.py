@@ -111,6 +111,9 @@ class MeasureJob(JobBase):
     tuning_data: str | None = None
     tuning_reference: str | None = None
     save_tuning_outputs: str | None = None
+    # only the tuning samples, nothing verified or timed: the original's judgement there, in a job beside the first
+    # builds (two thirds of a PyTorch original's measurement were its outputs on the two splits)
+    tuning_only: bool = False
 
     @classmethod
     def of_record(cls, rec: Record, data: str | Path, family: str, protocol: Protocol,
@@ -230,13 +233,16 @@ def run_measure(job: MeasureJob) -> Measured:
     from servopt.data.dataset import Dataset
     from servopt.families import FAMILIES
 
+    family = FAMILIES.get(job.family)
+    if job.tuning_only:
+        session = job.session.open()
+        return Measured(tuning_quality=judge_tuning(session, job, family), environment=_environment(session))
     data = Dataset.load(Path(job.data))
     reference = np.load(job.reference) if job.reference else None
     start = time.perf_counter()
     session = job.session.open()
     load_s = time.perf_counter() - start
     compile_s = session.warm_up(data.slice(0, 1))
-    family = FAMILIES.get(job.family)
     result = measure_session(session, data, reference, family, job.protocol,
                              Path(job.save_outputs) if job.save_outputs else None, job.gate)
     if job.tuning_data and result.quality is not None and not job.protocol.axes_only:

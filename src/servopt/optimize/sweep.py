@@ -329,10 +329,12 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance):
             if self.racing:  # the likely winners, their quality recovered, then the rest (what a budget drops first)
                 likely, rest = racing.likely_first(first, self.family.name, cpu_features(), self.int8_cpu)
                 self._screen(likely)
+                self._tuning_collected()  # the ladder's "recovered?" reads the original's tuning judgement
                 self._refine([u for u in todo if u.variant.refines and not u.variant.is_original])
                 self._screen(rest)
             else:
                 self._screen(racing.order(first, self.family.name, cpu_features(), self.int8_cpu))
+            self._tuning_collected()  # where nothing was left to measure (a resumed run), the choices still read it
         with self.budget.stage("re-measure"):
             self._race_and_cold_start()
 
