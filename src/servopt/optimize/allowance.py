@@ -62,8 +62,7 @@ def held_to(env: Environment | None, runtime_cappable: bool, target_isa: Isa | s
     richer, or the runtime was capped (``Runtime.isa_cap_env``) and the figures say so (``Environment.isa_cap``)."""
     if target_isa is None or env is None:
         return True
-    level = CpuFeatures(frozenset(env.cpu_flags)).level
-    return not richer(level, target_isa) or (runtime_cappable and env.isa_cap is not None)
+    return not richer(env.isa, target_isa) or (runtime_cappable and env.isa_cap is not None)
 
 
 def cpu_change(rec: Record, env: Environment | None, held: bool, target_isa: Isa | str | None) -> Allowance | None:

@@ -238,7 +238,7 @@ class SweepBuilds:
         if self.distributed or rec is None or self.ctx.tuning_path is None or rec.tuning_quality is not None:
             return
         v = self.original
-        job = MeasureJob(session=OpenSpec(name=v.name, artifact=rec.artifact, runtime=v.runtime, options=v.options),
+        job = MeasureJob(session=OpenSpec.of(rec),
                          data=str(self.dir.eval_data), family=self.model.spec.family_name, protocol=self.protocol_of(v),
                          env=v.env, tuning_data=self.ctx.tuning_path, tuning_only=True,
                          save_tuning_outputs=str(self.dir.reference_outputs(None).with_name(
