@@ -44,7 +44,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=15  # the slowest tests, printed in every CI log: the suite must stay under 15 minutes
 	# The tests whose answer follows what servopt reads of the CPU, again as on an AVX2 CPU without VNNI (the seed's
 	# cpu-server class) whatever this one is: docs/hardware.md, issue 40.
 	SERVOPT_CPU_READ_AS=avx2 $(PY) -m pytest -m isa
