@@ -365,3 +365,22 @@ def no_budget(seconds: float | None = None, targets: list | None = None, elapsed
 
     return Budget(seconds, f"{seconds:g}s" if seconds else None, targets or [], "image-classification", Protocol.quick(), 2,
                   axes=False, capacity_probe=False, started=time.monotonic() - elapsed)
+
+
+def numpy_pool(hidden: np.ndarray, mask: np.ndarray, mode: str, normalize: bool) -> np.ndarray:
+    """sentence-transformers' pooling written out in NumPy (float64): the reference the encoders' pooling is checked
+    against (``none``: the token embeddings as they are)."""
+    m = mask[..., None].astype(np.float64)
+    h = hidden.astype(np.float64)
+    if mode == "cls":
+        out = h[:, 0]
+    elif mode == "max":
+        out = np.where(m > 0, h, -1e9).max(axis=1)
+    elif mode == "none":
+        out = h
+    else:
+        count = np.maximum(m.sum(axis=1), 1e-9)
+        out = (h * m).sum(axis=1) / (count if mode == "mean" else np.sqrt(count))
+    if normalize:
+        out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return out

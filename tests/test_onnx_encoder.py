@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from conftest import numpy_pool
 from servopt.errors import UserError
 from servopt.home import default_home
 from servopt.models.sources import load_model
@@ -30,21 +31,6 @@ VOCAB = 30522  # MiniLM's WordPiece vocabulary: the stand-in runs on real tokeni
 runner = CliRunner()
 
 
-def _numpy_pool(tokens: np.ndarray, mask: np.ndarray, mode: str, normalize: bool) -> np.ndarray:
-    m = mask[..., None].astype(np.float64)
-    h = tokens.astype(np.float64)
-    if mode == "cls":
-        out = h[:, 0]
-    elif mode == "max":
-        out = np.where(m > 0, h, -1e9).max(axis=1)
-    elif mode == "none":
-        out = h
-    else:
-        count = np.maximum(m.sum(axis=1), 1e-9)
-        out = (h * m).sum(axis=1) / (count if mode == "mean" else np.sqrt(count))
-    if normalize:
-        out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-    return out
 
 
 def _table() -> np.ndarray:
@@ -111,7 +97,7 @@ def test_the_appended_pooling_is_sentence_transformers_for_every_mode_and_opset(
     for normalize in (False, True):
         model = load_model(_folder(tmp_path / f"{normalize}", pooling=pooling, normalize=normalize, opset=opset))
         got, feed = _embed(model)
-        want = _numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], pooling, normalize)
+        want = numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], pooling, normalize)
         assert feed["attention_mask"].min() == 0, "the texts differ in length: padding must not count"
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         assert model.spec.extra["pooling"] == pooling and model.spec.extra["normalize"] is normalize
@@ -189,18 +175,18 @@ def test_several_outputs_need_output_named(tmp_path):
     # the sentence embedding as given: not pooled again, only normalized (modules.json has Normalize)
     model = load_model(folder, output="sentence_embedding")
     got, feed = _embed(model)
-    np.testing.assert_allclose(got, _numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], "cls", True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], "cls", True), rtol=1e-5, atol=1e-6)
     assert model.spec.extra["pooling_source"] == "the ONNX graph (its output 'sentence_embedding' is the sentence embedding)"
     # the token embeddings, pooled with the folder's pooling
     got, feed = _embed(load_model(folder, output="token_embeddings"))
-    np.testing.assert_allclose(got, _numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], "mean", True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], "mean", True), rtol=1e-5, atol=1e-6)
 
 
 def test_an_output_already_named_embedding_keeps_the_name_for_the_pooled_one(tmp_path):
     """The spec names the output ``embedding`` (a server answers with it): a graph value of that name moves aside."""
     model = load_model(_folder(tmp_path / "m", outputs=("embedding",)))
     got, feed = _embed(model)  # asserts the graph's only output is `embedding`
-    np.testing.assert_allclose(got, _numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], "mean", True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], "mean", True), rtol=1e-5, atol=1e-6)
     assert model.spec.outputs[0].name == "embedding"
 
 
@@ -226,7 +212,7 @@ def test_int32_inputs_and_no_token_types(tmp_path):
     assert model.spec.input_names == ["input_ids", "attention_mask"]
     got, feed = _embed(model)
     assert feed["input_ids"].dtype == np.int64
-    np.testing.assert_allclose(got, _numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], "mean", True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, numpy_pool(_table()[feed["input_ids"]], feed["attention_mask"], "mean", True), rtol=1e-5, atol=1e-6)
 
 
 def test_unusable_graphs_are_refused_with_the_reason(tmp_path):

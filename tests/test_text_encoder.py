@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import numpy_pool
 from servopt import export as X
 from servopt.data import text as T
 from servopt.errors import UserError
@@ -32,19 +33,6 @@ TEXTS = [
 ]
 
 
-def _numpy_pool(hidden: np.ndarray, mask: np.ndarray, mode: str, normalize: bool) -> np.ndarray:
-    m = mask[..., None].astype(np.float64)
-    h = hidden.astype(np.float64)
-    if mode == "cls":
-        out = h[:, 0]
-    elif mode == "max":
-        out = np.where(m > 0, h, -1e9).max(axis=1)
-    else:
-        count = np.maximum(m.sum(axis=1), 1e-9)
-        out = (h * m).sum(axis=1) / (count if mode == "mean" else np.sqrt(count))
-    if normalize:
-        out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-    return out
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -269,7 +257,7 @@ def test_minilm_equals_numpy_pooling_of_automodel(minilm, minilm_info, tok):
     reference = AutoModel.from_pretrained(str(MINILM), local_files_only=True).eval()
     with torch.inference_mode():
         hidden = reference(**{n: torch.from_numpy(batch[n]) for n in names}).last_hidden_state.numpy()
-    expected = _numpy_pool(hidden, batch["attention_mask"], "mean", normalize=True)
+    expected = numpy_pool(hidden, batch["attention_mask"], "mean", normalize=True)
     got = _run(minilm, batch, names)
     assert got.dtype == np.float32 and got.shape == (len(TEXTS), minilm_info.hidden_size)
     assert np.abs(got - expected).max() < 1e-5
@@ -305,7 +293,7 @@ def test_every_pooling_mode_matches_numpy(tiny_bert, tok, mode):
     batch = tok(TEXTS, ["input_ids", "attention_mask"])
     with torch.inference_mode():
         hidden = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).last_hidden_state.numpy()
-    expected = _numpy_pool(hidden, batch["attention_mask"], mode, normalize=mode == "max")
+    expected = numpy_pool(hidden, batch["attention_mask"], mode, normalize=mode == "max")
     assert np.abs(_run(encoder, batch, ["input_ids", "attention_mask"]) - expected).max() < 1e-5
     with pytest.raises(UserError, match="unknown pooling"):
         H.SentenceEncoder(model, pooling="weightedmean")
@@ -338,7 +326,7 @@ def test_tiny_mpnet_mean_normalized(tiny_mpnet, tok):
     batch = tok(TEXTS, info.input_names())
     with torch.inference_mode():
         hidden = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).last_hidden_state.numpy()
-    expected = _numpy_pool(hidden, batch["attention_mask"], "mean", normalize=True)
+    expected = numpy_pool(hidden, batch["attention_mask"], "mean", normalize=True)
     assert np.abs(_run(encoder, batch, info.input_names()) - expected).max() < 1e-5
 
 

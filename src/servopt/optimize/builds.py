@@ -234,7 +234,6 @@ class SweepBuilds:
         nothing is timed meanwhile, and a PyTorch original spent a third of its measurement on them (25 s of 76 with
         a busy process on each core). Collected before anything else is measured (``_tuning_collected``)."""
         rec = self.references.get(None)
-        self._tuning_pending = None
         if self.distributed or rec is None or self.ctx.tuning_path is None or rec.tuning_quality is not None:
             return
         v = self.original
@@ -244,12 +243,12 @@ class SweepBuilds:
                          save_tuning_outputs=str(self.dir.reference_outputs(None).with_name(
                              f"{self.dir.reference_outputs(None).stem}-tuning.npy")))
         self.progress.step(f"judging {v.name} on the tuning samples (beside the first builds)")
-        self._tuning_pending = self.executor.submit(launch, job, self.dir.work(v.name) / "tuning", None, None,
+        self.tuning_pending = self.executor.submit(launch, job, self.dir.work(v.name) / "tuning", None, None,
                                                     what=f"{v.name} on the tuning samples", exclusive=False)
 
     def _tuning_collected(self) -> None:
         """The original's tuning judgement, once it is back, in its record (and race.jsonl, for a resume)."""
-        future, self._tuning_pending = getattr(self, "_tuning_pending", None), None
+        future, self.tuning_pending = self.tuning_pending, None
         if future is None:
             return
         try:

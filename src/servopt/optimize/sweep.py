@@ -27,7 +27,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,6 +194,7 @@ class Sweep(SweepBuilds, SweepRemeasures, SweepInstance):
     beaten: dict[str | None, set[str]] = field(default_factory=dict)  # per kind: beaten beyond noise (no contenders)
     reused: list[str] = field(default_factory=list)  # figures an earlier run into this --out took (``Summary.reused``)
     late: dict[str, str] = field(default_factory=dict)  # variants whose build the time budget's end stopped, and why
+    tuning_pending: Future | None = None  # the original's tuning judgement under way beside the first builds
 
     # ------------------------------------------------------------------------------------------------ context
     def __post_init__(self) -> None:
