@@ -556,6 +556,25 @@ def test_where_nothing_passes_the_nearest_miss_within_noise_is_the_simplest_reci
     assert decide(strict, [ref, fast, *_tied_image_int8()[1:]], ref, IMAGES).nearest == "ort-int8-cle-nncf"
 
 
+def test_two_side_by_side_rounds_tell_a_lead_of_twice_a_round_s_range_apart():
+    """A capped re-measure the budget cut to two rounds: ov-int8-qdq ran 1.34x ort-fp32's batch throughput in both, and
+    was read as "as near within noise", so the simplest recipe, ort-fp32, became the nearest miss (the image demo,
+    2026-11-29). Two rounds tell a lead of 20 % apart; a smaller lead, or one round the other way, stays a tie."""
+    from servopt.optimize.noise import surely_ahead_side_by_side
+
+    fp32 = _sbs([253.0, 251.0], 3.76)
+    assert surely_ahead_side_by_side("throughput_ips", _sbs([341.0, 336.0], 3.44), fp32)
+    assert not surely_ahead_side_by_side("p50_ms", _sbs([341.0, 336.0], 3.44), fp32), "9 % on p50: within a round's range"
+    assert not surely_ahead_side_by_side("throughput_ips", _sbs([290.0, 286.0]), fp32), "15 %: not in two rounds"
+    assert not surely_ahead_side_by_side("throughput_ips", _sbs([400.0, 240.0]), fp32), "behind in one round"
+    ref = rec("ort-fp32", 3.76, 253)
+    int8 = rec("ov-int8-qdq", 3.44, 338, runtime="openvino")
+    strict = Target(name="cpu", hardware="h", device="cpu", objective="throughput", max_p50_ms=3, min_throughput_ips=1000)
+    il = Interleaved(reference="ort-fp32", rounds=2, order=[], variants={"ort-fp32": fp32, "ov-int8-qdq": _sbs([341.0, 336.0], 3.44)})
+    d = decide(strict, [ref, int8], ref, IMAGES, il)
+    assert d.nearest == "ov-int8-qdq" and d.tied == ["ov-int8-qdq"], d.reason
+
+
 def test_an_edge_target_is_decided_on_the_side_by_side_figures_and_refinements_tie_break_in_catalogue_order():
     ref = rec("ort-fp32", 6.0, 200)
     # two refinements as simple as each other (two passes, no search): the catalogue's order (cheapest first) decides,
