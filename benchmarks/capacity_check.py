@@ -23,6 +23,7 @@ from servopt.bench.rounds import round_order
 from servopt.contracts import ServedData
 from servopt.data.dataset import Dataset
 from servopt.machine import cpu_features, cpu_model
+from servopt.optimize.instance import server_cap
 from servopt.optimize.rundir import RunDir, load_config, load_run
 from servopt.serve.harness import ServerProcess
 from servopt.serve.load import Open, Pool, claim, open_sender, run
@@ -56,7 +57,7 @@ def main() -> None:
     ap.add_argument("--over", type=float, default=1.25)
     ap.add_argument("--rounds", type=int, default=1, help="each rate this many times, the order flipped every round")
     args = ap.parse_args()
-    summary, _ = load_run(args.run)
+    summary, records = load_run(args.run)
     decision = summary.decision(args.target) if summary else None
     if decision is None or decision.capacity is None or decision.capacity.config is None:
         raise SystemExit(f"{args.run} has no capacity search for {args.target}")
@@ -69,10 +70,17 @@ def main() -> None:
           f"{cfg.label}")
     data = served_data(args.run, args.target)
     args_ = ["--variant", cap.variant, *cfg.serve_args(), "--name", "m"]
+    # the instruction-set cap the search's server ran under (the target's, where this machine is richer)
+    config = load_config(args.run)
+    target = next((t for t in (config.targets if config else []) if t.name == args.target), None)
+    rec = next((r for r in records if r.name == cap.variant), None)
+    env = server_cap(target, rec) if target is not None and rec is not None else None
+    if env:
+        print(f"# served under {env}, as the search's server was")
     rows: dict[float, list[dict]] = {1.0: [], args.over: []}
     for i in range(args.rounds):
         for factor in round_order([1.0, args.over], i):
-            with ServerProcess(args.run, *args_) as server:
+            with ServerProcess(args.run, *args_, env=env) as server:
                 s, tally, what = asyncio.run(offer(server.url, data, cap.capacity_rps * factor, args.seconds, 2.0, 7 + i))
             value = getattr(s.latency_ms, f"p{slo.percentile}")
             errors = s.not_accepted

@@ -119,7 +119,7 @@ def test_the_report_shows_the_plan_beside_its_use():
     section = budget_section(SimpleNamespace(budget=b.plan(2), wall_s=281.0))
     assert "281 s used" in section.summary and "capacity search's" in section.summary
     rows = {r.stage: r for r in section.rows}
-    assert rows["capacity"].planned == "60 s" and rows["capacity"].used == "–"
+    assert rows["capacity"].planned == f"{racing.CAPACITY_RESERVE_SECONDS:.0f} s" and rows["capacity"].used == "–"
     assert rows["re-measure"].skipped == "the cold start of torch-eager (beaten beyond noise)"
     assert budget_section(SimpleNamespace(budget=None, wall_s=1.0)) is None
 

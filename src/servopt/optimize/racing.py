@@ -231,17 +231,17 @@ SCALING_SECONDS = 0.3
 # 4 = the search starts from the batch bound that fits the SLO (serve.capacity.slo_max_batch); 5 = a confirmation met
 # by a hair runs again (SearchRules.confirm_margin); 6 = a failing step the knee closes in on runs again; 7 = 5 % headroom;
 # 8 = the user's requests, latency from the schedule, LoadGen's early-stopping claim, no rerun of a miss (issue 42);
-# 9 = a step too short to claim is not a miss, steps up to 12 s
-CAPACITY_METHOD = 9
-# a search's cap where the budget leaves more: a 15 s confirming run rerun once after a stall, and a slower model's
-# steps (an ImageNet EfficientNet-Lite0 at ~200/s here spent 45 s of 60 without confirming: two 15 s confirmations)
-CAPACITY_SECONDS = 90.0
-# what a budget keeps for a capacity search: one configuration's (bracket, bisect, confirm: 25-30 s for the demos)
-# and its server's start; the search uses whatever more the budget leaves, up to CAPACITY_SECONDS (the image demo's
-# took 31 s of the 70 s kept for it, and the 5-minute demo measured 4 variants where it had measured 9-12). 60 s: a
-# confirmation met by a hair runs twice (15 s each), and with 40 s kept the text demo's search ran out before any
-# rate was confirmed (2026-11-28, Xeon)
-CAPACITY_RESERVE_SECONDS = 60.0
+# 9 = a step too short to claim is not a miss, steps up to 12 s; 10 = a step meets on its plain percentile, the
+# figure is the majority of up to three 20 s confirming runs (the independent check's equal)
+CAPACITY_METHOD = 10
+# a search's cap where the budget leaves more: a confirmation (two or three 20 s runs) that steps down once, and a
+# slower model's steps (an ImageNet EfficientNet-Lite0 at ~200/s here spent 45 s of 60 without confirming)
+CAPACITY_SECONDS = 150.0
+# what a budget keeps for a capacity search: one configuration's (bracket and bisect, 15-25 s for the demos; two 20 s
+# confirming runs, and two more a rate down) and its server's start; the search uses whatever more the budget leaves,
+# up to CAPACITY_SECONDS. The image demo's INT8 pick's search ran out one 20 s run short of a majority after 92 s
+# (2026-11-29, Zen 4); with 40 s kept the text demo's ran out before any rate was confirmed (2026-11-28, Xeon)
+CAPACITY_RESERVE_SECONDS = 100.0
 CAPACITY_MIN_SECONDS = 10.0
 CAPACITY_PICKS = 2  # picks served per target: the first, and the one its served capacity may make the pick
 
