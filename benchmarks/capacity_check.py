@@ -21,24 +21,12 @@ from pathlib import Path
 
 from servopt.bench.rounds import round_order
 from servopt.contracts import ServedData
-from servopt.data.dataset import Dataset
 from servopt.machine import cpu_features, cpu_model
-from servopt.optimize.instance import server_cap
-from servopt.optimize.rundir import RunDir, load_config, load_run
+from servopt.optimize.instance import run_served_data, server_cap
+from servopt.optimize.rundir import load_config, load_run
 from servopt.serve.harness import ServerProcess
 from servopt.serve.load import Open, Pool, claim, open_sender, run
 from servopt.serve.ratesearch import parse_slo, server_requests
-
-
-def served_data(run_dir: Path, target: str) -> ServedData:
-    """What the run's capacity search sent: its evaluation data as the target's clients send it."""
-    config = load_config(run_dir)
-    spec = config.spec if config else None
-    tokenizer = (spec.preprocessing or {}).get("tokenizer") if spec else None
-    wants_images = config is not None and any(t.name == target and t.requests == "images" for t in config.targets)
-    eval_data = RunDir(run_dir).eval_data
-    images = (Dataset.load(eval_data).files or []) if wants_images else []
-    return ServedData(eval_data=str(eval_data), tokenizer=str(tokenizer) if tokenizer else None, images=images)
 
 
 async def offer(url: str, data: ServedData, rate: float, seconds: float, warmup: float, seed: int):
@@ -68,7 +56,7 @@ def main() -> None:
     slo = parse_slo(cap.slo.replace(" ", "").replace("<=", "="))
     print(f"# {cpu_model()} ({cpu_features().level}); {cap.variant} within {cap.slo}: reported {cap.capacity_rps:.1f} req/s, "
           f"{cfg.label}")
-    data = served_data(args.run, args.target)
+    data = run_served_data(args.run, args.target)
     args_ = ["--variant", cap.variant, *cfg.serve_args(), "--name", "m"]
     # the instruction-set cap the search's server ran under (the target's, where this machine is richer)
     config = load_config(args.run)

@@ -18,9 +18,8 @@ import json
 import statistics
 from pathlib import Path
 
-from capacity_check import served_data
 from servopt.machine import cpu_features, cpu_model
-from servopt.optimize.instance import server_cap
+from servopt.optimize.instance import run_served_data, server_cap
 from servopt.optimize.rundir import load_config, load_run
 from servopt.serve.capacity import SWEEP_RULES
 from servopt.serve.harness import ServerProcess
@@ -32,6 +31,8 @@ def main() -> None:
     ap.add_argument("run", type=Path)
     ap.add_argument("--target", required=True)
     ap.add_argument("--searches", type=int, default=3)
+    ap.add_argument("--min-seconds", type=float, help="a short step's least length (default: the sweep's)")
+    ap.add_argument("--json", type=Path, help="every search's steps, to this file")
     args = ap.parse_args()
     summary, records = load_run(args.run)
     decision = summary.decision(args.target) if summary else None
@@ -49,12 +50,14 @@ def main() -> None:
     print(f"# {cpu_model()} ({cpu_features().level}); {cap.variant} within {cap.slo}: the run found "
           f"{cap.capacity_rps:.1f} req/s ({cap.config.label}){f', served under {env}' if env else ''}; its band "
           + (f"×{band[0]:.2f}–{band[1]:.2f}" if band else "has no served allowance"), flush=True)
-    data = served_data(args.run, args.target)
-    figures = []
+    data = run_served_data(args.run, args.target)
+    rules = SWEEP_RULES if args.min_seconds is None else SWEEP_RULES.model_copy(update={"min_seconds": args.min_seconds})
+    figures, results = [], []
     for i in range(args.searches):
         with ServerProcess(args.run, "--variant", cap.variant, *cap.config.serve_args(), "--name", "m", env=env) as server:
-            result, _ = measure_capacity(server.url, "m", slo, cap.knee_rps or cap.capacity_rps, SWEEP_RULES, data=data)
+            result, _ = measure_capacity(server.url, "m", slo, cap.knee_rps or cap.capacity_rps, rules, data=data)
         figures.append(result.capacity_rps)
+        results.append(result.model_dump(mode="json"))
         confirming = [f"{s.p99_ms:.1f}" for s in result.steps if s.confirming and s.p99_ms is not None]
         print(f"search {i + 1}: {result.capacity_rps:.1f} req/s ({'confirmed' if result.confirmed else 'not confirmed'}; "
               f"knee {result.knee_rps:.1f}; confirming p99s {', '.join(confirming)} ms; {len(result.steps)} steps)", flush=True)
@@ -64,6 +67,9 @@ def main() -> None:
           f"(×{min(ratios):.2f}–{max(ratios):.2f}, median {statistics.median(figures):.1f}): "
           f"{'within' if within else 'OUTSIDE'} its band" + (f" ×{band[0]:.2f}–{band[1]:.2f}" if band else ""))
     print(json.dumps({"capacity": cap.capacity_rps, "band": band, "searches": figures, "within": within, "cpu": cpu_model()}))
+    if args.json:
+        args.json.write_text(json.dumps({"capacity": cap.capacity_rps, "band": band, "rules": rules.model_dump(mode="json"),
+                                         "searches": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -476,3 +476,14 @@ def test_a_step_too_short_to_claim_is_neither_met_nor_missed():
     result = search(measure, 58.0, rules)
     assert len(result.steps) == 2 and undecided(result.steps[-1]) and not undecided(result.steps[0])
     assert "too few to claim p99" in result.stopped and "no lower rate" not in result.stopped and result.capacity_rps == 0
+
+
+def test_the_report_says_which_confirming_runs_held_the_figure():
+    """The figure a manager prices is the majority of its confirming runs: the report names them and their p99s."""
+    from servopt.contracts import Capacity
+    from servopt.report.instance import _confirmed_by
+
+    steps = [_step(260.0, 1.8, False, True), _step(236.0, 20.0, True, True), _step(236.0, 20.0, True, False),
+             _step(236.0, 20.0, True, True), _step(216.0, 20.0, True, True)]
+    cap = Capacity(variant="v", slo=str(SLO), capacity_rps=236.0, steps=steps, confirmed=True, cores=2, knee_rps=260.0)
+    assert _confirmed_by(cap) == "by 2 of 3 runs of 20 s (p99 5.0, 500.0, 5.0 ms)"

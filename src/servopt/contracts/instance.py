@@ -131,7 +131,7 @@ class LoadStep(Contract):
     p50_ms: float | None
     p99_ms: float | None
     errors: int
-    meets: bool  # valid, no errors, and the SLO's percentile claimed within the bound (LoadGen's early-stopping rule)
+    meets: bool  # valid, no errors, enough queries to claim the percentile, and it within the bound (a confirming run: 90 % of it)
     valid: bool  # the client kept to its schedule and sent every arrival
     confirming: bool = False
     late_ms: float | None = None  # the SLO's percentile over the requests scheduled in the step's second half

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from servopt.bench.launcher import Interrupted, stopping
@@ -41,6 +42,21 @@ def server_cap(target: Target, rec: Record) -> dict[str, str] | None:
     if target.isa is None or not richer(cpu_features().level, target.isa):
         return None
     return get_runtime(rec.runtime).isa_cap_env(Isa(target.isa))
+
+
+def run_served_data(run_dir: Path, target: str) -> ServedData:
+    """What a finished run's capacity search for ``target`` sent (``SweepInstance.served_data``), read back from the run
+    directory: for the independent checks (``benchmarks/capacity_check.py``, ``capacity_repeat.py``)."""
+    from servopt.data.dataset import Dataset
+    from servopt.optimize.rundir import RunDir, load_config
+
+    config = load_config(run_dir)
+    spec = config.spec if config else None
+    tokenizer = (spec.preprocessing or {}).get("tokenizer") if spec else None
+    wants_images = config is not None and any(t.name == target and t.requests == "images" for t in config.targets)
+    eval_data = RunDir(run_dir).eval_data
+    images = (Dataset.load(eval_data).files or []) if wants_images else []
+    return ServedData(eval_data=str(eval_data), tokenizer=str(tokenizer) if tokenizer else None, images=images)
 
 
 class SweepInstance:
