@@ -82,6 +82,27 @@ def test_two_instances_read_as_cores_or_as_a_cores_two_threads():
     assert read_host(TWO_CORES, 0.93, 2).kind == "contended"  # nncf-int8-accuracy-control: 105/s then 98/s
     assert read_host(TWO_CORES, 1.03, 2).kind == "contended"  # less than a second thread adds: a neighbour, not SMT
     assert read_host(None, 1.9, 2).kind == "unknown"
+    # one host for every variant: where another variant of the run scaled like two cores, one that scaled 1.6x contends
+    # across them (the image demo read as AVX2: ORT fp32 1.89x, two ORT INT8 recipes 1.56x and 1.63x)
+    contends = read_host(TWO_CORES, 1.63, 2, run=1.89)
+    assert (contends.kind, contends.cores, contends.threads) == ("cores", 2, 1) and "1.89×" in contends.words
+    assert read_host(TWO_CORES, 1.46, 2, run=1.59).kind == "smt-like", "every variant under a core's ratio: SMT"
+    assert read_host(TWO_CORES, 1.03, 2, run=1.9).kind == "contended"
+
+
+def test_the_run_reads_its_host_from_the_variant_that_scaled_best():
+    """A variant that scaled 1.63x on a host where another scaled 1.89x is projected across two cores with its own σ,
+    not as one core's two threads with SMT x1.63 (which projected twice as much for 4 cores x 2 threads)."""
+    from servopt.contracts import Scaling
+    from servopt.optimize.scaling import run_ratio
+
+    int8 = curve({1: [238.0] * 3, 2: [387.0] * 3}, "int8")
+    scaling = Scaling(curves={"fp32": curve({1: [97.0] * 3, 2: [183.0] * 3}, "fp32"), "int8": int8}, rounds=3)
+    assert run_ratio(scaling) == pytest.approx(183.0 / 97.0)
+    alone = project_throughput(int8, CPU_SERVER, TWO_CORES)
+    together = project_throughput(int8, CPU_SERVER, TWO_CORES, run=run_ratio(scaling))
+    assert "SMT ×1.63 measured" in alone.layout and "SMT ×1.63" not in together.layout
+    assert together.value < 0.6 * alone.value and together.value >= 387.0
 
 
 # ---------------------------------------------------------------------------------------------------- the projection

@@ -76,9 +76,10 @@ class HostReading:
         return min(vcpus, self.cores), vcpus
 
 
-def read_host(topology: Topology | None, ratio: float | None, cpus: int) -> HostReading:
+def read_host(topology: Topology | None, ratio: float | None, cpus: int, run: float | None = None) -> HostReading:
     """The host's reading from its sibling lists and, where they say one thread per core, from how two single-thread
-    instances scaled (``ratio``: two over one)."""
+    instances scaled (``ratio``: two over one; ``run``: the highest any variant of the run showed, which says what the
+    second vCPU can give: a variant under it contends across two cores, it does not make them one)."""
     r = f"two instances ran {ratio:.2f}× one" if ratio is not None else "one point"
     if topology is not None and topology.threads_per_core >= 2:
         return HostReading(topology.cores, 2, "siblings", ratio, f"{topology.cores} core(s) × 2 threads (sysfs sibling "
@@ -88,6 +89,11 @@ def read_host(topology: Topology | None, ratio: float | None, cpus: int) -> Host
     if ratio is not None and ratio < CONTENDED_BELOW:
         return HostReading(cores, 1, "contended", ratio, f"{cores} cores{unknown}, but {r}: a neighbour or a runtime not "
                            "keeping to its one thread; read as cores, the projection held at the figure measured")
+    host = max((x for x in (ratio, run) if x is not None), default=None)
+    if ratio is not None and ratio < HT_BELOW <= (host or 0.0) and cpus == 2:
+        return HostReading(cores, 1, "cores", ratio, f"{cores} cores × 1 thread{unknown}; {r}, but another variant of the "
+                           f"run ran {host:.2f}× one on the same vCPUs (a core's about 1.9×; SMT's {CONTENDED_BELOW:g}–"
+                           f"{HT_BELOW:g}×): two cores this variant contends across")
     if ratio is not None and ratio < HT_BELOW and cpus == 2:
         return HostReading(1, 2, "smt-like", ratio, f"{r} (SMT's {CONTENDED_BELOW:g}–{HT_BELOW:g}×, a core's about 1.9×): read as one "
                            "core's two threads, though the sibling lists say one thread per core (a hypervisor need "

@@ -23,6 +23,7 @@ from servopt.optimize.scaling import (
     project_estimated,
     project_latency,
     project_throughput,
+    run_ratio,
     served_share,
     why_not,
 )
@@ -90,8 +91,9 @@ def instance_projections(target: Target, rec: Record, scaling: Scaling | None, s
     if scaling is None or curve is None or why_not(curve) is not None:
         return None, None
     topology = scaling.environment.topology if scaling.environment else None
+    run = run_ratio(scaling)
     shape = Shape(target.instance_vcpus, target.instance_threads)
-    p50 = project_latency(curve, shape, topology)
+    p50 = project_latency(curve, shape, topology, run)
     held = curve_held(scaling, rec.runtime) or held_to(scaling.environment, False, target.isa)
     # a capacity of 0 (no rate tried met the SLO) is a served figure too: the instance serves nothing within it
     mine = [c for c in served if c.variant == rec.name and c.error is None]
@@ -100,7 +102,7 @@ def instance_projections(target: Target, rec: Record, scaling: Scaling | None, s
         served_env = last.environment or scaling.environment
         held = held_to(served_env, cappable(rec.runtime, target.isa), target.isa)
         allowances = [a for a in (served_spread(mine), cpu_change(rec, served_env, held, target.isa)) if a is not None]
-        tp = project_throughput(curve, shape, topology, Served(served_figures(mine), last.cores or 1), allowances)
+        tp = project_throughput(curve, shape, topology, Served(served_figures(mine), last.cores or 1), allowances, run)
         if tp is not None:
             searches = f"{len(mine)} searches" if len(mine) > 1 else f"{last.capacity_rps:.0f} requests/s"
             tp = tp.model_copy(update={"note": f"served within {last.slo} on {last.cores} core(s) here ({searches}), scaled "
@@ -109,5 +111,5 @@ def instance_projections(target: Target, rec: Record, scaling: Scaling | None, s
     cpu = cpu_change(rec, scaling.environment, held, target.isa)
     if share is not None and share.variant != rec.name:
         allowances = [a for a in (share.spread, cpu) if a is not None]
-        return project_estimated(curve, shape, share, topology, allowances), p50
-    return project_throughput(curve, shape, topology, None, [cpu] if cpu else []), p50
+        return project_estimated(curve, shape, share, topology, allowances, run), p50
+    return project_throughput(curve, shape, topology, None, [cpu] if cpu else [], run), p50

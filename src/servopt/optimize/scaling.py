@@ -30,7 +30,7 @@ from typing import Literal
 
 import numpy as np
 
-from servopt.contracts import Allowance, Projection, ProjectionCheck, ScalingCurve, Topology
+from servopt.contracts import Allowance, Projection, ProjectionCheck, Scaling, ScalingCurve, Topology
 from servopt.optimize.layout import CORES, SMT, CoreLaw, HostReading, read_host, topology_reading
 
 BOOTSTRAP = 400
@@ -158,12 +158,27 @@ def offline_at(curve: ScalingCurve, cores: int) -> float | None:
     return values[counts.index(cores)] if cores in counts else fit_usl(counts, values)(cores)
 
 
-def host_reading(curve: ScalingCurve, topology: Topology | None) -> HostReading:
-    """How this machine's points are read (``layout.read_host``): its sibling lists, and the 1 → 2 step's ratio."""
+def two_over_one(curve: ScalingCurve) -> float | None:
+    """Two single-thread instances' throughput over one's (medians), where both were measured."""
     counts, values = medians(curve, "throughput_ips")
-    ratio = values[counts.index(2)] / values[counts.index(1)] if 1 in counts and 2 in counts and values[counts.index(1)] else None
+    return values[counts.index(2)] / values[counts.index(1)] if 1 in counts and 2 in counts and values[counts.index(1)] else None
+
+
+def run_ratio(scaling: Scaling | None) -> float | None:
+    """The highest two-over-one ratio any variant of the run showed: what the host's second vCPU can give. The host is
+    one machine for every variant; a variant that scaled less contends across the cores (its σ), it does not make the
+    second vCPU a hyperthread (the image demo read as AVX2: ORT fp32 1.89x, OpenVINO INT8 1.95x, two ORT INT8 recipes
+    1.56x and 1.63x read as one core's two threads, and projected twice what their own σ does; 2026-11-29, Zen 4)."""
+    ratios = [r for c in (scaling.curves.values() if scaling else []) if why_not(c) is None and (r := two_over_one(c))]
+    return max(ratios, default=None)
+
+
+def host_reading(curve: ScalingCurve, topology: Topology | None, run: float | None = None) -> HostReading:
+    """How this machine's points are read (``layout.read_host``): its sibling lists, the curve's 1 → 2 step's ratio,
+    and the highest the run's variants showed (``run_ratio``)."""
+    counts, _ = medians(curve, "throughput_ips")
     cpus = topology.cpus if topology is not None else max(counts, default=1)
-    return read_host(topology, ratio, cpus)
+    return read_host(topology, two_over_one(curve), cpus, run)
 
 
 @dataclass(frozen=True)
@@ -260,15 +275,15 @@ def _band(central: float, pess: list[float], opt: list[float], allowances: Seque
 
 
 def project_throughput(curve: ScalingCurve, to: Shape | int, topology: Topology | None = None, served: Served | None = None,
-                       allowances: Sequence[Allowance] = ()) -> Projection | None:
+                       allowances: Sequence[Allowance] = (), run: float | None = None) -> Projection | None:
     """The instance's throughput: the per-core law fitted to the curve at ``to``'s cores × threads; with ``served`` (a
     served capacity measured here), that capacity scaled by the law's X(instance) / X(the layout it was served on).
     Never below a figure measured (or served) on fewer vCPUs. None when the curve cannot be projected from
-    (``why_not``)."""
+    (``why_not``). ``run``: the run's ``run_ratio``, read with the curve's own."""
     if why_not(curve) is not None:
         return None
     to = _shape(to)
-    host = host_reading(curve, topology)
+    host = host_reading(curve, topology, run)
     counts = sorted({p.cores for p in curve.points})
     measured = to.vcpus in counts and host.layout(to.vcpus) == (to.cores, to.vcpus) and served is None
 
@@ -374,11 +389,11 @@ def served_share(curve: ScalingCurve | None, served_rps: float, cores: int | Non
 
 
 def project_estimated(curve: ScalingCurve, to: Shape | int, share: ServedShare, topology: Topology | None = None,
-                      allowances: Sequence[Allowance] = ()) -> Projection | None:
+                      allowances: Sequence[Allowance] = (), run: float | None = None) -> Projection | None:
     """A variant that was not served, its instance's throughput as if served: its offline figure on the cores the
     share was measured on × ``share`` (another variant's), projected like a served capacity."""
     offline = offline_at(curve, share.cores)
-    proj = project_throughput(curve, to, topology, Served((offline * share.share,), share.cores), allowances) if offline else None
+    proj = project_throughput(curve, to, topology, Served((offline * share.share,), share.cores), allowances, run) if offline else None
     if proj is None:
         return None
     return proj.model_copy(update={"basis": "estimated", "note": (
@@ -386,13 +401,14 @@ def project_estimated(curve: ScalingCurve, to: Shape | int, share: ServedShare, 
         f"within the SLO; {proj.note}")})
 
 
-def project_latency(curve: ScalingCurve, to: Shape | int, topology: Topology | None = None) -> Projection | None:
+def project_latency(curve: ScalingCurve, to: Shape | int, topology: Topology | None = None, run: float | None = None
+                    ) -> Projection | None:
     """One request's p50 on the instance, its call given every vCPU's thread: Amdahl's law over the core-equivalents
     the threads give (a core's second thread counts as the SMT factor's share of a core), fitted to the curve."""
     if why_not(curve) is not None:
         return None
     to = _shape(to)
-    host = host_reading(curve, topology)
+    host = host_reading(curve, topology, run)
     counts = sorted({p.cores for p in curve.points})
     measured = to.vcpus in counts and host.layout(to.vcpus) == (to.cores, to.vcpus)
     tp = medians(curve, "throughput_ips")
@@ -422,13 +438,13 @@ def project_latency(curve: ScalingCurve, to: Shape | int, topology: Topology | N
                       else [SMT.words("a core's second thread")])
 
 
-def band(curve: ScalingCurve, up_to: int, topology: Topology | None = None, threads: int = 1
+def band(curve: ScalingCurve, up_to: int, topology: Topology | None = None, threads: int = 1, run: float | None = None
          ) -> tuple[list[int], list[float], list[float], list[float]]:
     """vCPUs 1…``up_to`` of an instance with ``threads`` per core, and the fitted throughput with its 95 % band (the
     report's scaling chart)."""
     vcpus = list(range(1, max(up_to, 1) + 1))
     shapes = [(max(1, -(-n // threads)), n) for n in vcpus]
-    host = host_reading(curve, topology)
+    host = host_reading(curve, topology, run)
     central = fit_law(*medians(curve, "throughput_ips"), host).law
     rng = np.random.default_rng(SEED)
     lows, highs = [], []

@@ -12,7 +12,7 @@ import numpy as np
 from servopt.contracts import Capacity, Record
 from servopt.families.base import Family
 from servopt.optimize.rundir import Summary
-from servopt.optimize.scaling import band, why_not
+from servopt.optimize.scaling import band, run_ratio, why_not
 from servopt.report.formats import label
 from servopt.report.instance import scaling_curves
 
@@ -125,7 +125,7 @@ def instance_charts(summary: Summary) -> dict[str, str]:
             colour = f"C{i % 10}"
             for p in c.points:
                 ax.scatter([p.cores] * len(p.throughput_ips), p.throughput_ips, s=14, color=colour, alpha=0.6, zorder=3)
-            cores, fit, lo, hi = band(c, max(vcpus, max(p.cores for p in c.points)), topology, threads)
+            cores, fit, lo, hi = band(c, max(vcpus, max(p.cores for p in c.points)), topology, threads, run_ratio(scaling))
             ax.plot(cores, fit, color=colour, label=c.variant)
             ax.fill_between(cores, lo, hi, color=colour, alpha=0.15)
         ax.axvline(max(p.cores for p in curves[0].points), color="grey", ls=":", lw=1)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from servopt.contracts import Capacity, Scaling
 from servopt.optimize.rundir import Summary
-from servopt.optimize.scaling import check, check_words, fit_law, host_reading, medians, noise_words, why_not
+from servopt.optimize.scaling import check, check_words, fit_law, host_reading, medians, noise_words, run_ratio, why_not
 from servopt.report.sections import ReportInput, section
 
 
@@ -62,7 +62,7 @@ def instance_section(summary: Summary) -> InstanceSection | None:
             continue
         cores, values = medians(curve, "throughput_ips")
         pts = ", ".join(f"{n}: {v:,.0f}/s" for n, v in zip(cores, values, strict=True))
-        host = host_reading(curve, topology)
+        host = host_reading(curve, topology, run_ratio(scaling))
         fitted = fit_law(cores, values, host)
         law = (f"{host.words}; σ = {fitted.law.sigma:.3f}{'' if fitted.sigma_measured else ' (assumed)'}, λ = "
                f"{fitted.law.lam:,.1f}/s per core" + (f", SMT ×{fitted.law.smt:.2f} (measured)" if fitted.smt_measured else "")
