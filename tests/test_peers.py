@@ -159,6 +159,7 @@ def _inputs(run: Path, peer: str):
     return peer_inputs(RunDir(run), load_config(run), records, original, peer, quick=True)
 
 
+@pytest.mark.slow  # builds the tiny run (an optimize run, about 10 s): an end-to-end test
 def test_a_peer_for_another_family_says_so(tiny_run):
     ok, why = PEERS.get("sentence-transformers").available(_inputs(tiny_run, "sentence-transformers"))
     assert not ok and "text-embedding" in why
@@ -177,6 +178,7 @@ def test_nncf_peer_on_the_tiny_run(tiny_run):
     assert math.isfinite(nncf.ratios[0].ratio)
 
 
+@pytest.mark.slow  # builds the tiny run (an optimize run, about 10 s): an end-to-end test
 def test_without_a_pick_the_nearest_miss_is_compared_and_said(tiny_run, tmp_path):
     import shutil
 
@@ -231,6 +233,7 @@ def test_an_answer_built_from_the_same_inputs_is_reused_and_rebuilt_when_they_ch
     assert not copy_peer().reused_build
 
 
+@pytest.mark.slow  # builds the tiny run (an optimize run, about 10 s): an end-to-end test
 def test_a_peers_answer_for_a_run_is_built_as_compare_builds_it_or_refused_with_why(tiny_run, fake_peers):
     """What a benchmark serving or timing a peer outside a comparison starts from (text_servers.py: Infinity)."""
     from servopt.errors import UserError
@@ -310,6 +313,7 @@ def test_the_new_peers_pin_their_tools_and_servopts_onnxruntime_and_infinity_ser
     assert PEERS.get("olive-search").environment() == PEERS.get("olive").environment(), "one Olive environment, made once"
 
 
+@pytest.mark.slow  # builds the tiny run (an optimize run, about 10 s): an end-to-end test
 def test_infinity_serves_a_hugging_face_folder_only(tiny_run):
     inputs = _inputs(tiny_run, "infinity")
     ok, why = PEERS.get("infinity").available(inputs)
