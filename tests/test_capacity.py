@@ -153,6 +153,11 @@ def test_loadtest_slo_against_a_real_server(tmp_path):
         last = data["steps"][-1]
         assert last["confirming"] and last["meets"] and last["requests"] >= last["needed"] and last["confidence"] == 0.99
         assert data["requests"].startswith("one sample made from the model's metadata") and data["sender"] == "raw"
+        said = " ".join(res.output.split())
+        assert "plain p90 is within the bound" in said and "confirmed by 2 of 2 runs" in said, said
+        claimed = CliRunner().invoke(app, ["loadtest", server.url, "--model", "tiny", "--slo", "p90=200ms", "--rate", "40",
+                                           "--duration", "0.5", "--claim"])
+        assert claimed.exit_code == 0 and "early-stopping rule claims its p90" in " ".join(claimed.output.split())
         bad = CliRunner().invoke(app, ["loadtest", server.url, "--model", "tiny", "--slo", "p42=1ms"])
         assert bad.exit_code != 0 and "p99=50ms" in bad.output
 
@@ -486,4 +491,4 @@ def test_the_report_says_which_confirming_runs_held_the_figure():
     steps = [_step(260.0, 1.8, False, True), _step(236.0, 20.0, True, True), _step(236.0, 20.0, True, False),
              _step(236.0, 20.0, True, True), _step(216.0, 20.0, True, True)]
     cap = Capacity(variant="v", slo=str(SLO), capacity_rps=236.0, steps=steps, confirmed=True, cores=2, knee_rps=260.0)
-    assert _confirmed_by(cap) == "by 2 of 3 runs of 20 s (p99 5.0, 500.0, 5.0 ms)"
+    assert _confirmed_by(cap) == " by 2 of 3 runs of 20 s (p99 5.0, 500.0, 5.0 ms)"

@@ -128,11 +128,13 @@ class SweepBuilds:
         """The measurement of a variant; the original's (``reference`` None) saves the outputs the others are verified against."""
         v = u.variant
         gate = None if reference is None or not v.gate else self._gate(reference.quality)
-        # The tuning samples judged too where the refinement ladder reads them: the original (on one machine in a job of
-        # its own beside the first builds: ``_judge_original_on_tuning``), a refined variant, a refinement
-        tuned = (None if reference is None and not self.distributed else self.ctx.tuning_path
-                 if reference is None or v.refines or any(c.refines == v.name for c in self.all_variants) else None)
-        ref_tuning = ref_outputs.with_name(f"{ref_outputs.stem}-tuning.npy")
+        # The tuning samples judged too where the refinement ladder reads them: a refined variant, a refinement, and the
+        # original on a cluster (on one machine its judgement there runs beside the first builds: ``_judge_original_on_tuning``)
+        if reference is None:
+            tuned = self.ctx.tuning_path if self.distributed else None
+        else:
+            tuned = self.ctx.tuning_path if v.refines or any(c.refines == v.name for c in self.all_variants) else None
+        ref_tuning = _tuning_outputs(ref_outputs)
         return MeasureJob(session=OpenSpec(name=v.name, artifact=artifact, runtime=v.runtime, options=v.options),
                           data=str(self.dir.eval_data), family=self.model.spec.family_name,
                           reference=None if reference is None else str(ref_outputs),
@@ -240,8 +242,7 @@ class SweepBuilds:
         job = MeasureJob(session=OpenSpec.of(rec),
                          data=str(self.dir.eval_data), family=self.model.spec.family_name, protocol=self.protocol_of(v),
                          env=v.env, tuning_data=self.ctx.tuning_path, tuning_only=True,
-                         save_tuning_outputs=str(self.dir.reference_outputs(None).with_name(
-                             f"{self.dir.reference_outputs(None).stem}-tuning.npy")))
+                         save_tuning_outputs=str(_tuning_outputs(self.dir.reference_outputs(None))))
         self.progress.step(f"judging {v.name} on the tuning samples (beside the first builds)")
         self.tuning_pending = self.executor.submit(launch, job, self.dir.work(v.name) / "tuning", None, None,
                                                     what=f"{v.name} on the tuning samples", exclusive=False)
@@ -340,3 +341,8 @@ class SweepBuilds:
                 tried.append(u.variant.name)
                 if u.variant.same_kernels and not self._misses_quality(self.records.get((u.variant.name, kind)), kind):
                     recovered = u.variant.name
+
+
+def _tuning_outputs(ref_outputs: Path) -> Path:
+    """Where the original's outputs on the tuning samples are kept, beside its outputs on the evaluation samples."""
+    return ref_outputs.with_name(f"{ref_outputs.stem}-tuning.npy")

@@ -24,7 +24,7 @@ from servopt.results import write_json_atomic
 from servopt.runtimes.base import INSTANCE_THREADING, get_runtime
 
 if TYPE_CHECKING:
-    pass
+    from servopt.spec import ModelSpec
 
 
 def instance_sample_ms(rec: Record) -> float | None:
@@ -44,19 +44,25 @@ def server_cap(target: Target, rec: Record) -> dict[str, str] | None:
     return get_runtime(rec.runtime).isa_cap_env(Isa(target.isa))
 
 
+def served_data(spec: ModelSpec | None, eval_data: Path, images: list[str], requests: str | None) -> ServedData:
+    """What a capacity search sends: the user's evaluation data, as a target's clients send it (``requests``: its
+    ``requests``; ``images``: the evaluation data's files) (issue 42)."""
+    tokenizer = (spec.preprocessing or {}).get("tokenizer") if spec else None
+    return ServedData(eval_data=str(eval_data), tokenizer=str(tokenizer) if tokenizer else None,
+                      images=images if requests == "images" else [])
+
+
 def run_served_data(run_dir: Path, target: str) -> ServedData:
-    """What a finished run's capacity search for ``target`` sent (``SweepInstance.served_data``), read back from the run
-    directory: for the independent checks (``benchmarks/capacity_check.py``, ``capacity_repeat.py``)."""
+    """What a finished run's capacity search for ``target`` sent, read back from the run directory: for the
+    independent checks (``benchmarks/capacity_check.py``, ``capacity_repeat.py``)."""
     from servopt.data.dataset import Dataset
     from servopt.optimize.rundir import RunDir, load_config
 
     config = load_config(run_dir)
-    spec = config.spec if config else None
-    tokenizer = (spec.preprocessing or {}).get("tokenizer") if spec else None
-    wants_images = config is not None and any(t.name == target and t.requests == "images" for t in config.targets)
+    requests = next((t.requests for t in (config.targets if config else []) if t.name == target), None)
     eval_data = RunDir(run_dir).eval_data
-    images = (Dataset.load(eval_data).files or []) if wants_images else []
-    return ServedData(eval_data=str(eval_data), tokenizer=str(tokenizer) if tokenizer else None, images=images)
+    images = (Dataset.load(eval_data).files or []) if requests == "images" else []
+    return served_data(config.spec if config else None, eval_data, images, requests)
 
 
 class SweepInstance:
@@ -145,10 +151,8 @@ class SweepInstance:
         return out
 
     def served_data(self, t: Target) -> ServedData:
-        """What the capacity search sends: the user's evaluation data, as ``t``'s clients send it (issue 42)."""
-        tokenizer = (self.model.spec.preprocessing or {}).get("tokenizer")
-        images = (self.eval_data.files or []) if t.requests == "images" else []
-        return ServedData(eval_data=str(self.dir.eval_data), tokenizer=str(tokenizer) if tokenizer else None, images=images)
+        """What the capacity search of ``t``'s pick sends (``served_data``)."""
+        return served_data(self.model.spec, self.dir.eval_data, self.eval_data.files or [], t.requests)
 
     def _capacity_of(self, t: Target, rec: Record, kind: str | None) -> Capacity | None:
         """One variant's capacity within ``t``'s SLO (cached), or None with the reason in ``problems``."""

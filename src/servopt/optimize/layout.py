@@ -89,10 +89,9 @@ def read_host(topology: Topology | None, ratio: float | None, cpus: int, run: fl
     if ratio is not None and ratio < CONTENDED_BELOW:
         return HostReading(cores, 1, "contended", ratio, f"{cores} cores{unknown}, but {r}: a neighbour or a runtime not "
                            "keeping to its one thread; read as cores, the projection held at the figure measured")
-    host = max((x for x in (ratio, run) if x is not None), default=None)
-    if ratio is not None and ratio < HT_BELOW <= (host or 0.0) and cpus == 2:
+    if ratio is not None and ratio < HT_BELOW and cpus == 2 and run is not None and run >= HT_BELOW:
         return HostReading(cores, 1, "cores", ratio, f"{cores} cores × 1 thread{unknown}; {r}, but another variant of the "
-                           f"run ran {host:.2f}× one on the same vCPUs (a core's about 1.9×; SMT's {CONTENDED_BELOW:g}–"
+                           f"run ran {run:.2f}× one on the same vCPUs (a core's about 1.9×; SMT's {CONTENDED_BELOW:g}–"
                            f"{HT_BELOW:g}×): two cores this variant contends across")
     if ratio is not None and ratio < HT_BELOW and cpus == 2:
         return HostReading(1, 2, "smt-like", ratio, f"{r} (SMT's {CONTENDED_BELOW:g}–{HT_BELOW:g}×, a core's about 1.9×): read as one "

@@ -229,7 +229,7 @@ SCALING_SECONDS = 0.3
 # what serve.capacity's search reports, in its cache key: 2 = confirmed a headroom below the knee (a capacity stored by
 # the search before it, at the knee's edge, is searched again); 3 = a step missed in its tail alone is run again;
 # 4 = the search starts from the batch bound that fits the SLO (serve.capacity.slo_max_batch); 5 = a confirmation met
-# by a hair runs again (SearchRules.confirm_margin); 6 = a failing step the knee closes in on runs again; 7 = 5 % headroom;
+# by a hair runs again (a rule since removed); 6 = a failing step the knee closes in on runs again; 7 = 5 % headroom;
 # 8 = the user's requests, latency from the schedule, LoadGen's early-stopping claim, no rerun of a miss (issue 42);
 # 9 = a step too short to claim is not a miss, steps up to 12 s; 10 = a step meets on its plain percentile, the
 # figure is the majority of up to three 20 s confirming runs (the independent check's equal)

@@ -119,13 +119,14 @@ def instance_charts(summary: Summary) -> dict[str, str]:
     threads = max((d.target.instance_threads for d in summary.targets if d.target.instance_vcpus), default=1)
     topology = scaling.environment.topology if scaling and scaling.environment else None
     curves = [c for c in (scaling.curves.values() if scaling else []) if why_not(c) is None]
+    run = run_ratio(scaling)
     if curves and vcpus:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for i, c in enumerate(curves):
             colour = f"C{i % 10}"
             for p in c.points:
                 ax.scatter([p.cores] * len(p.throughput_ips), p.throughput_ips, s=14, color=colour, alpha=0.6, zorder=3)
-            cores, fit, lo, hi = band(c, max(vcpus, max(p.cores for p in c.points)), topology, threads, run_ratio(scaling))
+            cores, fit, lo, hi = band(c, max(vcpus, max(p.cores for p in c.points)), topology, threads, run)
             ax.plot(cores, fit, color=colour, label=c.variant)
             ax.fill_between(cores, lo, hi, color=colour, alpha=0.15)
         ax.axvline(max(p.cores for p in curves[0].points), color="grey", ls=":", lw=1)

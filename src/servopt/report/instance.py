@@ -56,13 +56,14 @@ def instance_section(summary: Summary) -> InstanceSection | None:
         return None
     rows, hosts = [], []
     topology = scaling.environment.topology if scaling and scaling.environment else None
+    run = run_ratio(scaling)
     for name, curve in (scaling.curves.items() if scaling else []):
         if why_not(curve):
             rows.append(ScalingRow(name, "—", why_not(curve) or "", "—"))
             continue
         cores, values = medians(curve, "throughput_ips")
         pts = ", ".join(f"{n}: {v:,.0f}/s" for n, v in zip(cores, values, strict=True))
-        host = host_reading(curve, topology, run_ratio(scaling))
+        host = host_reading(curve, topology, run)
         fitted = fit_law(cores, values, host)
         law = (f"{host.words}; σ = {fitted.law.sigma:.3f}{'' if fitted.sigma_measured else ' (assumed)'}, λ = "
                f"{fitted.law.lam:,.1f}/s per core" + (f", SMT ×{fitted.law.smt:.2f} (measured)" if fitted.smt_measured else "")
@@ -82,7 +83,7 @@ def instance_section(summary: Summary) -> InstanceSection | None:
         caps.append(CapacityRow(
             target=target, variant=c.variant, slo=c.slo, capacity=f"{c.capacity_rps:,.1f} requests/s on {c.cores} core(s)"
             + ("" if c.knee_found else " (at least: no failing rate reached)") + ("" if c.confirmed else " (not confirmed)")
-            + (f", confirmed below the short steps' knee ({c.knee_rps:,.0f}/s) {_confirmed_by(c)}" if c.knee_rps and c.confirmed else "")
+            + (f", confirmed below the short steps' knee ({c.knee_rps:,.0f}/s){_confirmed_by(c)}" if c.knee_rps and c.confirmed else "")
             + (f"; the search stopped: {c.stopped}" if c.stopped else "")
             + (f"; sent: {c.requests}, latency from each request's schedule" if c.requests else ""),
             config=c.config.label if c.config else "—",
@@ -127,9 +128,9 @@ def _instance(r: ReportInput) -> InstanceSection | None:
 
 
 def _confirmed_by(c: Capacity) -> str:
-    """"by 2 of 2 runs of 20 s (p99 31.3, 37.3 ms)": the confirming runs at the rate reported (the majority decides)."""
+    """" by 2 of 2 runs of 20 s (p99 31.3, 37.3 ms)": the confirming runs at the rate reported (the majority decides)."""
     runs = [s for s in c.steps if s.confirming and abs(s.rate_rps - c.capacity_rps) < 1e-6]
     if not runs:
         return ""
     figures = ", ".join(_ms(s.p99_ms).removesuffix(" ms") for s in runs)
-    return f"by {sum(s.meets for s in runs)} of {len(runs)} runs of {max(s.duration_s for s in runs):.0f} s (p99 {figures} ms)"
+    return f" by {sum(s.meets for s in runs)} of {len(runs)} runs of {max(s.duration_s for s in runs):.0f} s (p99 {figures} ms)"
