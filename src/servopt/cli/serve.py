@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from servopt.cli.app import app, console, run_cli
+from servopt.contracts import confirming_votes
 from servopt.errors import UserError
 
 SourceArg = Annotated[Path, typer.Argument(help="a run directory of `servopt optimize`, a package folder, an .onnx file or an OpenVINO .xml")]
@@ -216,10 +217,11 @@ def _capacity(url: str, model: str, slo_text: str, rate: str | None, duration: f
         lower = "" if result.knee_found else " (at least: the step limit came before a failing rate)"
         knee = (f"; the short steps' knee: {result.knee_rps:.1f} requests/s, confirmed {rules.headroom:.0%} below it, where "
                 "longer runs hold" if result.knee_found else "")
-        held = [s for s in result.steps if s.confirming and s.rate_rps == result.capacity_rps]
+        held, rerun = confirming_votes(result.steps, result.capacity_rps)
+        again = f"; {rerun} more not valid (the client fell behind) and run again" if rerun else ""
         console.print(f"capacity within {bound}: [bold]{result.capacity_rps:.1f} requests/s[/bold]{lower}, confirmed by "
                       f"{sum(s.meets for s in held)} of {len(held)} runs of at least {min(s.requests for s in held)} queries "
-                      f"(their second halves within the bound too){knee}")
+                      f"(their second halves within the bound too{again}){knee}")
     else:
         console.print(f"[red]no rate tried met {bound} with no errors[/red] (the lowest: "
                       f"{min((s.rate_rps for s in result.steps), default=start):.1f} req/s)")

@@ -26,6 +26,7 @@ from servopt.contracts.instance import (
     ScalingPoint,
     ServeConfig,
     ServedData,
+    confirming_votes,
 )
 from servopt.contracts.quality import (
     QUALITY_KINDS,
@@ -56,4 +57,4 @@ from servopt.contracts.record import (
 )
 from servopt.contracts.remeasure import BudgetPlan, BudgetStage, Duel, Duels, Interleaved, OpProfile, OpTime, SideBySide
 
-__all__ = ['BENCH_SCHEMA', 'QUALITY_KINDS', 'RESULT_SCHEMA', 'SUMMARY_SCHEMA', 'Accuracy', 'Agreement', 'Allowance', 'AnyQuality', 'Artifact', 'BudgetPlan', 'BudgetStage', 'Capacity', 'ChainStep', 'ClassificationQuality', 'ColdStart', 'Contract', 'CpuReport', 'Duel', 'Duels', 'EmbeddingQuality', 'Environment', 'Gate', 'GridPoint', 'Interference', 'Interleaved', 'Latency', 'LengthBatching', 'LoadStep', 'Measured', 'ModelRef', 'OpProfile', 'OpTime', 'OtherQuality', 'PairsQuality', 'Phase', 'Projection', 'ProjectionCheck', 'Quality', 'Record', 'Scaling', 'ScalingCurve', 'ScalingPoint', 'ServeConfig', 'ServedData', 'SessionInfo', 'SideBySide', 'Throughput', 'Topology', 'parse_quality', 'register_quality']
+__all__ = ['BENCH_SCHEMA', 'QUALITY_KINDS', 'RESULT_SCHEMA', 'SUMMARY_SCHEMA', 'Accuracy', 'Agreement', 'Allowance', 'AnyQuality', 'Artifact', 'BudgetPlan', 'BudgetStage', 'Capacity', 'ChainStep', 'ClassificationQuality', 'ColdStart', 'Contract', 'CpuReport', 'Duel', 'Duels', 'EmbeddingQuality', 'Environment', 'Gate', 'GridPoint', 'Interference', 'Interleaved', 'Latency', 'LengthBatching', 'LoadStep', 'Measured', 'ModelRef', 'OpProfile', 'OpTime', 'OtherQuality', 'PairsQuality', 'Phase', 'Projection', 'ProjectionCheck', 'Quality', 'Record', 'Scaling', 'ScalingCurve', 'ScalingPoint', 'ServeConfig', 'ServedData', 'SessionInfo', 'SideBySide', 'Throughput', 'Topology', 'confirming_votes', 'parse_quality', 'register_quality']

@@ -144,6 +144,15 @@ class LoadStep(Contract):
     client_cpu_ms: float | None = None  # the load generator's CPU per request
     invalid: str | None = None  # why the step was not valid
     answers: dict[str, int] = Field(default_factory=dict)  # the answers not accepted, by status ("503", "no answer" …)
+    rerun: bool = False  # run again because the step before it was not valid: the two are one vote, this one its answer
+
+
+def confirming_votes(steps: list[LoadStep], rate: float) -> tuple[list[LoadStep], int]:
+    """The confirming runs that voted at ``rate`` (a run not valid and rerun gives its vote to the rerun) and how many
+    were rerun: CI's "confirmed by 2 of 4 runs" counted two client-bound attempts as runs that held nothing."""
+    runs = [s for s in steps if s.confirming and abs(s.rate_rps - rate) < 1e-6]
+    votes = [s for s, after in zip(runs, [*runs[1:], None], strict=True) if after is None or not after.rerun]
+    return votes, len(runs) - len(votes)
 
 
 class ServedData(Contract):

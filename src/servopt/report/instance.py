@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servopt.contracts import Capacity, Scaling
+from servopt.contracts import Capacity, Scaling, confirming_votes
 from servopt.optimize.rundir import Summary
 from servopt.optimize.scaling import check, check_words, fit_law, host_reading, medians, noise_words, run_ratio, why_not
 from servopt.report.sections import ReportInput, section
@@ -129,8 +129,10 @@ def _instance(r: ReportInput) -> InstanceSection | None:
 
 def _confirmed_by(c: Capacity) -> str:
     """" by 2 of 2 runs of 20 s (p99 31.3, 37.3 ms)": the confirming runs at the rate reported (the majority decides)."""
-    runs = [s for s in c.steps if s.confirming and abs(s.rate_rps - c.capacity_rps) < 1e-6]
+    runs, rerun = confirming_votes(c.steps, c.capacity_rps)
     if not runs:
         return ""
     figures = ", ".join(_ms(s.p99_ms).removesuffix(" ms") for s in runs)
-    return f" by {sum(s.meets for s in runs)} of {len(runs)} runs of {max(s.duration_s for s in runs):.0f} s (p99 {figures} ms)"
+    again = f"; {rerun} more not valid, run again" if rerun else ""
+    return (f" by {sum(s.meets for s in runs)} of {len(runs)} runs of {max(s.duration_s for s in runs):.0f} s "
+            f"(p99 {figures} ms{again})")

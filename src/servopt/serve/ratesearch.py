@@ -178,7 +178,8 @@ def rate_search(start_rps: float, slo: Slo, rules: SearchRules | None = None, un
                 if attempt:
                     break
                 raise _OutOfTime
-            steps.append((yield Probe(rate, seconds, confirming)))
+            got = yield Probe(rate, seconds, confirming)
+            steps.append(got.model_copy(update={"rerun": True}) if attempt else got)
             if steps[-1].valid:
                 break
         return steps[-1].meets
