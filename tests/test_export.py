@@ -44,6 +44,39 @@ def test_export_verifies_and_has_dynamic_batch(tmp_path, r18_state, exporter):
     assert (reloaded.class_names, reloaded.output_kind) == (["a", "b", "c", "d"], "log-probabilities")
 
 
+def test_torchscript_first_falls_back_to_dynamo(tmp_path, r18_state, monkeypatch):
+    """The image family exports TorchScript first (a CNN's graph alike, in a fraction of the time); where TorchScript
+    fails (a model it cannot trace, or a torch without it) dynamo writes the file, and the report says why."""
+    import servopt.export as export
+
+    model = load_model(r18_state, arch="resnet18", input_shape={"input": [1, 3, 64, 64]})
+    report = export_onnx(model, tmp_path / "ts.onnx", exporter="torchscript-first", opset=18)
+    assert report["exporter"] == "torchscript" and report["opset"] == 17 and not report["fallback_reasons"]
+
+    def gone(*_a, **_k):
+        raise RuntimeError("the TorchScript exporter was removed")
+
+    monkeypatch.setattr(export, "_export_torchscript", gone)
+    report = export_onnx(model, tmp_path / "dyn.onnx", exporter="torchscript-first", opset=18)
+    assert report["exporter"] == "dynamo" and report["opset"] == 18 and report["top1_agreement"] == 1.0
+    assert report["fallback_reasons"] == ["torchscript: the TorchScript exporter was removed"]
+
+
+def test_the_image_family_exports_torchscript_first_and_text_keeps_torchs_default():
+    from servopt.cpu import CpuFeatures
+    from servopt.families.catalogue import CatalogueContext
+    from servopt.optimize.variants import catalogue
+    from servopt.spec import image_classifier_spec
+
+    class Source:  # what ``catalogue`` reads of a loaded torch model
+        spec, is_torch = image_classifier_spec(3, 64), True
+
+    variants = {v.name: v for v in catalogue(Source(), linear_heavy=False, cpu=CpuFeatures(frozenset({"avx2"})))}
+    assert variants["ort-fp32"].chain[0] == ("export-onnx", {"exporter": "torchscript-first"})
+    plain = CatalogueContext(spec=Source.spec, is_torch=True, linear_heavy=False, cpu=CpuFeatures(frozenset()))
+    assert plain.export == [("export-onnx", {})]  # "auto" keeps its old cache keys
+
+
 def test_verification_fails_loudly_on_mismatch(tmp_path, r18_state):
     model = load_model(r18_state, arch="resnet18", input_shape={"input": [1, 3, 64, 64]})
     out = tmp_path / "r18.onnx"

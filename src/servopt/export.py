@@ -5,8 +5,8 @@ is an ``ExportPlan`` made from the model's spec: which axes are dynamic (batch;
 batch and sequence for token inputs), the example inputs that trace it, the
 inputs it is verified on (several lengths × batches for encoders, padded rows
 included) and how close it must stay. The dynamo exporter runs first (torch's
-default); the TorchScript exporter is the fallback, and the report says which
-one produced the file. Weights are written inline when the model is under 2 GB
+default) and the TorchScript exporter is the fallback, unless a family asks for the
+other order (``EXPORT_ORDER``); the report says which one produced the file. Weights are written inline when the model is under 2 GB
 (protobuf's limit), so one file travels. A mismatch past the tolerance fails
 loudly rather than producing a subtly wrong model.
 """
@@ -32,7 +32,12 @@ from servopt.spec import ModelSpec
 log = logging.getLogger(__name__)
 PROTOBUF_LIMIT = 2 * 1024**3
 TMP_OUTPUT = "servopt_output"  # what the exporters name the output; renamed after export (see name_output)
-Exporter = Literal["auto", "dynamo", "torchscript"]
+Exporter = Literal["auto", "dynamo", "torchscript", "torchscript-first"]
+# The exporters tried, in order, each falling back to the next. "auto" is torch's default (dynamo) first;
+# "torchscript-first" is for graphs both write alike and the TorchScript exporter writes in a fraction of the time (a
+# plain CNN: families.image says what was measured), with dynamo behind it for the day torch drops it.
+EXPORT_ORDER: dict[str, tuple[str, ...]] = {"auto": ("dynamo", "torchscript"), "dynamo": ("dynamo",),
+                                            "torchscript": ("torchscript",), "torchscript-first": ("torchscript", "dynamo")}
 
 
 class ExportError(UserError):
@@ -152,31 +157,19 @@ def export_module(module, spec: ModelSpec, out_path: str | Path, plan: ExportPla
     errors: list[str] = []
     used = None
     start = time.perf_counter()
-    if exporter in ("auto", "dynamo"):
-        # The exporter logs a warning per unsupported-op lookup and FutureWarnings: not the user's concern.
-        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    for which in EXPORT_ORDER[exporter]:
         try:
-            dims = {axis: torch.export.Dim(label, min=1, max=plan.max_sizes[label]) for axis, label in plan.axes.items()}
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                torch.onnx.export(module, args, str(out_path), dynamo=True, input_names=names, output_names=[TMP_OUTPUT],
-                                  opset_version=opset, dynamic_shapes=tuple(dict(dims) for _ in names),
-                                  external_data=not inline, optimize=True, verbose=False)
-            used = "dynamo"
-        except Exception as e:  # noqa: BLE001 - any exporter failure falls back
-            errors.append(f"dynamo: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}")
-            log.warning("dynamo exporter failed, falling back to TorchScript: %s", errors[-1])
-    if used is None and exporter in ("auto", "torchscript"):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # aten::index advanced-indexing notes from attention-mask code
-                torch.onnx.export(module, args, str(out_path), dynamo=False, input_names=names, output_names=[TMP_OUTPUT],
-                                  opset_version=min(opset, 17),
-                                  dynamic_axes={**{n: dict(plan.axes) for n in names}, TMP_OUTPUT: {0: "batch"}})
-            used = "torchscript"
-            report["opset"] = min(opset, 17)
-        except Exception as e:  # noqa: BLE001 - reported with the dynamo error
-            errors.append(f"torchscript: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}")
+            if which == "dynamo":
+                _export_dynamo(module, args, out_path, names, plan, opset, inline)
+            else:
+                _export_torchscript(module, args, out_path, names, plan, opset)
+                report["opset"] = min(opset, 17)
+            used = which
+            break
+        except Exception as e:  # noqa: BLE001 - any exporter failure falls back to the next; all are reported
+            errors.append(f"{which}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}")
+            log.warning("the %s exporter failed%s: %s", which, ", falling back" if which != EXPORT_ORDER[exporter][-1] else "",
+                        errors[-1])
     if used is None:
         raise ExportError("ONNX export failed with every exporter: " + "; ".join(errors),
                           fix="try another --opset or (encoders) eager attention, and report the model to the exporter's maintainers")
@@ -204,6 +197,29 @@ def export_module(module, spec: ModelSpec, out_path: str | Path, plan: ExportPla
                           fix="report the model: an input was dropped or added by the exporter")
     report.update(verify_module(module, spec, out_path, plan))
     return report
+
+
+def _export_dynamo(module, args: tuple, out_path: Path, names: list[str], plan: ExportPlan, opset: int, inline: bool) -> None:
+    import torch
+
+    # The exporter logs a warning per unsupported-op lookup and FutureWarnings: not the user's concern.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    dims = {axis: torch.export.Dim(label, min=1, max=plan.max_sizes[label]) for axis, label in plan.axes.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, str(out_path), dynamo=True, input_names=names, output_names=[TMP_OUTPUT],
+                          opset_version=opset, dynamic_shapes=tuple(dict(dims) for _ in names),
+                          external_data=not inline, optimize=True, verbose=False)
+
+
+def _export_torchscript(module, args: tuple, out_path: Path, names: list[str], plan: ExportPlan, opset: int) -> None:
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # aten::index advanced-indexing notes from attention-mask code; deprecation
+        torch.onnx.export(module, args, str(out_path), dynamo=False, input_names=names, output_names=[TMP_OUTPUT],
+                          opset_version=min(opset, 17),
+                          dynamic_axes={**{n: dict(plan.axes) for n in names}, TMP_OUTPUT: {0: "batch"}})
 
 
 def verify_module(module, spec: ModelSpec, onnx_path: str | Path, plan: ExportPlan, *, strict: bool = True) -> dict:

@@ -110,7 +110,7 @@ def export(
     trust_pickle: TrustOpt = False,
     input_shape: ShapeOpt = None,
     opset: Annotated[int, typer.Option(help="ONNX opset")] = 18,
-    exporter: Annotated[str, typer.Option(help="auto (dynamo, then TorchScript), dynamo or torchscript")] = "auto",
+    exporter: Annotated[str, typer.Option(help="auto (dynamo, then TorchScript), dynamo, torchscript, or torchscript-first (then dynamo)")] = "auto",
     tolerance: Annotated[float, typer.Option(help="max abs difference allowed, relative to the logit scale")] = 1e-3,
 ) -> None:
     """Export a torch model to ONNX and verify it against torch on real inputs."""

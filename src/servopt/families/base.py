@@ -75,6 +75,8 @@ class Family(ABC):
     # Files the spec's preprocessing names that serving needs (a tokenizer): a package carries them beside the model
     serving_files: ClassVar[tuple[str, ...]] = ()
     serving_requirements: ClassVar[tuple[str, ...]] = ()  # what its server needs besides the runtime (a tokenizer)
+    # How a torch source of this family is exported to ONNX (``export.EXPORT_ORDER``): torch's default unless measured
+    exporter: ClassVar[str] = "auto"
     no_data_note: ClassVar[str] = "no data: inputs are made from the model's signature; only agreement with the original is measured"
 
     def data_options(self, raw: dict[str, Any]) -> DataOptions:

@@ -71,6 +71,7 @@ class CatalogueContext:
     # a CPU target names an instruction set without 8-bit dot products (cpu-server: an AVX2 EPYC): the INT8 weights
     # are built for it, in 7 bits, even where this CPU has VNNI (``int8_cpu``)
     deploy_without_vnni: bool = False
+    exporter: str = "auto"  # how a torch source is exported (``export.EXPORT_ORDER``): the family's ``exporter``
 
     @property
     def int8_cpu(self) -> CpuFeatures:
@@ -81,7 +82,9 @@ class CatalogueContext:
     @property
     def export(self) -> list[tuple[str, dict]]:
         """The chain's first step: a torch source is exported to ONNX first; an ONNX source is used as given."""
-        return [("export-onnx", {})] if self.is_torch else []
+        if not self.is_torch:
+            return []
+        return [("export-onnx", {} if self.exporter == "auto" else {"exporter": self.exporter})]
 
 
 def when(condition: bool, why: str) -> dict:

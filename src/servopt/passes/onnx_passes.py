@@ -37,7 +37,7 @@ class ExportOnnx(Pass):
 
     class Params(PassParams):
         opset: int = Field(18, description="ONNX opset")
-        exporter: Literal["auto", "dynamo", "torchscript"] = Field("auto", description="exporter")
+        exporter: Literal["auto", "dynamo", "torchscript", "torchscript-first"] = Field("auto", description="exporter")
         # Text encoders: "eager" exports plain attention (the graph ONNX Runtime's transformer optimizer fuses).
         attention: Literal["default", "eager"] = Field("default", description="attention exported")
 
