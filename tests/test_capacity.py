@@ -204,6 +204,27 @@ def test_a_short_allowance_keeps_time_for_the_confirming_run():
     assert "confirming run" in result.stopped and [c for _, _, c in calls] == [False, True, True], "two alike decide"
 
 
+def test_the_time_kept_for_confirming_holds_a_third_run_when_the_first_two_split():
+    """A slow machine's search (busy cores, 2026-11-29): the short steps bisected to within 10 %, its first two 30 s
+    confirming runs split (p99 51.0 and 39.7 ms), and the third had no time: no figure. The bracket now keeps time for
+    every confirming run, so it stops narrowing sooner and confirms."""
+    from servopt.serve.ratesearch import drive, rate_search
+
+    now = [0.0]
+    rules = SearchRules(min_seconds=5.0, max_step_seconds=5.0, confirm_seconds=30.0, max_confirm_seconds=30.0,
+                        max_steps=20, confirm_runs=3)
+    confirms = [True, False, True]
+
+    def measure(probe) -> LoadStep:
+        now[0] += probe.seconds
+        ok = confirms.pop(0) if probe.confirming else probe.rate <= 40.0
+        return _step(probe.rate, probe.seconds, probe.confirming, ok)
+
+    result = drive(rate_search(30.0, SLO, rules, until=100.0, clock=lambda: now[0]), measure)
+    assert result.confirmed and not result.timed_out and now[0] <= 100.0, result
+    assert sum(s.confirming for s in result.steps) == 3 and not confirms, "the third run decided"
+
+
 def test_the_search_starts_from_the_batch_bound_that_fits_the_slo():
     """A request arriving while its instance runs a full batch waits a whole batch: the image demo's pick (~4 ms a
     sample on one thread) in batches of up to 32 had p99 near 50 ms at every rate it tried and confirmed none; batches
