@@ -107,3 +107,6 @@ def test_export_cli(tmp_path, r18_state):
                                       "--input-shape", "input=1x3x64x64"])
     assert result.exit_code == 0, result.output
     assert '"checker": "passed"' in result.output and out.exists()
+    bad = CliRunner().invoke(app, ["export", str(r18_state), "--arch", "resnet18", "--out", str(tmp_path / "x.onnx"),
+                                   "--exporter", "jit"])
+    assert bad.exit_code != 0 and "'jit' is not an exporter" in bad.output and "torchscript-first" in bad.output

@@ -117,8 +117,10 @@ def export(
 
     def go() -> None:
         from servopt.cli.common import open_data, open_model
-        from servopt.export import export_onnx
+        from servopt.export import EXPORT_ORDER, export_onnx
 
+        if exporter not in EXPORT_ORDER:
+            raise UserError(f"--exporter {exporter!r} is not an exporter", fix=f"pass one of: {', '.join(EXPORT_ORDER)}")
         loaded = open_model(model, arch, num_classes, trust_pickle, input_shape)
         if not loaded.is_torch:
             raise UserError(f"{model} is already ONNX", fix="pass a torch model")
