@@ -147,7 +147,7 @@ def test_loadtest_slo_against_a_real_server(tmp_path):
     with ServerProcess(model, "--name", "tiny") as server:
         out = tmp_path / "cap.json"
         res = CliRunner().invoke(app, ["loadtest", server.url, "--model", "tiny", "--slo", "p90=200ms", "--rate", "40",
-                                       "--duration", "0.5", "--json", str(out)])
+                                       "--duration", "0.5", "--max-rate", "640", "--json", str(out)])
         assert res.exit_code == 0, res.output
         data = json.loads(out.read_text())
         assert data["slo"] == "p90 <= 200 ms" and data["confirmed"] and data["capacity_rps"] >= 20
@@ -158,10 +158,13 @@ def test_loadtest_slo_against_a_real_server(tmp_path):
         held = re.search(r"confirmed by (\d) of (\d) runs", said)  # two alike decide: 2 of 2, or 2 of 3
         assert "plain p90 is within the bound" in said and held and int(held[1]) == 2 >= int(held[2]) - 1, said
         claimed = CliRunner().invoke(app, ["loadtest", server.url, "--model", "tiny", "--slo", "p90=200ms", "--rate", "40",
-                                           "--duration", "0.5", "--claim"])
+                                           "--duration", "0.5", "--max-rate", "640", "--claim"])
         assert claimed.exit_code == 0 and "early-stopping rule claims its p90" in " ".join(claimed.output.split())
         bad = CliRunner().invoke(app, ["loadtest", server.url, "--model", "tiny", "--slo", "p42=1ms"])
         assert bad.exit_code != 0 and "p99=50ms" in bad.output
+        low = CliRunner().invoke(app, ["loadtest", server.url, "--model", "tiny", "--slo", "p90=200ms", "--rate", "40",
+                                       "--max-rate", "20"])
+        assert low.exit_code != 0 and "below where the search starts" in low.output
 
 
 def test_a_slow_server_s_search_is_bounded_in_steps_and_in_time():

@@ -168,7 +168,7 @@ DEFAULT_DURATION = 20.0
 
 def _capacity(url: str, model: str, slo_text: str, rate: str | None, duration: float, min_queries: int, api_key: str | None,
               json_out: Path | None, duration_given: bool, image: Path | None, texts: Path | None, sender: str,
-              claim: bool = False) -> None:
+              claim: bool = False, max_rate: float | None = None) -> None:
     """``servopt loadtest --slo``: the capacity search (``serve.ratesearch``), its steps as a table."""
     from servopt.results import write_json_atomic
     from servopt.serve.load.requests import image_files
@@ -183,10 +183,13 @@ def _capacity(url: str, model: str, slo_text: str, rate: str | None, duration: f
         raise UserError(f"--rate {rate!r} is not a number", fix="e.g. --rate 100 (where the search starts)") from e
     if start <= 0:
         raise UserError("--rate must be positive", fix="e.g. --rate 100")
+    if max_rate is not None and max_rate < start:
+        raise UserError(f"--max-rate {max_rate:g} is below where the search starts ({start:g}/s)",
+                        fix="raise --max-rate or lower --rate")
     seconds = duration if duration_given else 3.0
     # a long confirming run: near the knee a queue builds for seconds that short steps do not see (docs/serving.md)
     rules = SearchRules(min_seconds=seconds, min_queries=min_queries, confirm_seconds=4 * seconds, confirm_queries=4 * min_queries,
-                        judge="claim" if claim else "percentile")
+                        judge="claim" if claim else "percentile", **({"max_rps": max_rate} if max_rate else {}))
     table = Table(title=f"capacity of {model} at {url} within {bound}", title_style="bold")
     for col in ("offered req/s", "achieved", "requests", "p50 ms", f"p{bound.percentile} ms", "claimed", "needed", "errors",
                 "client lag p99", "valid", "meets"):
@@ -262,6 +265,9 @@ def loadtest(
                                                   "rule asks (a confirming run: four times it)")] = 0,
     claim: Annotated[bool, typer.Option("--claim", help="--slo: a step meets on LoadGen's early-stopping claim (MLPerf's "
                                                         "stricter verdict) instead of its plain percentile")] = False,
+    max_rate: Annotated[float | None, typer.Option(help="--slo: the highest rate offered (a server you must not flood, "
+                                                        "or a client on the same cores): met there, the capacity is "
+                                                        "'at least' it")] = None,
 ) -> None:
     """Load-test a v2 server: closed loop at fixed concurrencies, open loop at fixed rates, or (--slo) its capacity
     within a latency bound."""
@@ -279,7 +285,7 @@ def loadtest(
             if sender == "grpc":
                 raise UserError("--slo searches over HTTP", fix="use --sender raw or aiohttp")
             _capacity(url, model, slo, rate, duration, min_queries, api_key or os.environ.get("SERVOPT_API_KEY"), json_out,
-                      duration != DEFAULT_DURATION, image, texts, sender, claim)
+                      duration != DEFAULT_DURATION, image, texts, sender, claim, max_rate)
             return
         if not concurrency and not rate:
             raise UserError("nothing to run", fix="pass --concurrency 1,8,32 and/or --rate 100,300, or --slo p99=50ms")
