@@ -151,6 +151,7 @@ def test_loadtest_slo_against_a_real_server(tmp_path):
         assert res.exit_code == 0, res.output
         data = json.loads(out.read_text())
         assert data["slo"] == "p90 <= 200 ms" and data["confirmed"] and data["capacity_rps"] >= 20
+        assert max(s["rate_rps"] for s in data["steps"]) <= 640, "--max-rate caps every rate offered"
         last = data["steps"][-1]
         assert last["confirming"] and last["meets"] and last["requests"] >= last["needed"] and last["confidence"] == 0.99
         assert data["requests"].startswith("one sample made from the model's metadata") and data["sender"] == "raw"

@@ -62,19 +62,21 @@ def test_torchscript_first_falls_back_to_dynamo(tmp_path, r18_state, monkeypatch
     assert report["fallback_reasons"] == ["torchscript: the TorchScript exporter was removed"]
 
 
-def test_the_image_family_exports_torchscript_first_and_text_keeps_torchs_default():
+def test_the_image_family_exports_torchscript_first_and_others_keep_torchs_default():
     from servopt.cpu import CpuFeatures
     from servopt.families.catalogue import CatalogueContext
     from servopt.optimize.variants import catalogue
-    from servopt.spec import image_classifier_spec
+    from servopt.spec import ModelSpec, TensorSpec, image_classifier_spec
 
     class Source:  # what ``catalogue`` reads of a loaded torch model
         spec, is_torch = image_classifier_spec(3, 64), True
 
     variants = {v.name: v for v in catalogue(Source(), linear_heavy=False, cpu=CpuFeatures(frozenset({"avx2"})))}
     assert variants["ort-fp32"].chain[0] == ("export-onnx", {"exporter": "torchscript-first"})
-    plain = CatalogueContext(spec=Source.spec, is_torch=True, linear_heavy=False, cpu=CpuFeatures(frozenset()))
-    assert plain.export == [("export-onnx", {})]  # "auto" keeps its old cache keys
+    embedding = ModelSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=["batch", 16])], outputs=[TensorSpec(name="y", dtype="float32", shape=["batch", 8])],
+                          task="embedding")
+    other = CatalogueContext(spec=embedding, is_torch=True, linear_heavy=True, cpu=CpuFeatures(frozenset()))
+    assert other.export == [("export-onnx", {})]  # a family on "auto" keeps the step's old parameters (cache keys)
 
 
 def test_verification_fails_loudly_on_mismatch(tmp_path, r18_state):

@@ -5,9 +5,10 @@ is an ``ExportPlan`` made from the model's spec: which axes are dynamic (batch;
 batch and sequence for token inputs), the example inputs that trace it, the
 inputs it is verified on (several lengths × batches for encoders, padded rows
 included) and how close it must stay. The dynamo exporter runs first (torch's
-default) and the TorchScript exporter is the fallback, unless a family asks for the
-other order (``EXPORT_ORDER``); the report says which one produced the file. Weights are written inline when the model is under 2 GB
-(protobuf's limit), so one file travels. A mismatch past the tolerance fails
+default) and the TorchScript exporter is the fallback, unless a family asks for
+the other order (``EXPORT_ORDER``); the report says which one produced the file.
+Weights are written inline when the model is under 2 GB (protobuf's limit), so
+one file travels. A mismatch past the tolerance fails
 loudly rather than producing a subtly wrong model.
 """
 
@@ -36,7 +37,7 @@ Exporter = Literal["auto", "dynamo", "torchscript", "torchscript-first"]
 # The exporters tried, in order, each falling back to the next. "auto" is torch's default (dynamo) first;
 # "torchscript-first" is for graphs both write alike and the TorchScript exporter writes in a fraction of the time (a
 # plain CNN: families.image says what was measured), with dynamo behind it for the day torch drops it.
-EXPORT_ORDER: dict[str, tuple[str, ...]] = {"auto": ("dynamo", "torchscript"), "dynamo": ("dynamo",),
+EXPORT_ORDER: dict[Exporter, tuple[str, ...]] = {"auto": ("dynamo", "torchscript"), "dynamo": ("dynamo",),
                                             "torchscript": ("torchscript",), "torchscript-first": ("torchscript", "dynamo")}
 
 

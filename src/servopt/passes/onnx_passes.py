@@ -21,6 +21,7 @@ from servopt.contracts import Artifact
 from servopt.cpu import Int8Kernel
 from servopt.data.dataset import Dataset
 from servopt.errors import UserError
+from servopt.export import Exporter
 from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, register_pass
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class ExportOnnx(Pass):
 
     class Params(PassParams):
         opset: int = Field(18, description="ONNX opset")
-        exporter: Literal["auto", "dynamo", "torchscript", "torchscript-first"] = Field("auto", description="exporter")
+        exporter: Exporter = Field("auto", description="exporter (export.EXPORT_ORDER)")
         # Text encoders: "eager" exports plain attention (the graph ONNX Runtime's transformer optimizer fuses).
         attention: Literal["default", "eager"] = Field("default", description="attention exported")
 
