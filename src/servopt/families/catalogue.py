@@ -71,6 +71,9 @@ class CatalogueContext:
     # a CPU target names an instruction set without 8-bit dot products (cpu-server: an AVX2 EPYC): the INT8 weights
     # are built for it, in 7 bits, even where this CPU has VNNI (``int8_cpu``)
     deploy_without_vnni: bool = False
+    # how a torch source is exported (``export.EXPORT_ORDER``): the family's ``exporter``, given by the caller (this
+    # module cannot import the family registry: families.base imports it)
+    exporter: str = "auto"
 
     @property
     def int8_cpu(self) -> CpuFeatures:
@@ -83,10 +86,8 @@ class CatalogueContext:
         """The chain's first step: a torch source is exported to ONNX first; an ONNX source is used as given."""
         if not self.is_torch:
             return []
-        from servopt.families.base import family_of  # base imports this module: the registry at call time
-
-        exporter = family_of(self.spec).exporter  # "auto" keeps the step's old parameters (and cache keys)
-        return [("export-onnx", {} if exporter == "auto" else {"exporter": exporter})]
+        # "auto" keeps the step's old parameters (and cache keys)
+        return [("export-onnx", {} if self.exporter == "auto" else {"exporter": self.exporter})]
 
 
 def when(condition: bool, why: str) -> dict:

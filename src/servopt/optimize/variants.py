@@ -28,10 +28,11 @@ def catalogue(model: LoadedModel, *, linear_heavy: bool, accuracy_drop: float = 
     """Every variant servopt knows for this model, from its family (torch ones only for torch sources). Which run by
     default follows the CPU's features (``cpu``: bf16, fp16 and 8-bit dot-product arithmetic), each exclusion with
     its reason; ``deploy_without_vnni``: a target's CPU has no 8-bit dot products, and the weights are built for it."""
+    family = family_of(model.spec)
     ctx = CatalogueContext(spec=model.spec, is_torch=model.is_torch, linear_heavy=linear_heavy,
                            cpu=cpu or CpuFeatures(frozenset()), accuracy_drop=accuracy_drop,
-                           deploy_without_vnni=deploy_without_vnni)
-    variants = family_of(model.spec).catalogue(ctx)
+                           deploy_without_vnni=deploy_without_vnni, exporter=family.exporter)
+    variants = family.catalogue(ctx)
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise ValueError(f"the {model.spec.family_name} catalogue names a variant twice: {sorted(n for n in names if names.count(n) > 1)}")
