@@ -48,6 +48,11 @@ test: $(STAMP)
 	# The tests whose answer follows what servopt reads of the CPU, again as on an AVX2 CPU without VNNI (the seed's
 	# cpu-server class) whatever this one is: docs/hardware.md, issue 40.
 	SERVOPT_CPU_READ_AS=avx2 $(PY) -m pytest -m isa
+	# What an AVX2 CPU without VNNI computes, by its own kernels (qemu-user's EPYC-Milan): the model of x86's U8S8
+	# kernel that servopt decides INT8 by, checked against the real thing (docs/hardware.md). Without qemu-user these
+	# run only on such a CPU (skipped elsewhere).
+	if command -v qemu-x86_64 >/dev/null; then benchmarks/avx2_cpu.sh $(PY) -m pytest -p no:cacheprovider -m avx2_kernels tests/test_avx2_kernels.py; \
+	else echo "qemu-user not installed: tests/test_avx2_kernels.py ran only if this CPU is AVX2 without VNNI (apt-get install qemu-user)"; fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

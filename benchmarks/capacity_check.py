@@ -74,12 +74,16 @@ def main() -> None:
             errors = s.not_accepted
             meets = errors == 0 and value is not None and value <= slo.limit_ms
             said = claim(*tally.latencies_ms(), slo.limit_ms, slo.share)  # LoadGen's early-stopping claim, for reference
+            # the second half apart: a fresh server's transient (first batches of each size, arenas growing) shows as
+            # a first half worse than the second; a queue that builds, as a second half worse than the first
+            late = getattr(s.late_latency_ms, f"p{slo.percentile}") if s.late_latency_ms else None
             rows[factor].append({"round": i, "rate_rps": cap.capacity_rps * factor, "ok": s.ok, "p50_ms": s.latency_ms.p50,
-                                 f"p{slo.percentile}_ms": value, "errors": errors, "meets": meets, "claimed": said.holds,
+                                 f"p{slo.percentile}_ms": value, f"second_half_p{slo.percentile}_ms": late, "errors": errors, "meets": meets, "claimed": said.holds,
                                  "claim_ms": said.estimate_ms, "client_valid": s.valid, "client_lag_p99_ms": s.client.lag_ms.p99,
                                  "client_cpu_ms": s.client.cpu_ms_per_request})
             print(f"round {i + 1}: {factor:.2f}x = {cap.capacity_rps * factor:8.1f} req/s for {args.seconds:g} s: {s.ok} "
                   f"answers, p50 {s.latency_ms.p50 or float('nan'):.1f} ms, p{slo.percentile} {value or float('nan'):.1f} ms "
+                  f"(second half {late or float('nan'):.1f}) "
                   f"(early-stopping estimate {said.estimate_ms or float('nan'):.1f} ms), {errors} errors, client lag p99 "
                   f"{s.client.lag_ms.p99 or float('nan'):.1f} ms{'' if s.valid else ' NOT VALID: ' + str(s.invalid)} → "
                   f"{'meets' if meets else 'misses'} {cap.slo}", flush=True)

@@ -70,7 +70,8 @@ def test_overflow_count_is_the_kernels_int16_bound(tmp_path):
     # columns: 127+127 (255*254 > 32767), 64+64 (7-bit weights: 32640 fits), 127-127 (cannot), -128-1 (-33150 < -32768)
     w = np.array([[127, 64, 127, -128], [127, 64, -127, -1], [0, 0, 0, 0]])
     report = u8s8_overflow(_matmul_integer(tmp_path, w))  # an odd last row is paired with zero padding: it cannot overflow
-    assert report == {"u8s8_weight_pairs": 4, "u8s8_overflowing_pairs": 2, "safe_without_vnni": False}
+    assert report == {"u8s8_weight_pairs": 4, "u8s8_overflowing_pairs": 2, "s8s8_weight_pairs": 0,
+                      "s8s8_overflowing_pairs": 0, "safe_without_vnni": False}
     assert u8s8_overflow(_matmul_integer(tmp_path, w // 2))["safe_without_vnni"]  # 7-bit weights
     even = np.vstack([w[:2], w[:2] // 2])
     feeds = {"a": np.full((1, 4), 255, np.uint8)}

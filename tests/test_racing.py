@@ -199,7 +199,7 @@ def test_without_vnni_the_recipes_that_cannot_saturate_go_first_and_full_range_u
 def test_bf16_a_target_lacks_goes_after_int8_even_where_history_here_favours_it(tmp_path, monkeypatch):
     """A 5-minute demo on a Zen 4 with AVX512-BF16 and an AVX2 cpu-server target measured ``ov-bf16-throughput`` second
     (its history here said fast) and ran out before any INT8 under load: ranked for the target's view of this CPU
-    (``capped_features``: no bf16 at AVX2), bf16 falls to its prior there, after OpenVINO fp32 and INT8; ranked for
+    (``capped_features``: no bf16 at AVX2), bf16 falls to its prior there, after OpenVINO fp32; ranked for
     this CPU alone it keeps the place its history gives. A recipe troubled there goes last even with a history here."""
     from servopt.cpu import Isa, capped_features
     from servopt.families.catalogue import CatalogueContext
@@ -220,8 +220,10 @@ def test_bf16_a_target_lacks_goes_after_int8_even_where_history_here_favours_it(
     names = lambda cpu_for: [u.variant.name for u in racing.order([_U(v) for v in vs], "image-classification", here, cpu_for)]  # noqa: E731
     assert names(here)[:2] == ["ort-fp32", "ov-bf16-throughput"], "its history here"
     ranked = names(there)
-    assert ranked.index("ov-int8-qdq") < ranked.index("ov-fp32-latency") < ranked.index("ov-bf16-throughput"), ranked
-    assert set(ranked[-2:]) == {"ort-int8-static-qop-u8s8", "ov-bf16-throughput"}, "U8S8 saturates there, whatever it did here"
+    assert ranked.index("ov-fp32-latency") < ranked.index("ov-bf16-throughput"), ranked
+    # U8S8 saturates there, whatever it did here; so does ORT's QDQ S8S8 model in OpenVINO, whose oneDNN shifts the
+    # signed activations into the same product (70.1 % top-1 on an emulated AVX2 CPU against 97.3 % on this one)
+    assert set(ranked[-3:]) == {"ort-int8-static-qop-u8s8", "ov-bf16-throughput", "ov-int8-qdq"}, ranked
 
 
 @pytest.mark.isa

@@ -97,6 +97,25 @@ class CpuFeatures:
         return None
 
     @property
+    def nchwc_block(self) -> int | None:
+        """The channel block ONNX Runtime's layout optimizer (level "all") writes convolutions in: MLAS's
+        ``NchwcBlockSize``, 16 floats with AVX-512F, 8 with AVX2; None where servopt does not know it (ARM, older x86).
+        A graph saved at that level keeps its weights in that block's order, and a CPU with another block runs it
+        without complaint and answers wrongly: the demo MobileNetV2 saved on an AVX-512 Zen 4 scored 9.8 % top-1
+        (chance: 10 classes) on an AVX2 CPU (qemu's EPYC-Milan, ``benchmarks/avx2_quality.py``)."""
+        if "avx512f" in self.flags:
+            return 16
+        return 8 if "avx2" in self.flags else None
+
+    @staticmethod
+    def nchwc_block_of(level: Isa | str | None) -> int | None:
+        """The NCHWc block of a CPU at rung ``level`` of the ladder (a target's), None off the ladder."""
+        try:
+            return 16 if Isa(level) >= Isa.AVX512 else 8  # type: ignore[arg-type]
+        except ValueError:
+            return None
+
+    @property
     def bf16(self) -> bool:
         return bool(self.flags & {"avx512_bf16", "amx_bf16", "bf16"})
 

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from servopt.contracts import Capacity, Contract, Duel, Interleaved, Projection, Record, Scaling
-from servopt.cpu import Isa, richer
+from servopt.cpu import CpuFeatures, Isa, richer
 from servopt.errors import UserError
 from servopt.families.base import Family
 from servopt.machine import Device, machine_label
@@ -267,11 +267,24 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
         # verified where VNNI sums in 32 bits: on the target's CPU its 8-bit weights can overflow the U8S8 kernel's
         # int16 pair sums, the flaw behind all-mpnet-base-v2's 0.0104 cosine on an AVX2 Zen 2 and static U8S8's 5.43
         # points lost on the demo on an AVX2 Zen 3
-        pairs = (rec.artifact.report or {}).get("u8s8_overflowing_pairs") if rec.artifact else None
+        report = (rec.artifact.report or {}) if rec.artifact else {}
+        pairs = (report.get("u8s8_overflowing_pairs") or 0) + (report.get("s8s8_overflowing_pairs") or 0)
+        signed = " (its signed activations shifted into it)" if report.get("s8s8_overflowing_pairs") else ""
         add("runs_on_target_isa", 1, 0, False, True,
-            f"its 8-bit weights can overflow the U8S8 kernel's sums on a CPU without VNNI ({pairs} weight pairs can): "
-            f"wrong answers on the target's {target.isa}; a variant with 7-bit weights (reduce_range, NNCF's overflow "
-            f"fix) or U8U8 kernels runs there", "isa")
+            f"its 8-bit weights can overflow the U8S8 kernel's sums on a CPU without VNNI{signed} ({pairs} weight pairs "
+            f"can): wrong answers on the target's {target.isa}; a variant with 7-bit weights (reduce_range, NNCF's "
+            f"overflow fix) or U8U8 kernels runs there", "isa")
+    built_block = (rec.artifact.report or {}).get("nchwc_block") if rec.artifact else None
+    target_block = CpuFeatures.nchwc_block_of(target.isa) if target.isa is not None else None
+    if built_block and built_block != target_block and (target_block or target.device == "edge"):
+        # an edge target names no x86 rung: its CPU (ARM) lays convolutions out in another block, or not at all
+        there = f"the target's {target.isa} uses {target_block}" if target_block else \
+            f"the target's {target.hardware} does not lay them out so"
+        add("runs_on_target_isa", 1, 0, False, True,
+            f"its graph was saved in this CPU's NCHWc layout (blocks of {built_block} channels), {there}: ONNX Runtime "
+            f"would run it there and answer wrongly (the demo's, saved on an AVX-512 CPU, scored 9.8 % top-1 on an AVX2 "
+            f"one, against 97.3 %); the "
+            f"model ONNX Runtime optimizes at load (ort-fp32) runs there", "isa")
     if interleaved and rec.name in interleaved.failed:
         cap = interleaved.environment.isa_cap if interleaved.environment else None
         add("runs_on_target_isa", 1, 0, False, True,
@@ -284,10 +297,13 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
 def saturates_without_vnni(rec: Record) -> bool:
     """Whether ``rec``'s INT8 model, verified on this machine, can answer wrongly on x86 without VNNI: its weights have
     pairs that overflow an int16 (the build's ``u8s8_overflow``), unless its runtime runs such a model on kernels
-    that sum no int16 pairs (ONNX Runtime's x64 precision: U8U8)."""
+    that sum no int16 pairs (ONNX Runtime's x64 precision: U8U8). Signed activations a QDQ graph shifts into the
+    U8S8 kernel (``s8s8_overflowing_pairs``) overflow in every runtime: x64 precision is not known to cover them."""
     report = (rec.artifact.report or {}) if rec.artifact else {}
     if report.get("safe_without_vnni") is not False:
         return False
+    if report.get("s8s8_overflowing_pairs"):
+        return True
     try:
         return get_runtime(rec.runtime).int8_kernel("u8s8", rec.options) != "u8u8"
     except UserError:  # a runtime no longer registered (a plugin gone): the weights' risk stands

@@ -40,9 +40,15 @@ def _reduction_major(op: str, w, node) -> object | None:
     return w.T if trans_b else w
 
 
-def u8s8_weights(path: str) -> Iterator[object]:
+def u8s8_weights(path: str, shifted: bool = False) -> Iterator[object]:
     """Each weight matrix (K × N, int8) the model multiplies u8 activations by: the integer operators' (dynamic INT8,
-    QOperator), and a QDQ model's, whose DequantizeLinear of s8 weights feeds a Conv/MatMul/Gemm with a u8 activation."""
+    QOperator), and a QDQ model's, whose DequantizeLinear of s8 weights feeds a Conv/MatMul/Gemm with a u8 activation.
+
+    ``shifted``: instead, those a QDQ model multiplies **s8** activations by. x86 runs them on the same U8S8 kernel
+    with the activations moved by 128 into 0..255 (ONNX Runtime rewrites a QDQ graph's s8 activations to u8; OpenVINO's
+    oneDNN shifts them), so the same pairs overflow: ORT's QDQ S8S8 MobileNetV2 scored 86.5 % top-1 on an AVX2 CPU
+    against 96.9 % on a VNNI one, OpenVINO's 70.1 % against 97.3 % (qemu's EPYC-Milan, 2026-11-29). A QOperator S8S8
+    product is exact there (``tests/test_avx2_kernels.py``): MLAS has signed kernels for it."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -59,6 +65,9 @@ def u8s8_weights(path: str) -> Iterator[object]:
         zp = array(zero_point) if zero_point else None
         return zp is None or zp.dtype == np.uint8
 
+    def wanted(zero_point: str | None, qdq: bool) -> bool:
+        return (qdq and not unsigned(zero_point)) if shifted else unsigned(zero_point)
+
     def arg(node, i: int | None) -> str | None:
         return node.input[i] if i is not None and len(node.input) > i and node.input[i] else None
 
@@ -66,7 +75,7 @@ def u8s8_weights(path: str) -> Iterator[object]:
         if node.op_type in INTEGER_PRODUCTS:
             w_at, zp_at = INTEGER_PRODUCTS[node.op_type]
             w = array(arg(node, w_at) or "")
-            if w is None or w.dtype != np.int8 or not unsigned(arg(node, zp_at)):
+            if w is None or w.dtype != np.int8 or not wanted(arg(node, zp_at), qdq=False):
                 continue
         elif node.op_type in QDQ_WEIGHTED and len(node.input) > QDQ_WEIGHTED[node.op_type]:
             dq_w, dq_a = producer.get(node.input[QDQ_WEIGHTED[node.op_type]]), producer.get(node.input[0])
@@ -74,7 +83,7 @@ def u8s8_weights(path: str) -> Iterator[object]:
                     or dq_w.op_type != dq_a.op_type:
                 continue
             w = array(dq_w.input[0])
-            if w is None or w.dtype != np.int8 or not unsigned(arg(dq_a, 2)):
+            if w is None or w.dtype != np.int8 or not wanted(arg(dq_a, 2), qdq=True):
                 continue
         else:
             continue
@@ -90,17 +99,27 @@ def u8s8_overflow(path: str) -> dict[str, int | bool]:
     ±127 in every column: on all-mpnet-base-v2 the clipped sums left a mean cosine of 0.0104 to fp32 (an AVX2 Zen 2)
     where 7-bit weights (``reduce_range``, at most 255 * 128 = 32640) or VNNI (32-bit sums) give 0.89; static U8S8
     lost 5.43 points on the demo MobileNetV2 on an AVX2 Zen 3 where U8U8 with 7-bit weights lost 0.54.
-    ``safe_without_vnni``: no pair can overflow (u8 weights run U8U8 kernels, 16-bit products: they never do)."""
+    ``s8s8_…``: the same count for a QDQ model's signed activations, which x86 shifts into that kernel
+    (``u8s8_weights(shifted=True)``). ``safe_without_vnni``: no pair of either can overflow (u8 weights run U8U8
+    kernels, 16-bit products: they never do)."""
+    u8_pairs, u8_over = _count(u8s8_weights(path))
+    s8_pairs, s8_over = _count(u8s8_weights(path, shifted=True))
+    return {"u8s8_weight_pairs": u8_pairs, "u8s8_overflowing_pairs": u8_over, "s8s8_weight_pairs": s8_pairs,
+            "s8s8_overflowing_pairs": s8_over, "safe_without_vnni": u8_over + s8_over == 0}
+
+
+def _count(weights: Iterator[object]) -> tuple[int, int]:
+    """(pairs, overflowing pairs) of K × N weight matrices paired along K, each side of a pair times 255."""
     import numpy as np
 
     pairs = overflowing = 0
-    for w in u8s8_weights(path):
+    for w in weights:
         k = w.shape[0] - w.shape[0] % 2  # an odd last row is paired with zero padding: it cannot overflow
         two = w[:k].astype(np.int32).reshape(k // 2, 2, w.shape[1])
         high, low = 255 * np.clip(two, 0, None).sum(1), 255 * np.clip(two, None, 0).sum(1)
         pairs += two.shape[0] * two.shape[2]
         overflowing += int(((high > INT16_MAX) | (low < -INT16_MAX - 1)).sum())
-    return {"u8s8_weight_pairs": pairs, "u8s8_overflowing_pairs": overflowing, "safe_without_vnni": overflowing == 0}
+    return pairs, overflowing
 
 
 def emulate_u8s8_kernel(src: str, dst: Path, *, saturate: bool = True) -> str:
@@ -124,7 +143,7 @@ def emulate_u8s8_kernel(src: str, dst: Path, *, saturate: bool = True) -> str:
         if len(n.input) > 3 and n.input[3] and weights[n.input[3]].any():
             raise ValueError(f"{n.name}: s8 weights with a zero point (ONNX Runtime's quantizers make them symmetric)")
         k, cols = w.shape
-        p = n.name + "/sat/"
+        p = f"{n.name or len(nodes)}/sat/"  # an unnamed node gets a prefix of its own
 
         def const(name: str, value: np.ndarray, p: str = p) -> str:
             model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), p + name))
@@ -139,7 +158,7 @@ def emulate_u8s8_kernel(src: str, dst: Path, *, saturate: bool = True) -> str:
             *([helper.make_node("Clip", [p + "pairs", const("lo", np.float32(-32768)), const("hi", np.float32(32767))],
                                 [p + "int16"])] if saturate else [helper.make_node("Identity", [p + "pairs"], [p + "int16"])]),
             helper.make_node("ReduceSum", [p + "int16", const("k", np.array([1], i64))], [p + "raw"], keepdims=0),
-            helper.make_node("Cast", [n.input[2] if len(n.input) > 2 and n.input[2] else const("za", np.uint8(0))], [p + "za"],
+            helper.make_node("Cast", [n.input[2] if len(n.input) > 2 and n.input[2] else const("no_zero_point", np.uint8(0))], [p + "za"],
                              to=TensorProto.FLOAT),
             helper.make_node("Mul", [p + "za", const("colsum", w.astype(np.float32).sum(0))], [p + "zero"]),
             helper.make_node("Sub", [p + "raw", p + "zero"], [p + "flat"]),

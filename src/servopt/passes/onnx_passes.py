@@ -112,7 +112,29 @@ class OrtGraphOffline(Pass):
 
         out = out_dir / "model.onnx"
         open_session(artifact, "onnxruntime", {"graph_optimization_level": params.level, "optimized_model_filepath": str(out)})
-        return PassOutput(format="onnx", file="model.onnx", report={"level": params.level})
+        return PassOutput(format="onnx", file="model.onnx", report={"level": params.level, **stamp_nchwc_block(out)})
+
+
+NCHWC_DOMAIN = "com.microsoft.nchwc"
+
+
+def stamp_nchwc_block(path: Path) -> dict[str, int]:
+    """Mark a graph ONNX Runtime saved in its NCHWc layout with the block this CPU wrote it in (model metadata
+    ``NCHWC_BLOCK_KEY``, read back at every load by ``runtimes.onnxruntime_runtime.check_nchwc_block``, and in the
+    report, which ``decide`` holds against a target's CPU): ONNX Runtime itself neither records nor checks it."""
+    import onnx
+
+    from servopt.machine import host_features
+    from servopt.runtimes.onnxruntime_runtime import NCHWC_BLOCK_KEY
+
+    model = onnx.load(str(path))
+    nodes = sum(n.domain == NCHWC_DOMAIN for n in model.graph.node)
+    block = host_features().nchwc_block  # what MLAS used here: the host's flags, never servopt's capped reading
+    if not nodes or block is None:
+        return {}
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, NCHWC_BLOCK_KEY: str(block)})
+    onnx.save(model, str(path))
+    return {"nchwc_nodes": nodes, "nchwc_block": block}
 
 
 @register_pass

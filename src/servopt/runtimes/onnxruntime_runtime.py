@@ -13,9 +13,9 @@ import numpy as np
 from pydantic import Field
 
 from servopt.contracts import Artifact, OpProfile, SessionInfo
-from servopt.cpu import Int8Kernel
+from servopt.cpu import CpuFeatures, Int8Kernel
 from servopt.errors import UserError
-from servopt.machine import Device, gpu_present
+from servopt.machine import Device, gpu_present, host_features
 from servopt.runtimes.base import Runtime, RuntimeOptions, Session, register_runtime, top_ops
 
 GRAPH_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -195,6 +195,21 @@ def synthetic_feed(sess) -> dict[str, np.ndarray]:
             for i in sess.get_inputs()}
 
 
+# Model metadata a graph saved in ONNX Runtime's NCHWc layout carries: the block it was written in (``passes.onnx_passes.
+# stamp_nchwc_block``).
+NCHWC_BLOCK_KEY = "servopt.nchwc_block"
+
+
+def check_nchwc_block(metadata: dict[str, str], path: str, here: CpuFeatures) -> None:
+    """Refuse a graph saved in another CPU's NCHWc block: ONNX Runtime loads and runs it, and answers wrongly."""
+    built, block = metadata.get(NCHWC_BLOCK_KEY), here.nchwc_block
+    if built and block and int(built) != block:
+        raise UserError(f"{path} was optimized offline (level all) on a CPU whose ONNX Runtime lays convolutions out in "
+                        f"blocks of {built} channels; this CPU's uses {block}: it would load and answer wrongly",
+                        fix="deploy the unoptimized ONNX model (ONNX Runtime optimizes it at load on this CPU), or "
+                            "run `servopt optimize` on a CPU of this kind, which saves the graph in its block")
+
+
 class OrtSession(Session):
     def __init__(self, path: str, options: OrtOptions, default_providers: list[str], profile_prefix: str | None = None) -> None:
         import onnxruntime as ort
@@ -214,6 +229,7 @@ class OrtSession(Session):
                                              disabled_optimizers=self.disabled)
         except Exception as e:
             raise UserError(f"ONNX Runtime cannot load {path}: {str(e).splitlines()[0]}", fix="check the model file") from e
+        check_nchwc_block(self.sess.get_modelmeta().custom_metadata_map, path, host_features())
         self.input_names = [i.name for i in self.sess.get_inputs()]
         self.output_names = [o.name for o in self.sess.get_outputs()]
         self.feed: dict[str, np.ndarray] | None = None
