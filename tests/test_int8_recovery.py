@@ -17,7 +17,7 @@ import pytest
 from servopt.contracts import Artifact
 from servopt.cpu import CpuFeatures
 from servopt.data.dataset import Dataset
-from servopt.families.catalogue import nncf_onnx
+from servopt.families.catalogue import nncf_onnx, nncf_ov
 from servopt.models.sources import load_model
 from servopt.passes import BuildContext, build_chain, source_artifact
 from servopt.runtimes import open_session
@@ -150,6 +150,21 @@ def test_saturation_follows_the_cpu():
     assert nncf_onnx(avx2)[1]["overflow_fix"] == "enable" and nncf_onnx(vnni)[1]["overflow_fix"] == "disable"
     assert nncf_onnx(avx2)[1]["activations"] == "unsigned"
     assert nncf_onnx(CpuFeatures(frozenset({"avx2", "avx_vnni_int8", "avx_vnni"})))[1]["activations"] == "signed"
+    # OpenVINO's INT8 alike (its oneDNN shifts signed activations into the same pairs): NNCF's fix on every layer,
+    # ORT's QDQ model for it in 7 bits
+    assert nncf_ov(avx2, model_type="transformer")[1] == {"overflow_fix": "enable", "model_type": "transformer"}
+    assert nncf_ov(vnni)[1] == {}
+    from servopt.families import FAMILIES
+    from servopt.families.catalogue import CatalogueContext
+    from servopt.spec import ModelSpec, TensorSpec
+
+    spec = ModelSpec(inputs=[TensorSpec(name="input", dtype="float32", shape=["batch", 3, 224, 224])],
+                     outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", 10])])
+    for seven in (True, False):  # for a target without VNNI, on this VNNI CPU; for this CPU alone
+        ctx = CatalogueContext(spec=spec, is_torch=True, linear_heavy=False, cpu=vnni, deploy_without_vnni=seven)
+        by = {v.name: v for v in FAMILIES.get("image-classification").catalogue(ctx)}
+        assert by["ov-int8-qdq"].chain[-1][1]["reduce_range"] is seven
+        assert (by["nncf-int8-latency"].chain[-1][1].get("overflow_fix") == "enable") is seven
 
 
 @pytest.mark.slow
