@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from servopt.data.text import spearman
 from servopt.machine import header
 from servopt.optimize.rundir import load_run
 
@@ -57,11 +58,6 @@ def predict(runtime: str, path: str, feeds: dict[str, np.ndarray], lengths: np.n
     result = np.empty((len(order), *out[0].shape[1:]), out[0].dtype)
     result[order] = np.concatenate(out)
     return result
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    ra, rb = a.argsort().argsort(), b.argsort().argsort()
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
