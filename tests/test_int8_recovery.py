@@ -152,7 +152,7 @@ def test_saturation_follows_the_cpu():
     assert nncf_onnx(CpuFeatures(frozenset({"avx2", "avx_vnni_int8", "avx_vnni"})))[1]["activations"] == "signed"
     # OpenVINO's INT8 alike (its oneDNN shifts signed activations into the same pairs): NNCF's fix on every layer,
     # ORT's QDQ model for it in 7 bits
-    assert nncf_ov(avx2, model_type="transformer")[1] == {"overflow_fix": "enable", "model_type": "transformer"}
+    assert nncf_ov(avx2, preset="mixed")[1] == {"overflow_fix": "enable", "preset": "mixed"}
     assert nncf_ov(vnni)[1] == {}
     from servopt.families import FAMILIES
     from servopt.families.catalogue import CatalogueContext
