@@ -21,15 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from servopt.data.text import spearman
-from servopt.machine import header
+from servopt.machine import cpuid_features, header
 from servopt.optimize.rundir import load_run
 
 
 def emulated_cpu() -> dict[str, bool]:
-    """What CPUID says (numpy reads it; /proc/cpuinfo under qemu-user is the host's)."""
-    from numpy._core._multiarray_umath import __cpu_features__ as f
-
-    return {k: bool(f.get(k)) for k in ("AVX2", "FMA3", "AVX512F", "AVX512VNNI", "AVX512_SPR")}
+    """The CPUID features that decide the kernels (``/proc/cpuinfo`` under qemu-user is the host's)."""
+    cpuid = cpuid_features()
+    return {k: cpuid.get(k, False) for k in ("AVX2", "FMA3", "AVX512F", "AVX512VNNI", "AVX512_SPR")}
 
 
 def predict(runtime: str, path: str, feeds: dict[str, np.ndarray], lengths: np.ndarray | None, batch: int = 16) -> np.ndarray:

@@ -384,3 +384,24 @@ def numpy_pool(hidden: np.ndarray, mask: np.ndarray, mode: str, normalize: bool)
     if normalize:
         out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
     return out
+
+
+def conv_model(path: Path) -> Path:
+    """Input (4 channels) → a 1x1 conv of two output channels — one all positive (its quantized pairs are 127 + 127:
+    they overflow), one alternating (its pairs cancel) — → a depthwise 3x3 conv of large weights (MLAS computes it in
+    32 bits: never paired) → logits."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.stack([np.ones((4, 1, 1)), np.array([1, -1, 1, -1], float).reshape(4, 1, 1)]).astype(np.float32)
+    dw = np.full((2, 1, 3, 3), 3.0, np.float32)
+    nodes = [helper.make_node("Conv", ["input", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "dw"], ["d"], group=2, pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["d"], ["p"]), helper.make_node("Flatten", ["p"], ["logits"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 4, 6, 6])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(dw, "dw")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

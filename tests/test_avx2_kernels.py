@@ -13,17 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servopt.machine import host_features
+from conftest import conv_model
+from servopt.machine import cpuid_features, host_features
 from servopt.passes.int8_overflow import emulate_u8s8_kernel, u8s8_overflow
 
 
 def avx2_without_vnni() -> bool:
-    """What the kernels see: CPUID (numpy reads it, as MLAS does; qemu-user answers it), and /proc/cpuinfo for
-    AVX-VNNI, which numpy does not name."""
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__ as cpuid
-    except ImportError:
-        return False
+    """What the kernels see: CPUID, and /proc/cpuinfo for AVX-VNNI, which numpy does not name."""
+    cpuid = cpuid_features()
     return bool(cpuid.get("AVX2") and not cpuid.get("AVX512F") and not cpuid.get("AVX512VNNI")
                 and "avx_vnni" not in host_features().flags)
 
@@ -123,8 +120,6 @@ def test_a_qdq_graph_s_signed_activations_are_shifted_into_the_pairs(tmp_path, r
     from servopt.data.dataset import Dataset
     from servopt.models.sources import load_model
     from servopt.passes import BuildContext, build_chain, source_artifact
-    from test_int8_overflow import conv_model
-
     model = load_model(conv_model(tmp_path / "m.onnx"))
     calib = np.abs(np.random.default_rng(0).standard_normal((16, 4, 6, 6))).astype(np.float32)
     ctx = BuildContext(source=model, calibration=Dataset({"input": calib}))

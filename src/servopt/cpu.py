@@ -103,13 +103,11 @@ class CpuFeatures:
         A graph saved at that level keeps its weights in that block's order, and a CPU with another block runs it
         without complaint and answers wrongly: the demo MobileNetV2 saved on an AVX-512 Zen 4 scored 9.8 % top-1
         (chance: 10 classes) on an AVX2 CPU (qemu's EPYC-Milan, ``benchmarks/avx2_quality.py``)."""
-        if "avx512f" in self.flags:
-            return 16
-        return 8 if "avx2" in self.flags else None
+        return self.nchwc_block_of(self.level)
 
     @staticmethod
     def nchwc_block_of(level: Isa | str | None) -> int | None:
-        """The NCHWc block of a CPU at rung ``level`` of the ladder (a target's), None off the ladder."""
+        """The NCHWc block of a CPU at rung ``level`` of the ladder (this one's, a target's), None off the ladder."""
         try:
             return 16 if Isa(level) >= Isa.AVX512 else 8  # type: ignore[arg-type]
         except ValueError:

@@ -103,6 +103,16 @@ def host_features() -> CpuFeatures:
     return CpuFeatures(frozenset())
 
 
+def cpuid_features() -> dict[str, bool]:
+    """What CPUID itself answers, as numpy reads it (the same instruction the kernels dispatch on): under qemu-user,
+    whose /proc/cpuinfo stays the host's, this is the emulated CPU (``benchmarks/avx2_cpu.sh``)."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as cpuid
+    except ImportError:  # numpy < 2
+        return {}
+    return {k: bool(v) for k, v in cpuid.items()}
+
+
 def cpu_features() -> CpuFeatures:
     """This CPU's features as servopt reads them: the host's, less the rungs above ``SERVOPT_CPU_READ_AS``."""
     rung = read_as()

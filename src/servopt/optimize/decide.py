@@ -263,18 +263,18 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
             curve = scaling.curves.get(rec.name) if scaling else None
             add(bound, limit, None, upper, False, f"not projected to the instance's {target.instance_vcpus} vCPUs: "
                 f"{why_not(curve)}", "speed")
+    report = (rec.artifact.report or {}) if rec.artifact else {}
     if target.isa is not None and target.isa < Isa.AVX512_VNNI and saturates_without_vnni(rec):
         # verified where VNNI sums in 32 bits: on the target's CPU its 8-bit weights can overflow the U8S8 kernel's
         # int16 pair sums, the flaw behind all-mpnet-base-v2's 0.0104 cosine on an AVX2 Zen 2 and static U8S8's 5.43
         # points lost on the demo on an AVX2 Zen 3
-        report = (rec.artifact.report or {}) if rec.artifact else {}
         pairs = (report.get("u8s8_overflowing_pairs") or 0) + (report.get("s8s8_overflowing_pairs") or 0)
         signed = " (its signed activations shifted into it)" if report.get("s8s8_overflowing_pairs") else ""
         add("runs_on_target_isa", 1, 0, False, True,
             f"its 8-bit weights can overflow the U8S8 kernel's sums on a CPU without VNNI{signed} ({pairs} weight pairs "
             f"can): wrong answers on the target's {target.isa}; a variant with 7-bit weights (reduce_range, NNCF's "
             f"overflow fix) or U8U8 kernels runs there", "isa")
-    built_block = (rec.artifact.report or {}).get("nchwc_block") if rec.artifact else None
+    built_block = report.get("nchwc_block")
     target_block = CpuFeatures.nchwc_block_of(target.isa) if target.isa is not None else None
     if built_block and built_block != target_block and (target_block or target.device == "edge"):
         # an edge target names no x86 rung: its CPU (ARM) lays convolutions out in another block, or not at all
@@ -283,8 +283,7 @@ def judge(target: Target, rec: Record, ref: Record | None, family: Family, inter
         add("runs_on_target_isa", 1, 0, False, True,
             f"its graph was saved in this CPU's NCHWc layout (blocks of {built_block} channels), {there}: ONNX Runtime "
             f"would run it there and answer wrongly (the demo's, saved on an AVX-512 CPU, scored 9.8 % top-1 on an AVX2 "
-            f"one, against 97.3 %); the "
-            f"model ONNX Runtime optimizes at load (ort-fp32) runs there", "isa")
+            f"one, against 97.3 %); the model ONNX Runtime optimizes at load (ort-fp32) runs there", "isa")
     if interleaved and rec.name in interleaved.failed:
         cap = interleaved.environment.isa_cap if interleaved.environment else None
         add("runs_on_target_isa", 1, 0, False, True,

@@ -33,13 +33,25 @@ from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, regi
 log = logging.getLogger(__name__)
 
 
+# NNCF's overflow fix by name (both NNCF passes take it): "first_layer" is NNCF's default, "enable" puts every layer's
+# weights in 7 bits, which cannot overflow an int16 pair without VNNI
+OverflowFixName = Literal["enable", "first_layer", "disable"]
+
+
+def overflow_fix(name: OverflowFixName):
+    """NNCF's ``OverflowFix`` member for ``name``."""
+    from nncf.quantization.advanced_parameters import OverflowFix
+
+    return {"enable": OverflowFix.ENABLE, "first_layer": OverflowFix.FIRST_LAYER, "disable": OverflowFix.DISABLE}[name]
+
+
 class NncfOnnxParams(PassParams):
     preset: Literal["performance", "mixed"] = "performance"  # mixed: asymmetric activations (NNCF's choice for GELU/…)
     subset_size: int = 300  # calibration samples (NNCF's default; the tuning split may hold fewer)
     bias_correction: Literal["fast", "full", "none"] = "fast"
     model_type: Literal["default", "transformer"] = "default"  # transformer: SmoothQuant + NNCF's attention rules
     smooth_quant_alpha: float | None = None  # transformer only; None: NNCF's default
-    overflow_fix: Literal["enable", "first_layer", "disable"] = "first_layer"
+    overflow_fix: OverflowFixName = "first_layer"
     activations: Literal["signed", "unsigned"] = "unsigned"  # unsigned: what ONNX Runtime runs fast without VNNI-INT8
     ignored_types: list[str] = Field(default_factory=list)  # ONNX op types kept in float
     ignored_names: list[str] = Field(default_factory=list)  # node names kept in float
@@ -52,7 +64,6 @@ def nncf_quantize_onnx(src: str, dst: Path, params: NncfOnnxParams, calibration:
     from nncf.quantization.advanced_parameters import (
         AdvancedQuantizationParameters,
         AdvancedSmoothQuantParameters,
-        OverflowFix,
         QuantizationParameters,
     )
 
@@ -66,7 +77,7 @@ def nncf_quantize_onnx(src: str, dst: Path, params: NncfOnnxParams, calibration:
     ignored = nncf.IgnoredScope(types=params.ignored_types, names=[n for n in params.ignored_names if n in names],
                                 validate=False)
     advanced = AdvancedQuantizationParameters(
-        overflow_fix={"enable": OverflowFix.ENABLE, "first_layer": OverflowFix.FIRST_LAYER, "disable": OverflowFix.DISABLE}[params.overflow_fix],
+        overflow_fix=overflow_fix(params.overflow_fix),
         disable_bias_correction=params.bias_correction == "none",
         # NNCF's CPU rules quantize depthwise convolutions' inputs per channel; ONNX Runtime's QLinearConv takes one
         # activation scale, so such a convolution would run in float between Quantize/Dequantize pairs (slower than fp32).

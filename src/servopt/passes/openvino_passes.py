@@ -11,6 +11,7 @@ from servopt.contracts import Artifact
 from servopt.cpu import Int8Kernel
 from servopt.errors import UserError
 from servopt.passes.base import BuildContext, Pass, PassOutput, PassParams, register_pass
+from servopt.passes.nncf_onnx import OverflowFixName, overflow_fix
 
 
 def _read(path: str):
@@ -69,13 +70,15 @@ class NncfQuantize(Pass):
         # NNCF's own default halves the first layer's weights only; "enable": every layer's, which cannot overflow
         # oneDNN's int16 pairs without VNNI (the catalogue asks for it for such a CPU: the demo's NNCF IR with the
         # first-layer fix lost 0.82 points on an emulated AVX2 CPU, none on the Zen 4 it was built on)
-        overflow_fix: Literal["enable", "first_layer", "disable"] = "first_layer"
+        overflow_fix: OverflowFixName = "first_layer"
 
     int8_recipe = True
 
     @classmethod
-    def int8_kernel(cls, params: Params) -> Int8Kernel:
-        return "u8s8-7bit" if params.overflow_fix == "enable" else "u8s8"
+    def int8_kernel(cls, params: Params) -> Int8Kernel | None:
+        """7-bit weights with the fix on every layer, 8-bit without it; NNCF's first-layer default mixes them (it held
+        on a MiniLM on AVX2 kernels, lost 0.82 points on the demo CNN): not told."""
+        return {"enable": "u8s8-7bit", "disable": "u8s8"}.get(params.overflow_fix)
 
     @classmethod
     def describe(cls, params: Params, report: dict | None = None) -> str:
@@ -83,15 +86,14 @@ class NncfQuantize(Pass):
 
     def run(self, artifact: Artifact, params: Params, out_dir: Path, ctx: BuildContext) -> PassOutput:
         import nncf
-        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
+        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
 
         preset = nncf.QuantizationPreset.PERFORMANCE if params.preset == "performance" else nncf.QuantizationPreset.MIXED
         model_type = nncf.ModelType.TRANSFORMER if params.model_type == "transformer" else None
-        fix = {"enable": OverflowFix.ENABLE, "first_layer": OverflowFix.FIRST_LAYER, "disable": OverflowFix.DISABLE}
         quantized = nncf.quantize(_read(str(artifact.path)), _calibration(ctx, params.subset_size), preset=preset,
                                   subset_size=params.subset_size, fast_bias_correction=params.fast_bias_correction,
                                   model_type=model_type,
-                                  advanced_parameters=AdvancedQuantizationParameters(overflow_fix=fix[params.overflow_fix]))
+                                  advanced_parameters=AdvancedQuantizationParameters(overflow_fix=overflow_fix(params.overflow_fix)))
         return _save(quantized, out_dir)
 
 
